@@ -1,0 +1,30 @@
+# The two commands of the README, plus helpers. Every target installs missing Debian packages first.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build run test bench clean
+
+all: build
+
+deps:
+	./scripts/install-deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# The main job on an embedded default: the hard-vs-soft walk-through (the server replaces it later).
+run: build
+	./$(BUILD_DIR)/examples/hard_vs_soft
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	./$(BUILD_DIR)/bench/softkv_bench
+
+clean:
+	rm -rf $(BUILD_DIR)

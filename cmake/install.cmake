@@ -1,0 +1,19 @@
+# Install rules and the exported softkv::softkv target for find_package(softkv).
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+install(TARGETS softkv EXPORT softkvTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/softkv DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_BINARY_DIR}/include/softkv/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/softkv)
+
+set(softkv_config_dir ${CMAKE_INSTALL_LIBDIR}/cmake/softkv)
+install(EXPORT softkvTargets NAMESPACE softkv:: DESTINATION ${softkv_config_dir})
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/softkv-config.cmake.in
+  ${PROJECT_BINARY_DIR}/softkv-config.cmake INSTALL_DESTINATION ${softkv_config_dir})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/softkv-config-version.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/softkv-config.cmake ${PROJECT_BINARY_DIR}/softkv-config-version.cmake
+  DESTINATION ${softkv_config_dir})

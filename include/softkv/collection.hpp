@@ -1,0 +1,142 @@
+// softkv::Collection: (id, key, value) vectors answered by soft (softmax-weighted) or hard (argmax) retrieval.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace softkv {
+
+/// How a query is compared with a key.
+enum class Metric : std::uint8_t {
+  dot = 0,     ///< inner product q . k
+  cosine = 1,  ///< inner product of unit vectors: keys normalised at insert, queries at query time
+};
+
+/// Fixed shape and defaults of a collection.
+struct CollectionConfig {
+  std::size_t dim = 0;              ///< key (and query) dimension d, >= 1
+  std::size_t value_dim = 0;        ///< value dimension dv, >= 1
+  Metric metric = Metric::dot;      ///< similarity used for scores
+  std::optional<float> scale;       ///< default score scale; unset means 1 / sqrt(d)
+};
+
+/// Per-query knobs. Scores are s_i = scale * sim(q, k_i).
+struct QueryOptions {
+  /// Temperature T > 0: scale = 1 / (sqrt(d) * T). Unset: the collection's default scale.
+  std::optional<float> temperature;
+  /// Explicit scale (Hopfield's beta), finite and > 0. Exclusive with temperature.
+  std::optional<float> scale;
+  /// How many top contributors (id, weight, score) to report; 0 reports none.
+  std::size_t top_m = 0;
+  /// Threads one query may use to split its scan; 0 picks from the collection size.
+  std::size_t threads = 0;
+};
+
+/// One entry's share of a soft answer.
+struct Contributor {
+  std::uint64_t id = 0;  ///< the entry
+  float weight = 0;      ///< its softmax weight in [0, 1]
+  float score = 0;       ///< its score s_i
+};
+
+/// The answer of a soft query: out = sum_i softmax(s)_i v_i.
+struct SoftResult {
+  std::vector<float> value;            ///< the blended value, dv floats
+  double lse = 0;                      ///< log sum_i exp(s_i) over the candidates
+  float max_score = 0;                 ///< the largest score s_i
+  std::size_t candidates = 0;          ///< how many entries took part in the softmax
+  std::vector<Contributor> top;        ///< the top_m contributors, highest weight first
+};
+
+/// The answer of a hard query: the value of the best-scoring key.
+struct HardResult {
+  std::uint64_t id = 0;         ///< the winning entry (ties: the smallest id)
+  float score = 0;              ///< its score, scaled like soft scores (equals SoftResult::max_score)
+  std::vector<float> value;     ///< its value, dv floats
+};
+
+/// Soft answers for B queries, row-major.
+struct SoftBatchResult {
+  std::vector<float> values;        ///< B x dv blended values
+  std::vector<double> lse;          ///< B log-sum-exp values
+  std::vector<float> max_score;     ///< B largest scores
+};
+
+/// Hard answers for B queries, row-major.
+struct HardBatchResult {
+  std::vector<std::uint64_t> ids;   ///< B winning ids
+  std::vector<float> scores;        ///< B winning scores
+  std::vector<float> values;        ///< B x dv winning values
+};
+
+/// One stored entry, as returned by get().
+struct Entry {
+  std::uint64_t id = 0;          ///< its id
+  std::vector<float> key;        ///< its key as stored (unit length for cosine collections)
+  std::vector<float> value;      ///< its value
+};
+
+/// A set of (id, key, value) entries with fixed dimensions, queried by soft or hard retrieval.
+///
+/// Thread safety: any number of threads may query concurrently (const methods take a shared
+/// lock); a write (add, upsert, remove) is exclusive and waits for running queries. Every
+/// method validates its input completely before changing anything, so a throwing call leaves
+/// the collection as it was.
+class Collection {
+ public:
+  /// Creates an empty collection; throws Error(invalid_argument) for a zero dimension or bad scale.
+  explicit Collection(const CollectionConfig& config);
+  ~Collection();
+  Collection(Collection&&) noexcept;             ///< moves the entries; the source becomes unusable
+  Collection& operator=(Collection&&) noexcept;  ///< moves the entries; the source becomes unusable
+  Collection(const Collection&) = delete;
+  Collection& operator=(const Collection&) = delete;
+
+  /// The configuration the collection was created with.
+  [[nodiscard]] const CollectionConfig& config() const noexcept;
+  /// Number of entries.
+  [[nodiscard]] std::size_t size() const;
+  /// Whether an entry has this id.
+  [[nodiscard]] bool contains(std::uint64_t id) const;
+  /// The entry with this id; throws Error(unknown_id).
+  [[nodiscard]] Entry get(std::uint64_t id) const;
+  /// All ids, in storage order (not sorted).
+  [[nodiscard]] std::vector<std::uint64_t> ids() const;
+
+  /// Adds one entry and returns its new id (one above the largest id ever used).
+  std::uint64_t add(std::span<const float> key, std::span<const float> value);
+  /// Adds n entries from row-major n x d keys and n x dv values; returns their ids in order.
+  std::vector<std::uint64_t> add_batch(std::span<const float> keys, std::span<const float> values);
+  /// Inserts or replaces the entry with this id (any id but 2^64-1, which is reserved).
+  void upsert(std::uint64_t id, std::span<const float> key, std::span<const float> value);
+  /// Inserts or replaces n entries; ids has n elements, keys n x d, values n x dv.
+  void upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys,
+                    std::span<const float> values);
+  /// Removes the entry with this id; throws Error(unknown_id) if there is none.
+  void remove(std::uint64_t id);
+
+  /// Soft retrieval: softmax(s) . V over every entry. Throws on empty collection or bad query.
+  [[nodiscard]] SoftResult query_soft(std::span<const float> query, const QueryOptions& options = {}) const;
+  /// Hard retrieval: the value of argmax s_i (ties: smallest id). Only the keys are read.
+  [[nodiscard]] HardResult query_hard(std::span<const float> query, const QueryOptions& options = {}) const;
+  /// Soft retrieval for B row-major queries (B x d); reads the entries once for all of them.
+  /// Contributors are not reported in batches: options.top_m must be 0.
+  [[nodiscard]] SoftBatchResult query_soft_batch(std::span<const float> queries,
+                                                 const QueryOptions& options = {}) const;
+  /// Hard retrieval for B row-major queries (B x d); reads the keys once for all of them.
+  [[nodiscard]] HardBatchResult query_hard_batch(std::span<const float> queries,
+                                                 const QueryOptions& options = {}) const;
+
+  /// The scale a query with these options uses; throws Error(invalid_argument) for a bad T or scale.
+  [[nodiscard]] float resolve_scale(const QueryOptions& options) const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace softkv

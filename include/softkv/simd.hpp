@@ -1,0 +1,21 @@
+// Which SIMD kernel path softkv runs on: chosen once at start-up, reported for logs, forceable for tests.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+namespace softkv {
+
+/// Name of the kernel path in use (throws Error(unsupported) if SOFTKV_SIMD names one this CPU lacks): "scalar", "sse2", "avx2" (AVX2 + FMA3) or "avx512".
+std::string_view simd_path();
+
+/// Every path this CPU can run, from the portable scalar reference to the widest.
+std::vector<std::string_view> available_simd_paths();
+
+/// Forces a kernel path for the whole process (tests, benchmarks, debugging).
+/// Throws Error(unsupported) if the CPU cannot run it or the name is unknown.
+/// The environment variable SOFTKV_SIMD does the same at start-up.
+/// Not synchronised with running queries: call it before querying.
+void force_simd_path(std::string_view name);
+
+}  // namespace softkv

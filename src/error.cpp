@@ -1,0 +1,28 @@
+// softkv::Error and the stable names of its codes.
+#include "softkv/error.hpp"
+
+namespace softkv {
+
+std::string_view to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::dimension_mismatch: return "dimension_mismatch";
+    case ErrorCode::empty_collection: return "empty_collection";
+    case ErrorCode::non_finite: return "non_finite";
+    case ErrorCode::unknown_id: return "unknown_id";
+    case ErrorCode::invalid_argument: return "invalid_argument";
+    case ErrorCode::unknown_collection: return "unknown_collection";
+    case ErrorCode::collection_exists: return "collection_exists";
+    case ErrorCode::corrupt_file: return "corrupt_file";
+    case ErrorCode::io_error: return "io_error";
+    case ErrorCode::frame_too_large: return "frame_too_large";
+    case ErrorCode::protocol_error: return "protocol_error";
+    case ErrorCode::unsupported: return "unsupported";
+    case ErrorCode::numeric_overflow: return "numeric_overflow";
+  }
+  return "unknown_error";
+}
+
+Error::Error(ErrorCode code, const std::string& message)
+    : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
+
+}  // namespace softkv

@@ -1,0 +1,78 @@
+// The kernel interface every instruction-set path implements: one table of plain function pointers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string_view>
+
+namespace softkv::detail {
+
+/// Rows a scan streams through in one block: keys and values of a block stay in L2 between passes.
+inline constexpr std::size_t kScanBlockRows = 256;
+
+/// A contiguous slice of a collection's storage (row-major keys and values).
+struct RowSpan {
+  const float* keys = nullptr;     ///< rows x dim
+  const float* values = nullptr;   ///< rows x value_dim (may be null for key-only scans)
+  const std::uint64_t* ids = nullptr;  ///< rows ids, for tie-breaking and contributors
+  std::size_t rows = 0;            ///< number of rows
+  std::size_t dim = 0;             ///< d
+  std::size_t value_dim = 0;       ///< dv
+};
+
+/// Receives each block's scores during a soft scan (used to collect the top-m contributors).
+class ScoreSink {
+ public:
+  /// scores[i] belongs to row first_row + i of the scanned span.
+  virtual void offer(const float* scores, std::size_t first_row, std::size_t count) = 0;
+
+ protected:
+  ~ScoreSink() = default;
+};
+
+/// Best raw dot product seen so far and its row; row == kNoRow before any row is seen.
+struct ArgMax {
+  static constexpr std::size_t kNoRow = std::numeric_limits<std::size_t>::max();
+  float dot = -std::numeric_limits<float>::infinity();  ///< unscaled similarity
+  std::size_t row = kNoRow;                             ///< row within the scanned span
+};
+
+/// One instruction set's kernels. All pointers are non-null.
+struct KernelTable {
+  std::string_view name;  ///< "scalar", "sse2", "avx2", "avx512"
+
+  /// Inner product of two n-float vectors.
+  float (*dot)(const float* a, const float* b, std::size_t n);
+
+  /// One streaming pass with an online softmax over span; updates the partial state
+  /// (max, sum, acc[value_dim]) in place. sink may be null.
+  void (*soft_scan)(const float* query, float scale, const RowSpan& span, float& max, float& sum,
+                    float* acc, ScoreSink* sink);
+
+  /// The same for nq row-major queries at once; max, sum have nq entries, acc nq x value_dim.
+  /// scratch holds 2 * nq * kScanBlockRows floats.
+  void (*soft_scan_batch)(const float* queries, std::size_t nq, float scale, const RowSpan& span,
+                          float* max, float* sum, float* acc, float* scratch);
+
+  /// Argmax of q . k over span (keys only); ties go to the smaller id. Updates best in place.
+  void (*hard_scan)(const float* query, const RowSpan& span, ArgMax& best);
+
+  /// The same for nq queries; best has nq entries; scratch holds nq * kScanBlockRows floats.
+  void (*hard_scan_batch)(const float* queries, std::size_t nq, const RowSpan& span, ArgMax* best,
+                          float* scratch);
+};
+
+/// Tables of the compiled paths; each exists in every build, callable only if the CPU supports it.
+const KernelTable& scalar_kernels();
+const KernelTable& sse2_kernels();
+const KernelTable& avx2_kernels();
+const KernelTable& avx512_kernels();
+
+/// The active table: the widest the CPU supports, or the one forced by SOFTKV_SIMD / force_simd_path.
+const KernelTable& kernels();
+
+/// The table named name if this CPU can run it, else null.
+const KernelTable* kernels_named(std::string_view name);
+
+}  // namespace softkv::detail

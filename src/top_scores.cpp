@@ -1,0 +1,50 @@
+// TopScores: a bounded heap fed block by block during a scan.
+#include "top_scores.hpp"
+
+#include <algorithm>
+
+namespace softkv::detail {
+namespace {
+
+// a ranks before b: higher score, then smaller id.
+bool better(const TopScores::Item& a, const TopScores::Item& b) {
+  return a.score > b.score || (a.score == b.score && a.id < b.id);
+}
+
+}  // namespace
+
+TopScores::TopScores(std::size_t m, const std::uint64_t* ids) : m_(m), ids_(ids) {
+  heap_.reserve(m);
+}
+
+void TopScores::push(Item item) {
+  if (m_ == 0) return;
+  if (heap_.size() < m_) {
+    heap_.push_back(item);
+    std::push_heap(heap_.begin(), heap_.end(), better);
+  } else if (better(item, heap_.front())) {
+    std::pop_heap(heap_.begin(), heap_.end(), better);
+    heap_.back() = item;
+    std::push_heap(heap_.begin(), heap_.end(), better);
+  }
+}
+
+void TopScores::offer(const float* scores, std::size_t first_row, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    // Cheap reject before touching ids: most rows of a large scan lose to the current worst.
+    if (heap_.size() == m_ && m_ > 0 && scores[i] < heap_.front().score) continue;
+    push({scores[i], ids_[first_row + i]});
+  }
+}
+
+void TopScores::absorb(const TopScores& other) {
+  for (const Item& item : other.heap_) push(item);
+}
+
+std::vector<TopScores::Item> TopScores::sorted() const {
+  std::vector<Item> items = heap_;
+  std::sort(items.begin(), items.end(), better);
+  return items;
+}
+
+}  // namespace softkv::detail

@@ -1,0 +1,40 @@
+// TopScores: keeps the m best (score, row) pairs a soft scan offers, ties to the smaller id.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "simd/kernel_table.hpp"
+
+namespace softkv::detail {
+
+/// A bounded min-heap of the best m rows seen during a scan.
+class TopScores final : public ScoreSink {
+ public:
+  /// One scored row.
+  struct Item {
+    float score;         ///< s_i
+    std::uint64_t id;    ///< the entry's id
+  };
+
+  /// Keeps up to m items; ids[row] is the id of an offered row of the scanned span.
+  TopScores(std::size_t m, const std::uint64_t* ids);
+
+  void offer(const float* scores, std::size_t first_row, std::size_t count) override;
+
+  /// Adds other's items (for merging the parts of a split scan).
+  void absorb(const TopScores& other);
+
+  /// The kept items, best first (higher score, then smaller id).
+  [[nodiscard]] std::vector<Item> sorted() const;
+
+ private:
+  void push(Item item);
+
+  std::size_t m_;
+  const std::uint64_t* ids_;
+  std::vector<Item> heap_;  // min-heap by "better", the worst kept item on top
+};
+
+}  // namespace softkv::detail

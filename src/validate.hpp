@@ -1,0 +1,19 @@
+// Input checks at the library boundary: dimensions, finiteness, parameters; each throws a typed Error.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+namespace softkv::detail {
+
+/// Throws Error(dimension_mismatch) unless got == want; what names the vector ("query", "key", ...).
+void check_dimension(std::size_t got, std::size_t want, std::string_view what);
+
+/// Throws Error(non_finite) naming the first NaN/Inf element; row_width > 0 reports "row r, element e".
+void check_finite(std::span<const float> values, std::string_view what, std::size_t row_width = 0);
+
+/// Number of rows in a row-major matrix of width; throws Error(dimension_mismatch) if size % width != 0.
+std::size_t row_count(std::size_t size, std::size_t width, std::string_view what);
+
+}  // namespace softkv::detail

@@ -1,0 +1,121 @@
+// Every public error path throws softkv::Error with the right code and leaves the collection unchanged.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include "softkv/softkv.hpp"
+
+using namespace softkv;
+
+namespace {
+
+template <class F>
+void expect_error(ErrorCode code, F&& f) {
+  try {
+    f();
+    FAIL("expected softkv::Error(" << to_string(code) << ")");
+  } catch (const Error& e) {
+    CHECK(e.code() == code);
+    CHECK(std::string(e.what()).find(to_string(code)) == 0);  // the message starts with the code's name
+  }
+}
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const float kInf = std::numeric_limits<float>::infinity();
+
+}  // namespace
+
+TEST_CASE("wrong dimensions are rejected", "[errors]") {
+  Collection c({4, 2, Metric::dot, {}});
+  const std::vector<float> k = {1, 2, 3, 4}, v = {1, 2};
+  expect_error(ErrorCode::dimension_mismatch, [&] { c.add(std::vector<float>{1, 2, 3}, v); });
+  expect_error(ErrorCode::dimension_mismatch, [&] { c.add(k, std::vector<float>{1, 2, 3}); });
+  expect_error(ErrorCode::dimension_mismatch, [&] { c.add_batch(std::vector<float>(8), std::vector<float>(6)); });
+  expect_error(ErrorCode::dimension_mismatch, [&] { c.add_batch(std::vector<float>(7), std::vector<float>(4)); });
+  expect_error(ErrorCode::dimension_mismatch,
+               [&] { c.upsert_batch(std::vector<std::uint64_t>{1}, std::vector<float>(8), std::vector<float>(4)); });
+  CHECK(c.size() == 0);
+  c.add(k, v);
+  expect_error(ErrorCode::dimension_mismatch, [&] { (void)c.query_soft(std::vector<float>{1, 2}); });
+  expect_error(ErrorCode::dimension_mismatch, [&] { (void)c.query_hard(std::vector<float>(5)); });
+  expect_error(ErrorCode::dimension_mismatch, [&] { (void)c.query_soft_batch(std::vector<float>(6)); });
+  expect_error(ErrorCode::dimension_mismatch, [&] { (void)c.query_hard_batch(std::vector<float>{}); });
+}
+
+TEST_CASE("queries on an empty collection are rejected", "[errors]") {
+  Collection c({2, 1, Metric::dot, {}});
+  const std::vector<float> q = {1, 0};
+  expect_error(ErrorCode::empty_collection, [&] { (void)c.query_soft(q); });
+  expect_error(ErrorCode::empty_collection, [&] { (void)c.query_hard(q); });
+  expect_error(ErrorCode::empty_collection, [&] { (void)c.query_soft_batch(q); });
+  expect_error(ErrorCode::empty_collection, [&] { (void)c.query_hard_batch(q); });
+  const auto id = c.add(q, std::vector<float>{1});
+  c.remove(id);
+  expect_error(ErrorCode::empty_collection, [&] { (void)c.query_soft(q); });
+}
+
+TEST_CASE("NaN and infinity in any input vector are rejected and nothing is stored", "[errors]") {
+  Collection c({3, 2, Metric::dot, {}});
+  const std::vector<float> k = {1, 2, 3}, v = {4, 5};
+  for (const float bad : {kNaN, kInf, -kInf}) {
+    expect_error(ErrorCode::non_finite, [&] { c.add(std::vector<float>{1, bad, 3}, v); });
+    expect_error(ErrorCode::non_finite, [&] { c.add(k, std::vector<float>{bad, 5}); });
+    expect_error(ErrorCode::non_finite, [&] { c.upsert(3, k, std::vector<float>{4, bad}); });
+    // A bad row at the end of a batch rejects the whole batch.
+    expect_error(ErrorCode::non_finite, [&] { c.add_batch(std::vector<float>{1, 2, 3, 1, 2, bad}, std::vector<float>(4, 1)); });
+  }
+  CHECK(c.size() == 0);
+  c.add(k, v);
+  for (const float bad : {kNaN, kInf}) {
+    expect_error(ErrorCode::non_finite, [&] { (void)c.query_soft(std::vector<float>{bad, 0, 0}); });
+    expect_error(ErrorCode::non_finite, [&] { (void)c.query_hard(std::vector<float>{0, 0, bad}); });
+    expect_error(ErrorCode::non_finite, [&] { (void)c.query_soft_batch(std::vector<float>{0, 0, 0, 0, bad, 0}); });
+    expect_error(ErrorCode::non_finite, [&] { (void)c.query_hard_batch(std::vector<float>{bad, 0, 0}); });
+  }
+  CHECK(c.size() == 1);
+  CHECK(c.get(0).value == v);
+}
+
+TEST_CASE("unknown ids are rejected", "[errors]") {
+  Collection c({2, 1, Metric::dot, {}});
+  const auto id = c.add(std::vector<float>{1, 0}, std::vector<float>{1});
+  expect_error(ErrorCode::unknown_id, [&] { (void)c.get(id + 1); });
+  expect_error(ErrorCode::unknown_id, [&] { c.remove(id + 1); });
+  c.remove(id);
+  expect_error(ErrorCode::unknown_id, [&] { c.remove(id); });
+  expect_error(ErrorCode::unknown_id, [&] { (void)c.get(id); });
+}
+
+TEST_CASE("bad temperatures and scales are rejected", "[errors]") {
+  Collection c({2, 1, Metric::dot, {}});
+  c.add(std::vector<float>{1, 0}, std::vector<float>{1});
+  const std::vector<float> q = {1, 0};
+  for (const float t : {0.0f, -1.0f, kNaN, kInf, 1e-40f})
+    expect_error(ErrorCode::invalid_argument, [&] { (void)c.query_soft(q, {.temperature = t}); });
+  for (const float s : {0.0f, -2.0f, kNaN, kInf})
+    expect_error(ErrorCode::invalid_argument, [&] { (void)c.query_soft(q, {.scale = s}); });
+  expect_error(ErrorCode::invalid_argument, [&] { (void)c.query_soft(q, {.temperature = 1.0f, .scale = 1.0f}); });
+  expect_error(ErrorCode::invalid_argument, [&] { (void)c.query_soft_batch(q, {.top_m = 3}); });
+  expect_error(ErrorCode::invalid_argument, [&] { Collection bad({0, 1, Metric::dot, {}}); });
+  expect_error(ErrorCode::invalid_argument, [&] { Collection bad({1, 1, Metric::dot, -1.0f}); });
+  expect_error(ErrorCode::invalid_argument, [&] { c.upsert(std::numeric_limits<std::uint64_t>::max(), q, std::vector<float>{1}); });
+}
+
+TEST_CASE("scores beyond the float range are reported, not returned as NaN", "[errors]") {
+  Collection c({1, 1, Metric::dot, {}});
+  c.add(std::vector<float>{1e30f}, std::vector<float>{1});
+  c.add(std::vector<float>{-1e30f}, std::vector<float>{2});
+  expect_error(ErrorCode::numeric_overflow, [&] { (void)c.query_soft(std::vector<float>{1e30f}, {.scale = 1e30f}); });
+}
+
+TEST_CASE("a zero key or query has no direction under cosine", "[errors]") {
+  Collection c({2, 1, Metric::cosine, {}});
+  expect_error(ErrorCode::invalid_argument, [&] { c.add(std::vector<float>{0, 0}, std::vector<float>{1}); });
+  c.add(std::vector<float>{1, 0}, std::vector<float>{1});
+  expect_error(ErrorCode::invalid_argument, [&] { (void)c.query_soft(std::vector<float>{0, 0}); });
+}
+
+TEST_CASE("forcing an unknown kernel path is rejected", "[errors]") {
+  expect_error(ErrorCode::unsupported, [] { force_simd_path("mmx"); });
+}

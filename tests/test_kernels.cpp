@@ -1,0 +1,203 @@
+// Every kernel path (scalar, sse2, avx2, avx512 where the CPU has them) against a double reference.
+#include <catch2/catch.hpp>
+
+#include <numeric>
+#include <string>
+
+#include "reference.hpp"
+#include "scan.hpp"
+#include "simd/kernel_table.hpp"
+#include "softkv/simd.hpp"
+
+using namespace softkv;
+using namespace softkv::detail;
+
+namespace {
+
+const std::vector<std::size_t> kDims = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 31, 33, 127, 128, 129, 384, 768};
+
+// Owns a random collection slice and its span.
+struct Rows {
+  std::size_t n, d, dv;
+  std::vector<float> keys, values;
+  std::vector<std::uint64_t> ids;
+  Rows(std::size_t n_, std::size_t d_, std::size_t dv_, std::uint64_t seed)
+      : n(n_), d(d_), dv(dv_), keys(test::normal_floats(n_ * d_, seed)), values(test::normal_floats(n_ * dv_, seed + 1)),
+        ids(n_) {
+    std::iota(ids.begin(), ids.end(), 0);
+  }
+  [[nodiscard]] RowSpan span() const { return {keys.data(), values.data(), ids.data(), n, d, dv}; }
+};
+
+std::vector<const KernelTable*> all_paths() {
+  std::vector<const KernelTable*> tables;
+  for (std::string_view name : available_simd_paths()) tables.push_back(kernels_named(name));
+  return tables;
+}
+
+// Checks a merged soft state against the double reference.
+void check_soft(const SoftmaxState& st, const test::SoftReference& ref, double value_scale) {
+  const double lse = st.lse();
+  REQUIRE(std::isfinite(lse));
+  CHECK(std::fabs(lse - ref.lse) <= 1e-4 * std::max(1.0, std::fabs(ref.lse)));
+  CHECK(std::fabs(st.max - ref.max_score) <= 1e-4 * std::max(1.0, std::fabs(ref.max_score)));
+  double err = 0;
+  for (std::size_t j = 0; j < ref.value.size(); ++j) err = std::max(err, std::fabs(st.acc[j] / st.sum - ref.value[j]));
+  CHECK(err <= 1e-4 * value_scale);
+}
+
+}  // namespace
+
+TEST_CASE("the scalar path and the CPU's widest path are available", "[kernels]") {
+  const auto paths = available_simd_paths();
+  REQUIRE(paths.front() == "scalar");
+  CHECK(kernels_named("scalar") != nullptr);
+  CHECK(kernels_named("no-such-path") == nullptr);
+  CHECK(std::find(paths.begin(), paths.end(), simd_path()) != paths.end());
+}
+
+TEST_CASE("dot matches the double reference for every dimension and path", "[kernels]") {
+  for (const KernelTable* k : all_paths()) {
+    for (std::size_t d : kDims) {
+      INFO("path " << k->name << ", d = " << d);
+      const auto a = test::normal_floats(d, 11 + d);
+      const auto b = test::normal_floats(d, 12 + d);
+      double ref = 0, mag = 0;
+      for (std::size_t i = 0; i < d; ++i) ref += static_cast<double>(a[i]) * b[i], mag += std::fabs(a[i] * b[i]);
+      CHECK(std::fabs(k->dot(a.data(), b.data(), d) - ref) <= 1e-5 * mag + 1e-6);
+    }
+  }
+}
+
+TEST_CASE("soft scan matches the double reference for every dimension, size and path", "[kernels]") {
+  for (const KernelTable* k : all_paths()) {
+    for (std::size_t d : kDims) {
+      for (std::size_t n : {1u, 2u, 255u, 256u, 257u, 1500u}) {
+        INFO("path " << k->name << ", d = " << d << ", n = " << n);
+        const std::size_t dv = d % 7 + 1 + (d > 100 ? 60 : 0);  // dv differs from d and hits every tail
+        Rows rows(n, d, dv, 1000 * d + n);
+        const auto q = test::normal_floats(d, 7 * d + n);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+        const auto ref = test::soft_reference(q.data(), rows.keys.data(), rows.values.data(), n, d, dv, scale);
+        const SoftScan got = soft_scan_split(*k, q.data(), scale, rows.span(), 1, 0);
+        check_soft(got.state, ref, test::max_abs(rows.values));
+      }
+    }
+  }
+}
+
+TEST_CASE("split-and-merge equals the single pass to float rounding", "[kernels]") {
+  Rows rows(20000, 128, 64, 5);
+  const auto q = test::normal_floats(128, 6);
+  const float scale = 0.2f;
+  for (const KernelTable* k : all_paths()) {
+    INFO("path " << k->name);
+    const SoftScan one = soft_scan_split(*k, q.data(), scale, rows.span(), 1, 8);
+    for (std::size_t parts : {2u, 3u, 7u, 64u}) {
+      INFO("parts " << parts);
+      const SoftScan split = soft_scan_split(*k, q.data(), scale, rows.span(), parts, 8);
+      CHECK(std::fabs(split.state.lse() - one.state.lse()) <= 1e-5 * std::fabs(one.state.lse()) + 1e-5);
+      CHECK(split.state.max == one.state.max);
+      for (std::size_t j = 0; j < 64; ++j)
+        CHECK(std::fabs(split.state.acc[j] / split.state.sum - one.state.acc[j] / one.state.sum) <= 1e-5);
+      // The contributors are a property of the scores, not of the split.
+      REQUIRE(split.top.size() == one.top.size());
+      for (std::size_t i = 0; i < one.top.size(); ++i) CHECK(split.top[i].id == one.top[i].id);
+      const ArgMax hs = hard_scan_split(*k, q.data(), rows.span(), parts);
+      const ArgMax h1 = hard_scan_split(*k, q.data(), rows.span(), 1);
+      CHECK(hs.row == h1.row);
+      CHECK(hs.dot == h1.dot);
+    }
+  }
+}
+
+TEST_CASE("merging an empty part is the identity and never makes NaN", "[kernels]") {
+  SoftmaxState empty(3), filled(3);
+  filled.max = 2.0f;
+  filled.sum = 1.5f;
+  filled.acc = {1.0f, -2.0f, 3.0f};
+  SoftmaxState a = filled;
+  a.merge(empty);
+  CHECK(a.max == 2.0f);
+  CHECK(a.sum == 1.5f);
+  CHECK(a.acc == filled.acc);
+  SoftmaxState b = empty;
+  b.merge(filled);
+  CHECK(b.max == 2.0f);
+  CHECK(b.acc == filled.acc);
+  SoftmaxState c = empty;
+  c.merge(empty);
+  CHECK(c.sum == 0.0f);
+  CHECK_FALSE(std::isnan(c.max));
+}
+
+TEST_CASE("extreme logits neither overflow nor produce NaN", "[kernels]") {
+  // Scores near +-1e4: exp would overflow without the running max.
+  const std::size_t n = 600, d = 16, dv = 5;
+  for (const float sign : {1.0f, -1.0f}) {
+    Rows rows(n, d, dv, 77);
+    for (float& x : rows.keys) x = std::fabs(x) * sign;  // all scores share a sign
+    std::vector<float> q(d, 1.0f);
+    const float scale = 1e4f / 16.0f;                   // scores ~ +-1e4
+    const auto ref = test::soft_reference(q.data(), rows.keys.data(), rows.values.data(), n, d, dv, scale);
+    REQUIRE(std::fabs(ref.max_score) > 2000);
+    for (const KernelTable* k : all_paths()) {
+      INFO("path " << k->name << ", sign " << sign);
+      const SoftScan got = soft_scan_split(*k, q.data(), scale, rows.span(), 3, 0);
+      check_soft(got.state, ref, test::max_abs(rows.values));
+    }
+  }
+}
+
+TEST_CASE("batched kernels equal looped single queries", "[kernels]") {
+  for (const KernelTable* k : all_paths()) {
+    for (std::size_t d : {3u, 16u, 33u, 128u}) {
+      for (std::size_t nq : {1u, 3u, 4u, 9u, 70u}) {
+        INFO("path " << k->name << ", d = " << d << ", nq = " << nq);
+        const std::size_t dv = d + 5;
+        Rows rows(700, d, dv, d + nq);
+        const auto qs = test::normal_floats(nq * d, 99 + nq);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+        const auto batch = soft_scan_batch_split(*k, qs.data(), nq, scale, rows.span(), 2);
+        for (std::size_t b = 0; b < nq; ++b) {
+          const SoftScan one = soft_scan_split(*k, qs.data() + b * d, scale, rows.span(), 1, 0);
+          CHECK(std::fabs(batch[b].lse() - one.state.lse()) <= 1e-5 * std::max(1.0, std::fabs(one.state.lse())));
+          double err = 0;
+          for (std::size_t j = 0; j < dv; ++j)
+            err = std::max(err, static_cast<double>(std::fabs(batch[b].acc[j] / batch[b].sum - one.state.acc[j] / one.state.sum)));
+          CHECK(err <= 1e-5 * test::max_abs(rows.values));
+        }
+        // Integer-valued keys and queries: every dot is exact, so argmaxes must agree exactly.
+        Rows ints(700, d, dv, 3 * d + nq);
+        ints.keys = test::integer_floats(700 * d, d);
+        const auto iq = test::integer_floats(nq * d, nq);
+        const auto hard = hard_scan_batch_split(*k, iq.data(), nq, ints.span(), 3);
+        for (std::size_t b = 0; b < nq; ++b) {
+          const ArgMax one = hard_scan_split(*k, iq.data() + b * d, ints.span(), 1);
+          CHECK(hard[b].row == one.row);
+          CHECK(hard[b].dot == one.dot);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("hard scan breaks ties by the smallest id, wherever the row sits", "[kernels]") {
+  const std::size_t n = 1000, d = 8, dv = 2;
+  Rows rows(n, d, dv, 3);
+  std::fill(rows.keys.begin(), rows.keys.end(), 0.0f);
+  // Rows 900, 10 and 500 tie for the best score; ids are deliberately not in row order.
+  for (std::size_t r = 0; r < n; ++r) rows.ids[r] = 5000 - r;
+  for (std::size_t r : {10u, 500u, 900u}) rows.keys[r * d] = 1.0f;
+  std::vector<float> q(d, 0.0f);
+  q[0] = 1.0f;
+  for (const KernelTable* k : all_paths()) {
+    for (std::size_t parts : {1u, 2u, 5u}) {
+      INFO("path " << k->name << ", parts " << parts);
+      const ArgMax best = hard_scan_split(*k, q.data(), rows.span(), parts);
+      CHECK(best.row == 900);  // id 4100, the smallest of 4990, 4500, 4100
+      const auto batch = hard_scan_batch_split(*k, q.data(), 1, rows.span(), parts);
+      CHECK(batch[0].row == 900);
+    }
+  }
+}
