@@ -1,0 +1,86 @@
+// Read bandwidth (STREAM-like sum) and OpenBLAS sgemm GFLOP/s, for expressing results as % of the limit.
+#include "limits.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace softkv::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Sums n floats with 8 independent vector chains: the loads, not the adds, are the limit.
+float sum_stream(const float* p, std::size_t n) {
+  typedef float v8 __attribute__((vector_size(32)));
+  v8 a0{}, a1{}, a2{}, a3{};
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    v8 x0, x1, x2, x3;
+    __builtin_memcpy(&x0, p + i, 32);
+    __builtin_memcpy(&x1, p + i + 8, 32);
+    __builtin_memcpy(&x2, p + i + 16, 32);
+    __builtin_memcpy(&x3, p + i + 24, 32);
+    a0 += x0, a1 += x1, a2 += x2, a3 += x3;
+  }
+  v8 a = (a0 + a1) + (a2 + a3);
+  float s = 0;
+  for (int j = 0; j < 8; ++j) s += a[j];
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+}  // namespace
+
+double read_bandwidth_gbs(std::size_t bytes, unsigned threads, int reps) {
+  const std::size_t n = bytes / sizeof(float);
+  std::unique_ptr<float[]> buf(new float[n]);
+  // First touch from the threads that will read, so pages are mapped before timing.
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] { std::fill(buf.get() + n * t / threads, buf.get() + n * (t + 1) / threads, 1.0f); });
+  for (auto& th : pool) th.join();
+  double best = 0;
+  volatile float sink = 0;
+  for (int r = 0; r < reps; ++r) {
+    std::vector<float> partial(threads);
+    pool.clear();
+    const auto t0 = Clock::now();
+    for (unsigned t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] { partial[t] = sum_stream(buf.get() + n * t / threads, n / threads); });
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    for (float p : partial) sink = sink + p;
+    best = std::max(best, static_cast<double>(n * sizeof(float)) / s / 1e9);
+  }
+  return best;
+}
+
+double sgemm_gflops(std::size_t n, int threads, int reps) {
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  openblas_set_num_threads(threads);
+  const int ni = static_cast<int>(n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a.data(), ni, b.data(), ni, 0.0f, c.data(), ni);
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a.data(), ni, b.data(), ni, 0.0f, c.data(), ni);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, 2.0 * static_cast<double>(n) * n * n / s / 1e9);
+  }
+  return best;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+}  // namespace softkv::bench
