@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "aligned_buffer.hpp"
+#include "pruning.hpp"
 #include "scan.hpp"
 #include "simd/kernel_table.hpp"
 #include "softkv/error.hpp"
@@ -118,6 +119,19 @@ class Collection::Impl {
     return detail::choose_parts(ids_.size(), floats_per_row, options.threads, detail::ThreadPool::shared().concurrency());
   }
 
+  // Pruning options are consistent and the collection has an index to prune with.
+  void check_pruning(const QueryOptions& options) const {
+    if (!options.top_k && !options.epsilon) return;
+    if (options.top_k && options.epsilon)
+      throw Error(ErrorCode::invalid_argument, "give top_k or epsilon, not both");
+    if (options.top_k && *options.top_k == 0) throw Error(ErrorCode::invalid_argument, "top_k must be >= 1");
+    if (options.epsilon && !(*options.epsilon > 0.0f && *options.epsilon < 1.0f))
+      throw Error(ErrorCode::invalid_argument, "epsilon must lie in (0, 1), got " + std::to_string(*options.epsilon));
+    if (config_.index == IndexKind::exact)
+      throw Error(ErrorCode::invalid_argument,
+                  "top_k and epsilon need a pruning index; create the collection with index = IndexKind::flat");
+  }
+
   static void check_lse(double lse) {
     if (!std::isfinite(lse))
       throw Error(ErrorCode::numeric_overflow, "scores left the float range; use a smaller scale or a larger temperature");
@@ -129,6 +143,8 @@ Collection::Collection(const CollectionConfig& config) {
     throw Error(ErrorCode::invalid_argument, "a collection needs dim >= 1 and value_dim >= 1");
   if (config.metric != Metric::dot && config.metric != Metric::cosine)
     throw Error(ErrorCode::invalid_argument, "unknown metric");
+  if (config.index != IndexKind::exact && config.index != IndexKind::flat)
+    throw Error(ErrorCode::invalid_argument, "unknown index kind");
   if (config.scale && !(std::isfinite(*config.scale) && *config.scale > 0.0f))
     throw Error(ErrorCode::invalid_argument, "the default scale must be finite and > 0");
   impl_ = std::make_unique<Impl>(config);
@@ -262,17 +278,27 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
   std::size_t count = 0;
   const std::vector<float> q = impl_->prepare_queries(query, count);
 
+  impl_->check_pruning(options);
+
   std::shared_lock lock(impl_->mutex_);
   impl_->require_entries();
   const detail::RowSpan span = impl_->span();
   const std::size_t parts = impl_->parts_for(options, impl_->dim() + impl_->value_dim());
-  detail::SoftScan scan = detail::soft_scan_split(detail::kernels(), q.data(), scale, span, parts, options.top_m);
+  const detail::KernelTable& kernels = detail::kernels();
+  detail::PrunedSoft pruned =
+      options.top_k     ? detail::pruned_soft(kernels, q.data(), scale, span, *options.top_k, options.top_m, parts)
+      : options.epsilon ? detail::adaptive_soft(kernels, q.data(), scale, span, *options.epsilon, options.top_m, parts)
+                        : detail::PrunedSoft{detail::soft_scan_split(kernels, q.data(), scale, span, parts, options.top_m),
+                                             span.rows, 0.0};
+  detail::SoftScan& scan = pruned.scan;
 
   SoftResult result;
   result.lse = scan.state.lse();
   Impl::check_lse(result.lse);
   result.max_score = scan.state.max;
-  result.candidates = span.rows;
+  result.candidates = pruned.k;
+  result.tail_bound = pruned.tail_bound;
+  result.tail_bound_guaranteed = true;  // exact and flat both certify their bound
   result.value.resize(impl_->value_dim());
   const float inv = 1.0f / scan.state.sum;
   for (std::size_t i = 0; i < result.value.size(); ++i) result.value[i] = scan.state.acc[i] * inv;

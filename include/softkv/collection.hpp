@@ -16,12 +16,19 @@ enum class Metric : std::uint8_t {
   cosine = 1,  ///< inner product of unit vectors: keys normalised at insert, queries at query time
 };
 
+/// How a collection finds the candidates of a pruned query (top_k or epsilon).
+enum class IndexKind : std::uint8_t {
+  exact = 0,  ///< no pruning index: every query scans every entry (the default)
+  flat = 1,   ///< exact inner-product top-k (FAISS) over the stored keys; the tail bound is a guarantee
+};
+
 /// Fixed shape and defaults of a collection.
 struct CollectionConfig {
   std::size_t dim = 0;              ///< key (and query) dimension d, >= 1
   std::size_t value_dim = 0;        ///< value dimension dv, >= 1
   Metric metric = Metric::dot;      ///< similarity used for scores
   std::optional<float> scale;       ///< default score scale; unset means 1 / sqrt(d)
+  IndexKind index = IndexKind::exact;  ///< pruning index used by queries with top_k or epsilon
 };
 
 /// Per-query knobs. Scores are s_i = scale * sim(q, k_i).
@@ -34,6 +41,11 @@ struct QueryOptions {
   std::size_t top_m = 0;
   /// Threads one query may use to split its scan; 0 picks from the collection size.
   std::size_t threads = 0;
+  /// Pruned soft retrieval: softmax over the top_k keys only (>= 1; needs a pruning index).
+  std::optional<std::size_t> top_k;
+  /// Adaptive pruning: k doubles from 16 until tail_bound <= epsilon, in (0, 1); exclusive with top_k.
+  /// Past a quarter of the collection the query falls back to the exact scan.
+  std::optional<float> epsilon;
 };
 
 /// One entry's share of a soft answer.
@@ -48,7 +60,9 @@ struct SoftResult {
   std::vector<float> value;            ///< the blended value, dv floats
   double lse = 0;                      ///< log sum_i exp(s_i) over the candidates
   float max_score = 0;                 ///< the largest score s_i
-  std::size_t candidates = 0;          ///< how many entries took part in the softmax
+  std::size_t candidates = 0;          ///< how many entries took part in the softmax (k when pruned)
+  double tail_bound = 0;               ///< upper bound on the softmax mass outside the candidates (0: exact)
+  bool tail_bound_guaranteed = true;   ///< true when the bound is proven (exact or flat), false for an estimate
   std::vector<Contributor> top;        ///< the top_m contributors, highest weight first
 };
 

@@ -1,0 +1,85 @@
+// Pruned soft retrieval over FAISS's exact top-k, with the certified tail bound of DESIGN.md.
+#include "pruning.hpp"
+
+#include <faiss/utils/distances.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace softkv::detail {
+namespace {
+
+// Slack on the k-th score so that float rounding (FAISS and our kernel sum in different orders)
+// cannot let an omitted key score above the value the bound assumes.
+double with_rounding_slack(double score) { return score + 1e-5 * std::max(1.0, std::fabs(score)); }
+
+// FAISS parallelises with OpenMP; one query must not fan out over the cores the scan pool owns.
+void single_threaded_faiss() {
+  thread_local bool done = false;
+  if (!done) {
+    omp_set_num_threads(1);  // a per-thread setting: affects only this thread's FAISS calls
+    done = true;
+  }
+}
+
+PrunedSoft exact(const KernelTable& kernels, const float* query, float scale, const RowSpan& span, std::size_t top_m,
+                 std::size_t parts) {
+  return {soft_scan_split(kernels, query, scale, span, parts, top_m), span.rows, 0.0};
+}
+
+}  // namespace
+
+double tail_bound(std::size_t n, std::size_t k, double kth_score, double lse_k) {
+  if (k >= n) return 0.0;
+  const double log_rest = std::log(static_cast<double>(n - k)) + kth_score;  // log((n-k) e^{s_k})
+  const double m = std::max(log_rest, lse_k);
+  const double log_total = m + std::log(std::exp(log_rest - m) + std::exp(lse_k - m));
+  return std::exp(log_rest - log_total);
+}
+
+std::vector<std::size_t> flat_top_k(const float* query, const RowSpan& span, std::size_t k) {
+  single_threaded_faiss();
+  k = std::min(k, span.rows);
+  std::vector<float> scores(k);
+  std::vector<std::int64_t> labels(k);
+  faiss::knn_inner_product(query, span.keys, span.dim, 1, span.rows, k, scores.data(), labels.data());
+  std::vector<std::size_t> rows;
+  rows.reserve(k);
+  for (std::int64_t label : labels)
+    if (label >= 0) rows.push_back(static_cast<std::size_t>(label));
+  return rows;
+}
+
+PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                       std::size_t k, std::size_t top_m, std::size_t exact_parts) {
+  if (k >= span.rows) return exact(kernels, query, scale, span, top_m, exact_parts);
+  const std::vector<std::size_t> rows = flat_top_k(query, span, k);
+  // Gather the candidates into one small contiguous span and run the same kernel as the exact path.
+  const std::size_t d = span.dim, dv = span.value_dim;
+  std::vector<float> keys(rows.size() * d), values(rows.size() * dv);
+  std::vector<std::uint64_t> ids(rows.size());
+  double kth = INFINITY;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::copy_n(span.keys + rows[i] * d, d, keys.begin() + static_cast<std::ptrdiff_t>(i * d));
+    std::copy_n(span.values + rows[i] * dv, dv, values.begin() + static_cast<std::ptrdiff_t>(i * dv));
+    ids[i] = span.ids[rows[i]];
+    kth = std::min(kth, static_cast<double>(scale * kernels.dot(query, keys.data() + i * d, d)));
+  }
+  const RowSpan candidates{keys.data(), values.data(), ids.data(), rows.size(), d, dv};
+  PrunedSoft result{soft_scan_split(kernels, query, scale, candidates, 1, top_m), rows.size(), 0.0};
+  result.tail_bound = tail_bound(span.rows, rows.size(), with_rounding_slack(kth), result.scan.state.lse());
+  return result;
+}
+
+PrunedSoft adaptive_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                         double epsilon, std::size_t top_m, std::size_t exact_parts) {
+  for (std::size_t k = 16;; k *= 2) {
+    if (k > span.rows / 4) return exact(kernels, query, scale, span, top_m, exact_parts);
+    PrunedSoft r = pruned_soft(kernels, query, scale, span, k, top_m, exact_parts);
+    if (r.tail_bound <= epsilon) return r;
+  }
+}
+
+}  // namespace softkv::detail

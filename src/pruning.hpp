@@ -1,0 +1,33 @@
+// Pruned soft retrieval: top-k candidates from an index, an exact softmax over them, a tail bound on the rest.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "scan.hpp"
+
+namespace softkv::detail {
+
+/// Upper bound on the softmax mass outside k of n entries when every omitted score is <= kth_score:
+/// (n-k) e^{s_k} / (Z_k + (n-k) e^{s_k}) with lse_k = log Z_k, computed in log space (DESIGN.md).
+double tail_bound(std::size_t n, std::size_t k, double kth_score, double lse_k);
+
+/// Rows of the k largest q . key over span (exact brute force, FAISS, on the calling thread only).
+std::vector<std::size_t> flat_top_k(const float* query, const RowSpan& span, std::size_t k);
+
+/// A soft answer over a candidate set.
+struct PrunedSoft {
+  SoftScan scan;             ///< softmax state over the candidates (and their top_m rows)
+  std::size_t k = 0;         ///< number of candidates (span.rows when the exact scan ran)
+  double tail_bound = 0;     ///< bound on the mass outside the candidates
+};
+
+/// Softmax over the top k rows of span (exact scan when k >= rows); scores recomputed with kernels.
+PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                       std::size_t k, std::size_t top_m, std::size_t exact_parts);
+
+/// k = 16, 32, ... until tail_bound <= epsilon; the exact scan once k would pass a quarter of the rows.
+PrunedSoft adaptive_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                         double epsilon, std::size_t top_m, std::size_t exact_parts);
+
+}  // namespace softkv::detail

@@ -1,0 +1,186 @@
+// Pruned soft retrieval with the flat index: equals the softmax over the true top-k, and its tail bound holds.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <array>
+#include <numeric>
+
+#include "pruning.hpp"
+#include "reference.hpp"
+#include "softkv/softkv.hpp"
+
+using namespace softkv;
+
+namespace {
+
+// n points around `clusters` well-separated centres (spread 10, noise 0.1) or, with clusters = 0, uniform normal.
+std::vector<float> make_keys(std::size_t n, std::size_t d, std::size_t clusters, std::uint64_t seed) {
+  if (clusters == 0) return test::normal_floats(n * d, seed);
+  const auto centres = test::normal_floats(clusters * d, seed, 10.0f);
+  auto keys = test::normal_floats(n * d, seed + 1, 0.1f);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < d; ++j) keys[i * d + j] += centres[(i % clusters) * d + j];
+  return keys;
+}
+
+// Exact softmax restricted to the k best keys, and the true mass outside them, in double.
+struct TopKReference {
+  std::vector<double> value;
+  double omitted_mass = 0;
+  std::vector<std::size_t> rows;  // the true top-k rows
+};
+
+TopKReference top_k_reference(const std::vector<float>& q, const std::vector<float>& keys, const std::vector<float>& values,
+                              std::size_t n, std::size_t d, std::size_t dv, double scale, std::size_t k) {
+  const auto full = test::soft_reference(q.data(), keys.data(), values.data(), n, d, dv, scale);
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](std::size_t a, std::size_t b) { return full.scores[a] > full.scores[b]; });
+  TopKReference ref;
+  ref.rows.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+  double kept = 0;
+  ref.value.assign(dv, 0.0);
+  for (std::size_t r : ref.rows) kept += full.weights[r];
+  for (std::size_t r : ref.rows)
+    for (std::size_t j = 0; j < dv; ++j) ref.value[j] += full.weights[r] / kept * values[r * dv + j];
+  ref.omitted_mass = 1.0 - kept;
+  return ref;
+}
+
+}  // namespace
+
+TEST_CASE("the tail bound matches its formula and stays finite at extreme scores", "[pruning]") {
+  using detail::tail_bound;
+  CHECK(tail_bound(10, 10, 0.0, 0.0) == 0.0);
+  CHECK(tail_bound(10, 12, 0.0, 0.0) == 0.0);
+  // n = 100, k = 10, s_k = 1, Z_k = e^3: (90 e) / (e^3 + 90 e).
+  const double expected = 90 * std::exp(1.0) / (std::exp(3.0) + 90 * std::exp(1.0));
+  CHECK(tail_bound(100, 10, 1.0, 3.0) == Approx(expected).epsilon(1e-12));
+  // Scores of 1e4 would overflow exp(); the log-space form does not.
+  CHECK(tail_bound(1000000, 32, 1e4, 1e4 + 50) == Approx(std::exp(std::log(999968.0) - 50)).epsilon(1e-9));
+  CHECK(tail_bound(1000000, 32, -1e4, -1e4 + 2) > 0.99);
+}
+
+TEST_CASE("flat pruning equals the softmax over the true top-k and its bound covers the omitted mass", "[pruning]") {
+  const std::size_t n = 4000, d = 32, dv = 6;
+  for (const std::size_t clusters : {0u, 40u}) {
+    const auto keys = make_keys(n, d, clusters, 3 + clusters);
+    const auto values = test::normal_floats(n * dv, 4);
+    Collection c({d, dv, Metric::dot, {}, IndexKind::flat});
+    c.add_batch(keys, values);
+    for (std::uint64_t seed = 0; seed < 40; ++seed) {
+      // Queries near a stored key (clustered) or random (uniform), at a few temperatures and k.
+      auto q = test::normal_floats(d, 500 + seed, clusters ? 0.2f : 1.0f);
+      if (clusters) for (std::size_t j = 0; j < d; ++j) q[j] += keys[(seed * 37 % n) * d + j];
+      const float t = std::array<float, 3>{0.5f, 1.0f, 4.0f}[seed % 3];
+      const std::size_t k = std::array<std::size_t, 4>{1, 16, 100, 333}[seed % 4];
+      INFO("clusters " << clusters << ", query " << seed << ", T = " << t << ", k = " << k);
+      const SoftResult r = c.query_soft(q, {.temperature = t, .top_m = k, .top_k = k});
+      const double scale = 1.0 / (std::sqrt(static_cast<double>(d)) * t);
+      const TopKReference ref = top_k_reference(q, keys, values, n, d, dv, scale, k);
+      CHECK(r.candidates == k);
+      CHECK(r.tail_bound_guaranteed);
+      CHECK(test::max_abs_diff(r.value, ref.value) <= 1e-4 * test::max_abs(values));
+      CHECK(r.tail_bound >= ref.omitted_mass - 1e-9);
+      CHECK(r.tail_bound <= 1.0);
+      // The candidates are the true top-k (as a set).
+      std::vector<std::uint64_t> got, want(ref.rows.begin(), ref.rows.end());
+      for (const Contributor& x : r.top) got.push_back(x.id);
+      std::sort(got.begin(), got.end());
+      std::sort(want.begin(), want.end());
+      CHECK(got == want);
+    }
+  }
+}
+
+TEST_CASE("the bound is tiny on well-separated clusters", "[pruning]") {
+  const std::size_t n = 20000, d = 32, dv = 4, clusters = 100;  // 200 points per cluster
+  const auto keys = make_keys(n, d, clusters, 9);
+  Collection c({d, dv, Metric::dot, {}, IndexKind::flat});
+  c.add_batch(keys, test::normal_floats(n * dv, 10));
+  for (std::uint64_t seed = 0; seed < 10; ++seed) {
+    std::vector<float> q(keys.begin() + static_cast<std::ptrdiff_t>(seed * 101 * d),
+                         keys.begin() + static_cast<std::ptrdiff_t>((seed * 101 + 1) * d));
+    const SoftResult r = c.query_soft(q, {.top_k = 256});
+    CHECK(r.tail_bound < 1e-3);
+  }
+}
+
+TEST_CASE("adaptive epsilon meets its target with the flat index", "[pruning]") {
+  const std::size_t n = 8000, d = 24, dv = 3;
+  for (const std::size_t clusters : {0u, 80u}) {
+    const auto keys = make_keys(n, d, clusters, 21);
+    const auto values = test::normal_floats(n * dv, 22);
+    Collection c({d, dv, Metric::dot, {}, IndexKind::flat});
+    c.add_batch(keys, values);
+    for (const float eps : {0.1f, 1e-2f, 1e-4f}) {
+      for (std::uint64_t seed = 0; seed < 8; ++seed) {
+        auto q = test::normal_floats(d, 900 + seed, clusters ? 0.1f : 1.0f);
+        if (clusters) for (std::size_t j = 0; j < d; ++j) q[j] += keys[(seed * 13) * d + j];
+        INFO("clusters " << clusters << ", epsilon " << eps << ", query " << seed);
+        const SoftResult r = c.query_soft(q, {.temperature = 0.5f, .epsilon = eps});
+        CHECK(r.tail_bound <= eps);
+        const double scale = 1.0 / (std::sqrt(static_cast<double>(d)) * 0.5);
+        if (r.candidates < n) {
+          const TopKReference ref = top_k_reference(q, keys, values, n, d, dv, scale, r.candidates);
+          CHECK(ref.omitted_mass <= eps);
+          CHECK(test::max_abs_diff(r.value, ref.value) <= 1e-4 * test::max_abs(values));
+        } else {
+          CHECK(r.tail_bound == 0.0);  // fell back to the exact scan
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("removed and replaced entries never appear in pruned answers", "[pruning]") {
+  const std::size_t n = 3000, d = 16, dv = 2;
+  const auto keys = make_keys(n, d, 30, 31);
+  Collection c({d, dv, Metric::dot, {}, IndexKind::flat});
+  c.add_batch(keys, test::normal_floats(n * dv, 32));
+  const std::vector<float> q(keys.begin(), keys.begin() + d);  // near entry 0's cluster
+  const SoftResult before = c.query_soft(q, {.top_m = 64, .top_k = 64});
+  // Remove half of the candidates; move the other half to the bottom of the ranking with a new value.
+  for (std::size_t i = 0; i < before.top.size(); ++i) {
+    const std::uint64_t id = before.top[i].id;
+    if (i % 2 == 0) {
+      c.remove(id);
+    } else {
+      std::vector<float> far(q);  // -100 q: the lowest possible score for this query
+      for (float& x : far) x *= -100.0f;
+      c.upsert(id, far, std::vector<float>{1e6f, 1e6f});
+    }
+  }
+  const SoftResult after = c.query_soft(q, {.top_m = 64, .top_k = 64});
+  REQUIRE(after.top.size() == 64);
+  for (const Contributor& x : after.top)
+    for (const Contributor& old : before.top) CHECK(x.id != old.id);
+  CHECK(std::fabs(after.value[0]) < 1e3);  // no replaced value blended in
+}
+
+TEST_CASE("pruning parameters are validated", "[pruning][errors]") {
+  Collection plain({2, 1, Metric::dot, {}});
+  plain.add(std::vector<float>{1, 0}, std::vector<float>{1});
+  const std::vector<float> q = {1, 0};
+  auto code_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return ErrorCode{};
+  };
+  CHECK(code_of([&] { (void)plain.query_soft(q, {.top_k = 4}); }) == ErrorCode::invalid_argument);
+  Collection flat({2, 1, Metric::dot, {}, IndexKind::flat});
+  flat.add(std::vector<float>{1, 0}, std::vector<float>{1});
+  CHECK(code_of([&] { (void)flat.query_soft(q, {.top_k = 0}); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { (void)flat.query_soft(q, {.epsilon = 0.0f}); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { (void)flat.query_soft(q, {.epsilon = 1.5f}); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { (void)flat.query_soft(q, {.top_k = 2, .epsilon = 0.1f}); }) == ErrorCode::invalid_argument);
+  // k larger than the collection is the exact answer, with nothing omitted.
+  const SoftResult r = flat.query_soft(q, {.top_k = 50});
+  CHECK(r.candidates == 1);
+  CHECK(r.tail_bound == 0.0);
+}
