@@ -48,13 +48,14 @@ class Collection::Impl {
     return {keys_.data(), values_.data(), ids_.data(), ids_.size(), dim(), value_dim()};
   }
 
-  // Copies n validated keys into out, normalising them for cosine; a zero key cannot be normalised.
-  void prepare_keys(std::span<const float> keys, std::vector<float>& out, std::string_view what) const {
-    out.assign(keys.begin(), keys.end());
-    if (config_.metric != Metric::cosine) return;
+  // The keys as they will be stored: the input itself for dot, unit-length copies in buffer for
+  // cosine (a zero key has no direction and is rejected).
+  std::span<const float> prepare_keys(std::span<const float> keys, std::vector<float>& buffer, std::string_view what) const {
+    if (config_.metric != Metric::cosine) return keys;
+    buffer.assign(keys.begin(), keys.end());
     const std::size_t d = dim();
-    for (std::size_t r = 0; r * d < out.size(); ++r) {
-      float* k = out.data() + r * d;
+    for (std::size_t r = 0; r * d < buffer.size(); ++r) {
+      float* k = buffer.data() + r * d;
       double norm2 = 0.0;
       for (std::size_t i = 0; i < d; ++i) norm2 += static_cast<double>(k[i]) * k[i];
       if (!(norm2 > 0.0))
@@ -63,6 +64,7 @@ class Collection::Impl {
       const auto inv = static_cast<float>(1.0 / std::sqrt(norm2));
       for (std::size_t i = 0; i < d; ++i) k[i] *= inv;
     }
+    return buffer;
   }
 
   // Checks a row-major batch of n keys and n values; returns n.
@@ -106,9 +108,10 @@ class Collection::Impl {
     count = detail::row_count(queries.size(), dim(), "queries");
     if (count == 0) throw Error(ErrorCode::dimension_mismatch, "queries is empty: give at least one row of d floats");
     detail::check_finite(queries, "query", dim());
-    std::vector<float> prepared;
-    prepare_keys(queries, prepared, "query");
-    return prepared;
+    std::vector<float> buffer;
+    const std::span<const float> prepared = prepare_keys(queries, buffer, "query");
+    if (prepared.data() != buffer.data()) buffer.assign(prepared.begin(), prepared.end());
+    return buffer;
   }
 
   void require_entries() const {
@@ -195,8 +198,8 @@ std::uint64_t Collection::add(std::span<const float> key, std::span<const float>
 
 std::vector<std::uint64_t> Collection::add_batch(std::span<const float> keys, std::span<const float> values) {
   const std::size_t n = impl_->check_rows(keys, values);
-  std::vector<float> prepared;
-  impl_->prepare_keys(keys, prepared, "key");
+  std::vector<float> buffer;
+  const std::span<const float> prepared = impl_->prepare_keys(keys, buffer, "key");
   std::vector<std::uint64_t> ids(n);
   std::unique_lock lock(impl_->mutex_);
   if (n > kReservedId - impl_->next_id_) throw Error(ErrorCode::invalid_argument, "the id space is exhausted");
@@ -221,8 +224,8 @@ void Collection::upsert_batch(std::span<const std::uint64_t> ids, std::span<cons
     throw Error(ErrorCode::dimension_mismatch, std::to_string(ids.size()) + " ids but " + std::to_string(n) + " keys");
   for (std::uint64_t id : ids)
     if (id == kReservedId) throw Error(ErrorCode::invalid_argument, "id 2^64-1 is reserved");
-  std::vector<float> prepared;
-  impl_->prepare_keys(keys, prepared, "key");
+  std::vector<float> buffer;
+  const std::span<const float> prepared = impl_->prepare_keys(keys, buffer, "key");
   std::unique_lock lock(impl_->mutex_);
   impl_->reserve_more(n);
   for (std::size_t r = 0; r < n; ++r)
