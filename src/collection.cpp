@@ -1,4 +1,4 @@
-// Collection: dense row-major storage with an id map, validated writes, and exact scans for queries.
+// Collection: dense row-major storage with an id map, validated writes, exact scans and indexed pruning.
 #include "softkv/collection.hpp"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "aligned_buffer.hpp"
+#include "index/pruning_index.hpp"
 #include "pruning.hpp"
 #include "scan.hpp"
 #include "simd/kernel_table.hpp"
@@ -29,7 +30,7 @@ constexpr std::uint64_t kReservedId = std::numeric_limits<std::uint64_t>::max();
 
 class Collection::Impl {
  public:
-  explicit Impl(const CollectionConfig& config) : config_(config) {}
+  explicit Impl(const CollectionConfig& config) : config_(config), index_(detail::make_pruning_index(config)) {}
 
   // Storage: row i holds ids_[i], keys_[i*d ..], values_[i*dv ..]. Removal moves the last row
   // into the hole, so scans never see gaps and need no tombstone test.
@@ -40,6 +41,7 @@ class Collection::Impl {
   std::vector<std::uint64_t> ids_;
   std::unordered_map<std::uint64_t, std::size_t> slot_of_;
   std::uint64_t next_id_ = 0;
+  std::unique_ptr<detail::PruningIndex> index_;  // null for IndexKind::exact; updated under the write lock
 
   [[nodiscard]] std::size_t dim() const { return config_.dim; }
   [[nodiscard]] std::size_t value_dim() const { return config_.value_dim; }
@@ -130,9 +132,28 @@ class Collection::Impl {
     if (options.top_k && *options.top_k == 0) throw Error(ErrorCode::invalid_argument, "top_k must be >= 1");
     if (options.epsilon && !(*options.epsilon > 0.0f && *options.epsilon < 1.0f))
       throw Error(ErrorCode::invalid_argument, "epsilon must lie in (0, 1), got " + std::to_string(*options.epsilon));
-    if (config_.index == IndexKind::exact)
+    if (!index_)
       throw Error(ErrorCode::invalid_argument,
-                  "top_k and epsilon need a pruning index; create the collection with index = IndexKind::flat");
+                  "top_k and epsilon need a pruning index; create the collection with index.kind flat, hnsw, ivf or automatic");
+    if (options.ef_search == 0 || options.nprobe == 0)
+      throw Error(ErrorCode::invalid_argument, "ef_search and nprobe must be >= 1");
+  }
+
+  // Whether queries with these options search through the index rather than scanning.
+  [[nodiscard]] bool use_index(const QueryOptions& options) const { return index_ && index_->ready() && !options.exact; }
+
+  // Rows of the index's candidates for query (live entries only).
+  [[nodiscard]] std::vector<std::size_t> index_rows(const float* query, std::size_t k, const QueryOptions& options) const {
+    const std::vector<std::uint64_t> ids = index_->search(query, span(), {k, options.ef_search, options.nprobe});
+    std::vector<std::size_t> rows;
+    rows.reserve(ids.size());
+    for (std::uint64_t id : ids) rows.push_back(slot_of_.at(id));
+    return rows;
+  }
+
+  // Tells the index about rows just written (keys as stored). Caller holds the write lock.
+  void index_put(std::span<const std::uint64_t> ids, const float* keys) {
+    if (index_) index_->put(ids, keys, span());
   }
 
   static void check_lse(double lse) {
@@ -146,8 +167,11 @@ Collection::Collection(const CollectionConfig& config) {
     throw Error(ErrorCode::invalid_argument, "a collection needs dim >= 1 and value_dim >= 1");
   if (config.metric != Metric::dot && config.metric != Metric::cosine)
     throw Error(ErrorCode::invalid_argument, "unknown metric");
-  if (config.index != IndexKind::exact && config.index != IndexKind::flat)
-    throw Error(ErrorCode::invalid_argument, "unknown index kind");
+  if (config.index.kind > IndexKind::automatic) throw Error(ErrorCode::invalid_argument, "unknown index kind");
+  if (config.index.kind == IndexKind::hnsw && (config.index.hnsw_m < 2 || config.index.hnsw_ef_construction == 0))
+    throw Error(ErrorCode::invalid_argument, "HNSW needs hnsw_m >= 2 and hnsw_ef_construction >= 1");
+  if (!(config.index.rebuild_fraction > 0.0f))
+    throw Error(ErrorCode::invalid_argument, "rebuild_fraction must be > 0");
   if (config.scale && !(std::isfinite(*config.scale) && *config.scale > 0.0f))
     throw Error(ErrorCode::invalid_argument, "the default scale must be finite and > 0");
   impl_ = std::make_unique<Impl>(config);
@@ -208,6 +232,7 @@ std::vector<std::uint64_t> Collection::add_batch(std::span<const float> keys, st
     ids[r] = impl_->next_id_;
     impl_->put(ids[r], prepared.data() + r * impl_->dim(), values.data() + r * impl_->value_dim());
   }
+  impl_->index_put(ids, prepared.data());
   return ids;
 }
 
@@ -230,6 +255,7 @@ void Collection::upsert_batch(std::span<const std::uint64_t> ids, std::span<cons
   impl_->reserve_more(n);
   for (std::size_t r = 0; r < n; ++r)
     impl_->put(ids[r], prepared.data() + r * impl_->dim(), values.data() + r * impl_->value_dim());
+  impl_->index_put(ids, prepared.data());
 }
 
 void Collection::remove(std::uint64_t id) {
@@ -252,6 +278,7 @@ void Collection::remove(std::uint64_t id) {
   s.keys_.resize(last * d);
   s.values_.resize(last * dv);
   s.slot_of_.erase(it);
+  if (s.index_) s.index_->erase(id, s.span());
 }
 
 float Collection::resolve_scale(const QueryOptions& options) const {
@@ -288,11 +315,12 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
   const detail::RowSpan span = impl_->span();
   const std::size_t parts = impl_->parts_for(options, impl_->dim() + impl_->value_dim());
   const detail::KernelTable& kernels = detail::kernels();
+  const bool prune = (options.top_k || options.epsilon) && impl_->use_index(options);
+  const detail::CandidateFinder find = [&](std::size_t k) { return impl_->index_rows(q.data(), k, options); };
   detail::PrunedSoft pruned =
-      options.top_k     ? detail::pruned_soft(kernels, q.data(), scale, span, *options.top_k, options.top_m, parts)
-      : options.epsilon ? detail::adaptive_soft(kernels, q.data(), scale, span, *options.epsilon, options.top_m, parts)
-                        : detail::PrunedSoft{detail::soft_scan_split(kernels, q.data(), scale, span, parts, options.top_m),
-                                             span.rows, 0.0};
+      !prune            ? detail::exact_soft(kernels, q.data(), scale, span, options.top_m, parts)
+      : options.top_k   ? detail::pruned_soft(kernels, q.data(), scale, span, *options.top_k, options.top_m, parts, find)
+                        : detail::adaptive_soft(kernels, q.data(), scale, span, *options.epsilon, options.top_m, parts, find);
   detail::SoftScan& scan = pruned.scan;
 
   SoftResult result;
@@ -301,7 +329,9 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
   result.max_score = scan.state.max;
   result.candidates = pruned.k;
   result.tail_bound = pruned.tail_bound;
-  result.tail_bound_guaranteed = true;  // exact and flat both certify their bound
+  const bool scanned_all = pruned.k == span.rows;
+  result.searched_with = scanned_all ? IndexKind::exact : impl_->index_->kind();
+  result.tail_bound_guaranteed = scanned_all || impl_->index_->exact_top_k();
   result.value.resize(impl_->value_dim());
   const float inv = 1.0f / scan.state.sum;
   for (std::size_t i = 0; i < result.value.size(); ++i) result.value[i] = scan.state.acc[i] * inv;
@@ -320,10 +350,21 @@ HardResult Collection::query_hard(std::span<const float> query, const QueryOptio
   std::shared_lock lock(impl_->mutex_);
   impl_->require_entries();
   const detail::RowSpan span = impl_->span();
-  const detail::ArgMax best = detail::hard_scan_split(detail::kernels(), q.data(), span, impl_->parts_for(options, impl_->dim()));
+  detail::ArgMax best;
+  HardResult result;
+  const IndexKind index_kind = impl_->use_index(options) ? impl_->index_->kind() : IndexKind::exact;
+  if (index_kind == IndexKind::hnsw || index_kind == IndexKind::ivf) {
+    // The index's top-1, rescored with our kernel; flat gains nothing over the scan below.
+    for (std::size_t row : impl_->index_rows(q.data(), 1, options))
+      best = {detail::kernels().dot(q.data(), span.keys + row * span.dim, span.dim), row};
+    result.searched_with = index_kind;
+  }
+  if (best.row == detail::ArgMax::kNoRow) {
+    best = detail::hard_scan_split(detail::kernels(), q.data(), span, impl_->parts_for(options, impl_->dim()));
+    result.searched_with = IndexKind::exact;
+  }
   if (best.row == detail::ArgMax::kNoRow)
     throw Error(ErrorCode::numeric_overflow, "every score is -inf; the keys or the query are too large");
-  HardResult result;
   result.id = span.ids[best.row];
   result.score = scale * best.dot;
   result.value.assign(span.values + best.row * span.value_dim, span.values + (best.row + 1) * span.value_dim);

@@ -1,33 +1,17 @@
-// Pruned soft retrieval over FAISS's exact top-k, with the certified tail bound of DESIGN.md.
+// Pruned soft retrieval over an index's candidates, with the tail bound of DESIGN.md.
 #include "pruning.hpp"
-
-#include <faiss/utils/distances.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace softkv::detail {
 namespace {
 
-// Slack on the k-th score so that float rounding (FAISS and our kernel sum in different orders)
+// Slack on the k-th score so that float rounding (the index and our kernel sum in different orders)
 // cannot let an omitted key score above the value the bound assumes.
 double with_rounding_slack(double score) { return score + 1e-5 * std::max(1.0, std::fabs(score)); }
-
-// FAISS parallelises with OpenMP; one query must not fan out over the cores the scan pool owns.
-void single_threaded_faiss() {
-  thread_local bool done = false;
-  if (!done) {
-    omp_set_num_threads(1);  // a per-thread setting: affects only this thread's FAISS calls
-    done = true;
-  }
-}
-
-PrunedSoft exact(const KernelTable& kernels, const float* query, float scale, const RowSpan& span, std::size_t top_m,
-                 std::size_t parts) {
-  return {soft_scan_split(kernels, query, scale, span, parts, top_m), span.rows, 0.0};
-}
 
 }  // namespace
 
@@ -39,28 +23,21 @@ double tail_bound(std::size_t n, std::size_t k, double kth_score, double lse_k) 
   return std::exp(log_rest - log_total);
 }
 
-std::vector<std::size_t> flat_top_k(const float* query, const RowSpan& span, std::size_t k) {
-  single_threaded_faiss();
-  k = std::min(k, span.rows);
-  std::vector<float> scores(k);
-  std::vector<std::int64_t> labels(k);
-  faiss::knn_inner_product(query, span.keys, span.dim, 1, span.rows, k, scores.data(), labels.data());
-  std::vector<std::size_t> rows;
-  rows.reserve(k);
-  for (std::int64_t label : labels)
-    if (label >= 0) rows.push_back(static_cast<std::size_t>(label));
-  return rows;
+PrunedSoft exact_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                      std::size_t top_m, std::size_t parts) {
+  return {soft_scan_split(kernels, query, scale, span, parts, top_m), span.rows, 0.0};
 }
 
 PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                       std::size_t k, std::size_t top_m, std::size_t exact_parts) {
-  if (k >= span.rows) return exact(kernels, query, scale, span, top_m, exact_parts);
-  const std::vector<std::size_t> rows = flat_top_k(query, span, k);
+                       std::size_t k, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find) {
+  if (k >= span.rows) return exact_soft(kernels, query, scale, span, top_m, exact_parts);
+  const std::vector<std::size_t> rows = find(k);
+  if (rows.empty()) return exact_soft(kernels, query, scale, span, top_m, exact_parts);
   // Gather the candidates into one small contiguous span and run the same kernel as the exact path.
   const std::size_t d = span.dim, dv = span.value_dim;
   std::vector<float> keys(rows.size() * d), values(rows.size() * dv);
   std::vector<std::uint64_t> ids(rows.size());
-  double kth = INFINITY;
+  double kth = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::copy_n(span.keys + rows[i] * d, d, keys.begin() + static_cast<std::ptrdiff_t>(i * d));
     std::copy_n(span.values + rows[i] * dv, dv, values.begin() + static_cast<std::ptrdiff_t>(i * dv));
@@ -74,10 +51,10 @@ PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float sca
 }
 
 PrunedSoft adaptive_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                         double epsilon, std::size_t top_m, std::size_t exact_parts) {
+                         double epsilon, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find) {
   for (std::size_t k = 16;; k *= 2) {
-    if (k > span.rows / 4) return exact(kernels, query, scale, span, top_m, exact_parts);
-    PrunedSoft r = pruned_soft(kernels, query, scale, span, k, top_m, exact_parts);
+    if (k > span.rows / 4) return exact_soft(kernels, query, scale, span, top_m, exact_parts);
+    PrunedSoft r = pruned_soft(kernels, query, scale, span, k, top_m, exact_parts, find);
     if (r.tail_bound <= epsilon) return r;
   }
 }

@@ -18,8 +18,22 @@ enum class Metric : std::uint8_t {
 
 /// How a collection finds the candidates of a pruned query (top_k or epsilon).
 enum class IndexKind : std::uint8_t {
-  exact = 0,  ///< no pruning index: every query scans every entry (the default)
-  flat = 1,   ///< exact inner-product top-k (FAISS) over the stored keys; the tail bound is a guarantee
+  exact = 0,      ///< no pruning index: every query scans every entry (the default)
+  flat = 1,       ///< exact inner-product top-k (FAISS) over the stored keys; the tail bound is a guarantee
+  hnsw = 2,       ///< FAISS HNSW graph (inner product); approximate, the tail bound is an estimate
+  ivf = 3,        ///< FAISS inverted lists (inner product), trained once ivf_train_size entries exist
+  automatic = 4,  ///< exact scan below auto_threshold entries, IVF from there on
+};
+
+/// The pruning index of a collection and its build parameters.
+struct IndexConfig {
+  IndexKind kind = IndexKind::exact;     ///< which index
+  std::size_t hnsw_m = 32;               ///< HNSW links per node
+  std::size_t hnsw_ef_construction = 80; ///< HNSW candidate list while building
+  std::size_t ivf_nlist = 0;             ///< IVF lists; 0: 4 * sqrt(entries at training), at most entries / 39
+  std::size_t ivf_train_size = 0;        ///< entries needed before IVF trains; 0: 39 * max(ivf_nlist, 16)
+  std::size_t auto_threshold = 50000;    ///< automatic: entries from which IVF replaces the scan
+  float rebuild_fraction = 0.25f;        ///< HNSW/IVF rebuild once dead entries exceed this fraction of live ones
 };
 
 /// Fixed shape and defaults of a collection.
@@ -28,7 +42,7 @@ struct CollectionConfig {
   std::size_t value_dim = 0;        ///< value dimension dv, >= 1
   Metric metric = Metric::dot;      ///< similarity used for scores
   std::optional<float> scale;       ///< default score scale; unset means 1 / sqrt(d)
-  IndexKind index = IndexKind::exact;  ///< pruning index used by queries with top_k or epsilon
+  IndexConfig index;                ///< pruning index used by queries with top_k or epsilon
 };
 
 /// Per-query knobs. Scores are s_i = scale * sim(q, k_i).
@@ -46,6 +60,12 @@ struct QueryOptions {
   /// Adaptive pruning: k doubles from 16 until tail_bound <= epsilon, in (0, 1); exclusive with top_k.
   /// Past a quarter of the collection the query falls back to the exact scan.
   std::optional<float> epsilon;
+  /// HNSW: candidate list size of the graph search (>= top_k is useful; 64 at least is advised).
+  std::size_t ef_search = 64;
+  /// IVF: inverted lists visited per query.
+  std::size_t nprobe = 16;
+  /// Hard retrieval: scan every key even when the collection has an index.
+  bool exact = false;
 };
 
 /// One entry's share of a soft answer.
@@ -63,6 +83,7 @@ struct SoftResult {
   std::size_t candidates = 0;          ///< how many entries took part in the softmax (k when pruned)
   double tail_bound = 0;               ///< upper bound on the softmax mass outside the candidates (0: exact)
   bool tail_bound_guaranteed = true;   ///< true when the bound is proven (exact or flat), false for an estimate
+  IndexKind searched_with = IndexKind::exact;  ///< what chose the candidates; exact when every entry took part
   std::vector<Contributor> top;        ///< the top_m contributors, highest weight first
 };
 
@@ -71,6 +92,7 @@ struct HardResult {
   std::uint64_t id = 0;         ///< the winning entry (ties: the smallest id)
   float score = 0;              ///< its score, scaled like soft scores (equals SoftResult::max_score)
   std::vector<float> value;     ///< its value, dv floats
+  IndexKind searched_with = IndexKind::exact;  ///< exact scan, or the index whose top-1 was taken
 };
 
 /// Soft answers for B queries, row-major.
@@ -97,7 +119,8 @@ struct Entry {
 /// A set of (id, key, value) entries with fixed dimensions, queried by soft or hard retrieval.
 ///
 /// Thread safety: any number of threads may query concurrently (const methods take a shared
-/// lock); a write (add, upsert, remove) is exclusive and waits for running queries. Every
+/// lock); a write (add, upsert, remove) is exclusive and waits for running queries. A write that
+/// trains or rebuilds an HNSW/IVF index holds the lock for that build. Every
 /// method validates its input completely before changing anything, so a throwing call leaves
 /// the collection as it was.
 class Collection {
@@ -135,7 +158,8 @@ class Collection {
 
   /// Soft retrieval: softmax(s) . V over every entry. Throws on empty collection or bad query.
   [[nodiscard]] SoftResult query_soft(std::span<const float> query, const QueryOptions& options = {}) const;
-  /// Hard retrieval: the value of argmax s_i (ties: smallest id). Only the keys are read.
+  /// Hard retrieval: the value of argmax s_i (ties: smallest id). Only the keys are read. With an
+  /// HNSW or IVF index (and !options.exact) the index's top-1 is taken, which may miss the true best.
   [[nodiscard]] HardResult query_hard(std::span<const float> query, const QueryOptions& options = {}) const;
   /// Soft retrieval for B row-major queries (B x d); reads the entries once for all of them.
   /// Contributors are not reported in batches: options.top_m must be 0.

@@ -1,0 +1,61 @@
+// The pruning-index interface: candidates for a query, kept in step with the collection's writes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "simd/kernel_table.hpp"
+#include "softkv/collection.hpp"
+
+namespace softkv::detail {
+
+/// Per-query search effort.
+struct IndexSearch {
+  std::size_t k = 0;          ///< candidates wanted
+  std::size_t ef_search = 64; ///< HNSW candidate list
+  std::size_t nprobe = 16;    ///< IVF lists visited
+};
+
+/// Finds the (approximately) best keys for a query. Writes (put/erase) happen under the collection's
+/// exclusive lock; search may run concurrently with other searches under its shared lock.
+class PruningIndex {
+ public:
+  virtual ~PruningIndex() = default;
+
+  /// The kind of candidates search() currently returns (automatic reports exact or ivf).
+  [[nodiscard]] virtual IndexKind kind() const = 0;
+  /// Whether search() can answer now; when not, queries fall back to the exact scan.
+  [[nodiscard]] virtual bool ready() const = 0;
+  /// Whether search() returns the true top-k (so the tail bound is a guarantee).
+  [[nodiscard]] virtual bool exact_top_k() const = 0;
+
+  /// Rows inserted or replaced: ids[i] now holds keys[i * d ..] (as stored). all is the whole
+  /// collection after the write (for training or rebuilding).
+  virtual void put(std::span<const std::uint64_t> ids, const float* keys, const RowSpan& all) = 0;
+  /// The entry id was removed; all is the collection after the removal.
+  virtual void erase(std::uint64_t id, const RowSpan& all) = 0;
+
+  /// Ids of up to p.k of the best keys for query (live entries only; order unspecified).
+  [[nodiscard]] virtual std::vector<std::uint64_t> search(const float* query, const RowSpan& all,
+                                                          const IndexSearch& p) const = 0;
+};
+
+/// The index for a collection's configuration; null for IndexKind::exact.
+std::unique_ptr<PruningIndex> make_pruning_index(const CollectionConfig& config);
+
+/// Sets FAISS's OpenMP thread count on this thread for a scope, then restores it.
+class OmpThreads {
+ public:
+  explicit OmpThreads(int threads);
+  ~OmpThreads();
+  OmpThreads(const OmpThreads&) = delete;
+  OmpThreads& operator=(const OmpThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace softkv::detail
