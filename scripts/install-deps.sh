@@ -13,6 +13,7 @@ packages=(
   catch2                        # tests (Catch2 2.13)
   libcli11-dev libspdlog-dev    # command-line parsing and logs
   zlib1g-dev                    # reading the gzip idx files of the data set example
+  dataset-fashion-mnist         # the real data set of examples/fashion_mnist
   python3 python3-numpy         # Python client
 )
 
