@@ -10,6 +10,8 @@
 
 namespace softkv {
 
+class Database;
+
 /// How a query is compared with a key.
 enum class Metric : std::uint8_t {
   dot = 0,     ///< inner product q . k
@@ -32,7 +34,7 @@ struct IndexConfig {
   std::size_t hnsw_ef_construction = 80; ///< HNSW candidate list while building
   std::size_t ivf_nlist = 0;             ///< IVF lists; 0: 4 * sqrt(entries at training), at most entries / 39
   std::size_t ivf_train_size = 0;        ///< entries needed before IVF trains; 0: 39 * max(ivf_nlist, 16)
-  std::size_t auto_threshold = 50000;    ///< automatic: entries from which IVF replaces the scan
+  std::size_t auto_threshold = 10000;    ///< automatic: entries from which IVF replaces the scan (2x the measured crossover)
   float rebuild_fraction = 0.25f;        ///< HNSW/IVF rebuild once dead entries exceed this fraction of live ones
 };
 
@@ -173,6 +175,7 @@ class Collection {
   [[nodiscard]] float resolve_scale(const QueryOptions& options) const;
 
  private:
+  friend class Database;  // restores entries exactly as they were stored
   class Impl;
   std::unique_ptr<Impl> impl_;
 };

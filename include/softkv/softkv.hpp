@@ -2,6 +2,7 @@
 #pragma once
 
 #include "softkv/collection.hpp"
+#include "softkv/database.hpp"
 #include "softkv/error.hpp"
 #include "softkv/simd.hpp"
 #include "softkv/version.hpp"

@@ -114,8 +114,9 @@ class PositionalIndex final : public PruningIndex {
       auto ivf = std::make_unique<faiss::IndexIVFFlat>(new faiss::IndexFlatIP(d), all.dim, nlist, faiss::METRIC_INNER_PRODUCT);
       ivf->own_fields = true;  // the IVF index deletes its quantizer
       ivf->cp.verbose = false;
-      // FAISS's k-means uses at most 256 points per centroid; pass an evenly strided sample of that size.
-      const std::size_t sample = std::min(all.rows, 256 * nlist);
+      // 64 points per centroid train well (FAISS asks for >= 39 and caps at 256) at a quarter of
+      // the k-means cost of 256; pass an evenly strided sample of that size.
+      const std::size_t sample = std::min(all.rows, 64 * nlist);
       std::vector<float> train(sample * all.dim);
       for (std::size_t i = 0; i < sample; ++i)
         std::copy_n(all.keys + (i * all.rows / sample) * all.dim, all.dim, train.begin() + static_cast<std::ptrdiff_t>(i * all.dim));

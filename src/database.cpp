@@ -1,0 +1,519 @@
+// Database: named collections kept by a write-ahead log (log, then apply) and snapshots, recovered on open.
+#include "softkv/database.hpp"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <utility>
+
+#include "collection_impl.hpp"
+#include "storage/bytes.hpp"
+#include "storage/file.hpp"
+#include "storage/snapshot.hpp"
+#include "storage/wal.hpp"
+
+namespace softkv {
+
+std::vector<std::byte> upsert_payload(std::string_view name, std::span<const std::uint64_t> ids, std::span<const float> keys,
+                                      std::span<const float> values);
+
+using detail::ByteReader;
+using detail::ByteWriter;
+using detail::RecordType;
+
+namespace {
+
+constexpr const char* kSnapshotFile = "snapshot.skv";
+constexpr const char* kLockFile = "LOCK";
+
+void check_name(std::string_view name) {
+  const bool ok = !name.empty() && name.size() <= 64 && name.front() != '.' &&
+                  std::all_of(name.begin(), name.end(), [](char c) {
+                    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                           c == '-' || c == '.';
+                  });
+  if (!ok)
+    throw Error(ErrorCode::invalid_argument, "collection name '" + std::string(name) +
+                                                 "' must be 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
+}
+
+std::string segment_name(std::uint64_t first_sequence) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "wal-%020llu.log", static_cast<unsigned long long>(first_sequence));
+  return buf;
+}
+
+// The first sequence number a segment file name announces, or 0 if the name is not a segment's.
+std::uint64_t segment_start(const std::string& file) {
+  if (file.size() != 28 || file.rfind("wal-", 0) != 0 || file.substr(24) != ".log") return 0;
+  std::uint64_t v = 0;
+  const auto [p, ec] = std::from_chars(file.data() + 4, file.data() + 24, v);
+  return ec == std::errc() && p == file.data() + 24 ? v : 0;
+}
+
+void put_config(ByteWriter& w, const CollectionConfig& c) {
+  w.put(std::uint64_t{c.dim});
+  w.put(std::uint64_t{c.value_dim});
+  w.put(static_cast<std::uint8_t>(c.metric));
+  w.put(static_cast<std::uint8_t>(c.scale.has_value()));
+  w.put(c.scale.value_or(0.0f));
+  w.put(static_cast<std::uint8_t>(c.index.kind));
+  for (std::size_t v : {c.index.hnsw_m, c.index.hnsw_ef_construction, c.index.ivf_nlist, c.index.ivf_train_size, c.index.auto_threshold})
+    w.put(std::uint64_t{v});
+  w.put(c.index.rebuild_fraction);
+}
+
+CollectionConfig get_config(ByteReader& r) {
+  CollectionConfig c;
+  c.dim = r.get<std::uint64_t>("dim");
+  c.value_dim = r.get<std::uint64_t>("value_dim");
+  c.metric = static_cast<Metric>(r.get<std::uint8_t>("metric"));
+  const bool has_scale = r.get<std::uint8_t>("scale flag") != 0;
+  const float scale = r.get<float>("scale");
+  if (has_scale) c.scale = scale;
+  c.index.kind = static_cast<IndexKind>(r.get<std::uint8_t>("index kind"));
+  for (std::size_t* v : {&c.index.hnsw_m, &c.index.hnsw_ef_construction, &c.index.ivf_nlist, &c.index.ivf_train_size,
+                         &c.index.auto_threshold})
+    *v = r.get<std::uint64_t>("index parameter");
+  c.index.rebuild_fraction = r.get<float>("rebuild fraction");
+  return c;
+}
+
+}  // namespace
+
+class Database::Impl {
+ public:
+  Impl(const std::filesystem::path& dir, DatabaseOptions options)
+      : dir_(dir), options_(std::move(options)), lock_(open_lock(dir)) {
+    if (!options_.log) options_.log = [](std::string_view line) { std::fprintf(stderr, "softkv: %.*s\n", int(line.size()), line.data()); };
+    recover();
+    background_ = std::thread([this] { background_loop(); });
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard lock(bg_mutex_);
+      stop_ = true;
+    }
+    bg_wake_.notify_all();
+    background_.join();
+    try {
+      std::lock_guard lock(write_mutex_);
+      log_->wait_durable(log_->appended());
+    } catch (...) {  // a destructor must not throw; the log keeps what reached the disk
+    }
+  }
+
+  // ---- collections map ----
+  std::shared_ptr<Collection> find(std::string_view name) const {
+    std::shared_lock lock(map_mutex_);
+    auto it = collections_.find(name);
+    if (it == collections_.end()) throw Error(ErrorCode::unknown_collection, "no collection is named '" + std::string(name) + "'");
+    return it->second;
+  }
+
+  // ---- mutations: under the write lock, prepare (validate + encode; may throw, nothing is logged),
+  // log, apply (valid input: must not fail); then wait for durability outside the lock ----
+  template <class Prepare, class Apply>
+  void commit(RecordType type, Prepare&& prepare, Apply&& apply) {
+    if (failed_) throw Error(ErrorCode::io_error, "the database stopped accepting writes after an earlier I/O error");
+    std::shared_ptr<detail::LogWriter> log;
+    std::uint64_t end = 0;
+    {
+      std::lock_guard lock(write_mutex_);
+      const std::vector<std::byte> record = detail::encode_record(sequence_ + 1, type, prepare());
+      try {
+        end = log_->append(record);
+        ++sequence_;
+        apply();
+      } catch (...) {
+        failed_ = true;  // the log and memory may now disagree: refuse further writes until reopened
+        throw;
+      }
+      log = log_;
+      bytes_since_snapshot_ += record.size();
+      if (options_.snapshot_after_bytes > 0 && bytes_since_snapshot_ >= options_.snapshot_after_bytes) request_snapshot();
+    }
+    if (options_.fsync == FsyncPolicy::always) sync_log(*log, end);
+  }
+
+  void sync_log(detail::LogWriter& log, std::uint64_t end) {
+    try {
+      log.wait_durable(end);
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+  }
+
+  // Applies one record's payload (replay and live writes share this decoding).
+  void apply(RecordType type, std::span<const std::byte> payload) {
+    ByteReader r(payload);
+    const std::string name = r.get_string("collection name");
+    switch (type) {
+      case RecordType::create: {
+        const CollectionConfig config = get_config(r);
+        std::unique_lock lock(map_mutex_);
+        collections_[name] = std::make_shared<Collection>(config);
+        break;
+      }
+      case RecordType::drop: {
+        std::unique_lock lock(map_mutex_);
+        collections_.erase(name);
+        break;
+      }
+      case RecordType::upsert: {
+        const auto c = find(name);
+        const std::uint64_t n = r.get<std::uint64_t>("entry count");
+        const auto ids = detail::to_vector<std::uint64_t>(r.take_array<std::uint64_t>(n, "ids"));
+        const auto keys = detail::to_vector<float>(r.take_array<float>(n * c->config().dim, "keys"));
+        const auto values = detail::to_vector<float>(r.take_array<float>(n * c->config().value_dim, "values"));
+        c->upsert_batch(ids, keys, values);
+        break;
+      }
+      case RecordType::remove: {
+        const auto c = find(name);
+        const std::uint64_t n = r.get<std::uint64_t>("id count");
+        for (std::uint64_t id : detail::to_vector<std::uint64_t>(r.take_array<std::uint64_t>(n, "ids"))) c->remove(id);
+        break;
+      }
+    }
+  }
+
+  // ---- snapshots ----
+  void snapshot() {
+    std::lock_guard lock(write_mutex_);  // writers wait; queries do not
+    detail::SnapshotImage image;
+    image.sequence = sequence_;
+    {
+      std::shared_lock map_lock(map_mutex_);
+      for (const auto& [name, c] : collections_) {
+        detail::CollectionImage ci;
+        ci.name = name;
+        ci.config = c->config();
+        const Collection::Impl& s = *c->impl_;
+        std::shared_lock entries_lock(s.mutex_);
+        ci.next_id = s.next_id_;
+        ci.ids = s.ids_;
+        ci.keys.assign(s.keys_.begin(), s.keys_.end());
+        ci.values.assign(s.values_.begin(), s.values_.end());
+        image.collections.push_back(std::move(ci));
+      }
+    }
+    const auto bytes = detail::encode_snapshot(image);
+    detail::write_file_atomically(dir_ / kSnapshotFile, bytes);
+    snapshot_sizes(image);
+    // The snapshot covers every record so far: start a new segment and delete the old ones.
+    log_->wait_durable(log_->appended());
+    const std::uint64_t next = sequence_ + 1;
+    auto fresh = std::make_shared<detail::LogWriter>(dir_ / segment_name(next), 0);
+    detail::sync_directory(dir_);
+    const std::filesystem::path keep = fresh->path();
+    log_ = std::move(fresh);
+    for (const auto& seg : segments())
+      if (seg.second != keep) std::filesystem::remove(seg.second);
+    detail::sync_directory(dir_);
+    bytes_since_snapshot_ = 0;
+    options_.log("snapshot at sequence " + std::to_string(image.sequence) + ": " + std::to_string(bytes.size()) + " bytes");
+  }
+
+  void snapshot_sizes(const detail::SnapshotImage& image) {
+    std::lock_guard lock(sizes_mutex_);
+    disk_bytes_.clear();
+    for (const auto& c : image.collections)
+      disk_bytes_[c.name] = c.ids.size() * 8 + (c.keys.size() + c.values.size()) * 4 + c.name.size() + 64;
+  }
+
+  std::uint64_t disk_bytes(const std::string& name) const {
+    std::lock_guard lock(sizes_mutex_);
+    auto it = disk_bytes_.find(name);
+    return it == disk_bytes_.end() ? 0 : it->second;
+  }
+
+  void request_snapshot() {
+    {
+      std::lock_guard lock(bg_mutex_);
+      snapshot_wanted_ = true;
+    }
+    bg_wake_.notify_all();
+  }
+
+  // everysec syncs and requested snapshots, off the writers' threads.
+  void background_loop() {
+    std::unique_lock lock(bg_mutex_);
+    while (!stop_) {
+      bg_wake_.wait_for(lock, std::chrono::seconds(1), [this] { return stop_ || snapshot_wanted_; });
+      if (stop_) break;
+      const bool want_snapshot = std::exchange(snapshot_wanted_, false);
+      lock.unlock();
+      try {
+        if (want_snapshot) snapshot();
+        if (options_.fsync == FsyncPolicy::everysec) {
+          std::shared_ptr<detail::LogWriter> log;
+          {
+            std::lock_guard w(write_mutex_);
+            log = log_;
+          }
+          sync_log(*log, log->appended());
+        }
+      } catch (const std::exception& e) {
+        options_.log(std::string("background work failed: ") + e.what());
+      }
+      lock.lock();
+    }
+  }
+
+  // ---- recovery ----
+  static detail::File open_lock(const std::filesystem::path& dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw Error(ErrorCode::io_error, "cannot create data directory " + dir.string() + ": " + ec.message());
+    detail::File f(dir / kLockFile, O_RDWR | O_CREAT);
+    f.lock_exclusive();
+    return f;
+  }
+
+  // Segment files sorted by their first sequence number.
+  std::vector<std::pair<std::uint64_t, std::filesystem::path>> segments() const {
+    std::vector<std::pair<std::uint64_t, std::filesystem::path>> out;
+    for (const auto& e : std::filesystem::directory_iterator(dir_))
+      if (const std::uint64_t start = segment_start(e.path().filename().string()); start > 0) out.emplace_back(start, e.path());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  void restore(detail::CollectionImage& ci) {
+    auto c = std::make_shared<Collection>(ci.config);
+    Collection::Impl& s = *c->impl_;
+    const std::size_t n = ci.ids.size();
+    s.ids_ = std::move(ci.ids);
+    s.keys_.assign(ci.keys.begin(), ci.keys.end());
+    s.values_.assign(ci.values.begin(), ci.values.end());
+    for (std::size_t i = 0; i < n; ++i)
+      if (!s.slot_of_.emplace(s.ids_[i], i).second)
+        throw Error(ErrorCode::corrupt_file, "snapshot holds id " + std::to_string(s.ids_[i]) + " twice in '" + ci.name + "'");
+    s.next_id_ = ci.next_id;
+    s.index_put(s.ids_, s.keys_.data());
+    collections_[ci.name] = std::move(c);
+  }
+
+  void recover() {
+    for (const auto& e : std::filesystem::directory_iterator(dir_))
+      if (e.path().extension() == ".tmp") std::filesystem::remove(e.path());  // an interrupted atomic write
+    const auto snap = dir_ / kSnapshotFile;
+    if (std::filesystem::exists(snap)) {
+      detail::SnapshotImage image = detail::decode_snapshot(detail::read_file(snap), snap.string());
+      snapshot_sizes(image);
+      sequence_ = image.sequence;
+      for (auto& ci : image.collections) restore(ci);
+    }
+    const auto segs = segments();
+    std::filesystem::path last;
+    std::uint64_t last_size = 0;
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      const auto& path = segs[i].second;
+      const auto bytes = detail::read_file(path);
+      const detail::LogScan scan = detail::scan_log(bytes);
+      for (const detail::RecordView& rec : scan.records) {
+        if (rec.sequence <= sequence_) continue;  // already in the snapshot
+        const std::string where = path.string() + " at byte " + std::to_string(rec.offset);
+        if (rec.sequence != sequence_ + 1)
+          throw Error(ErrorCode::corrupt_file, where + ": sequence " + std::to_string(rec.sequence) + " follows " +
+                                                   std::to_string(sequence_) + " (records are missing)");
+        try {
+          apply(rec.type, rec.payload);
+        } catch (const Error& e) {
+          throw Error(ErrorCode::corrupt_file, where + ": record cannot be applied: " + e.what());
+        }
+        sequence_ = rec.sequence;
+      }
+      const bool is_last = i + 1 == segs.size();
+      last = path;
+      last_size = scan.valid_bytes;
+      if (scan.end == detail::LogScan::End::clean) continue;
+      const std::string where = path.string() + " at byte " + std::to_string(scan.valid_bytes) + ": " + scan.problem;
+      if (scan.end == detail::LogScan::End::torn && is_last) {
+        options_.log("cut a torn record off the log tail, " + where);
+        continue;
+      }
+      if (!options_.repair) throw Error(ErrorCode::corrupt_file, where);
+      options_.log("repair: keeping the valid prefix of " + where + "; later segments are set aside as .corrupt");
+      for (std::size_t j = i + 1; j < segs.size(); ++j) {
+        auto aside = segs[j].second;
+        aside += ".corrupt";
+        std::filesystem::rename(segs[j].second, aside);
+      }
+      break;
+    }
+    if (last.empty()) {
+      last = dir_ / segment_name(sequence_ + 1);
+      last_size = 0;
+    }
+    log_ = std::make_shared<detail::LogWriter>(last, last_size);  // truncates a torn tail
+    detail::sync_directory(dir_);
+  }
+
+  std::filesystem::path dir_;
+  DatabaseOptions options_;
+  detail::File lock_;
+  mutable std::shared_mutex map_mutex_;  // the collections map (queries hold it only to look up)
+  std::map<std::string, std::shared_ptr<Collection>, std::less<>> collections_;
+  std::mutex write_mutex_;               // one mutation at a time: log order = apply order
+  std::uint64_t sequence_ = 0;           // last logged sequence number
+  std::shared_ptr<detail::LogWriter> log_;
+  std::uint64_t bytes_since_snapshot_ = 0;
+  std::atomic<bool> failed_{false};
+  mutable std::mutex sizes_mutex_;
+  std::map<std::string, std::uint64_t, std::less<>> disk_bytes_;
+  std::mutex bg_mutex_;
+  std::condition_variable bg_wake_;
+  bool stop_ = false;
+  bool snapshot_wanted_ = false;
+  std::thread background_;
+};
+
+Database::Database(const std::filesystem::path& dir, DatabaseOptions options)
+    : impl_(std::make_unique<Impl>(dir, std::move(options))) {}
+
+Database::~Database() = default;
+
+void Database::create_collection(std::string_view name, const CollectionConfig& config) {
+  check_name(name);
+  (void)Collection(config);  // validates the configuration
+  ByteWriter w;
+  impl_->commit(
+      RecordType::create,
+      [&] {
+        if (has_collection(name)) throw Error(ErrorCode::collection_exists, "a collection named '" + std::string(name) + "' exists");
+        w.put_string(name);
+        put_config(w, config);
+        return w.bytes();
+      },
+      [&] { impl_->apply(RecordType::create, w.bytes()); });
+}
+
+void Database::drop_collection(std::string_view name) {
+  ByteWriter w;
+  impl_->commit(
+      RecordType::drop,
+      [&] {
+        (void)impl_->find(name);
+        w.put_string(name);
+        return w.bytes();
+      },
+      [&] { impl_->apply(RecordType::drop, w.bytes()); });
+}
+
+std::vector<std::string> Database::list_collections() const {
+  std::shared_lock lock(impl_->map_mutex_);
+  std::vector<std::string> names;
+  for (const auto& entry : impl_->collections_) names.push_back(entry.first);
+  return names;
+}
+
+bool Database::has_collection(std::string_view name) const {
+  std::shared_lock lock(impl_->map_mutex_);
+  return impl_->collections_.find(name) != impl_->collections_.end();
+}
+
+std::shared_ptr<const Collection> Database::collection(std::string_view name) const { return impl_->find(name); }
+
+CollectionStats Database::stats(std::string_view name) const {
+  const auto c = impl_->find(name);
+  CollectionStats s;
+  s.name = name;
+  s.size = c->size();
+  s.dim = c->config().dim;
+  s.value_dim = c->config().value_dim;
+  s.metric = c->config().metric;
+  s.index = c->config().index.kind;
+  s.bytes_in_memory = s.size * (8 + 4 * (s.dim + s.value_dim));
+  s.bytes_on_disk = impl_->disk_bytes(s.name);
+  return s;
+}
+
+// Payload of an upsert record: name, n, ids, keys as given (cosine normalises again on replay), values.
+std::vector<std::byte> upsert_payload(std::string_view name, std::span<const std::uint64_t> ids, std::span<const float> keys,
+                                      std::span<const float> values) {
+  ByteWriter w;
+  w.put_string(name);
+  w.put(std::uint64_t{ids.size()});
+  w.put_array(ids);
+  w.put_array(keys);
+  w.put_array(values);
+  return std::move(w.bytes());
+}
+
+std::vector<std::uint64_t> Database::add(std::string_view name, std::span<const float> keys, std::span<const float> values) {
+  const auto c = impl_->find(name);
+  const std::size_t n = c->impl_->validate_rows(keys, values);
+  std::vector<std::uint64_t> ids(n);
+  impl_->commit(
+      RecordType::upsert,
+      [&] {  // ids come from the collection's counter, which only changes under this lock
+        const std::uint64_t first = c->impl_->next_id();
+        if (n > kReservedId - first) throw Error(ErrorCode::invalid_argument, "the id space is exhausted");
+        for (std::size_t i = 0; i < n; ++i) ids[i] = first + i;
+        return upsert_payload(name, ids, keys, values);
+      },
+      [&] { c->upsert_batch(ids, keys, values); });
+  return ids;
+}
+
+void Database::upsert(std::string_view name, std::span<const std::uint64_t> ids, std::span<const float> keys,
+                      std::span<const float> values) {
+  const auto c = impl_->find(name);
+  c->impl_->validate_rows(keys, values, ids, true);
+  impl_->commit(
+      RecordType::upsert, [&] { return upsert_payload(name, ids, keys, values); },
+      [&] { c->upsert_batch(ids, keys, values); });
+}
+
+void Database::remove(std::string_view name, std::span<const std::uint64_t> ids) {
+  const auto c = impl_->find(name);
+  impl_->commit(
+      RecordType::remove,
+      [&] {  // all or nothing: every id must exist, once
+        std::vector<std::uint64_t> sorted(ids.begin(), ids.end());
+        std::sort(sorted.begin(), sorted.end());
+        if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+          throw Error(ErrorCode::invalid_argument, "an id appears twice in one remove");
+        for (std::uint64_t id : ids)
+          if (!c->contains(id)) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
+        ByteWriter w;
+        w.put_string(name);
+        w.put(std::uint64_t{ids.size()});
+        w.put_array(ids);
+        return std::move(w.bytes());
+      },
+      [&] {
+        for (std::uint64_t id : ids) c->remove(id);
+      });
+}
+
+void Database::snapshot() { impl_->snapshot(); }
+
+void Database::sync() {
+  std::shared_ptr<detail::LogWriter> log;
+  {
+    std::lock_guard lock(impl_->write_mutex_);
+    log = impl_->log_;
+  }
+  impl_->sync_log(*log, log->appended());
+}
+
+std::uint64_t Database::last_sequence() const {
+  std::lock_guard lock(impl_->write_mutex_);
+  return impl_->sequence_;
+}
+
+}  // namespace softkv
