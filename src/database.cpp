@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <cstring>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -33,6 +34,8 @@ using detail::RecordType;
 namespace {
 
 constexpr const char* kSnapshotFile = "snapshot.skv";
+constexpr char kIndexMagic[8] = {'S', 'K', 'V', 'I', 'N', 'D', 'X', '1'};
+constexpr std::size_t kIndexHeader = 8 + 8 + 8 + 4;  // magic, snapshot sequence, payload length, payload CRC-32
 constexpr const char* kLockFile = "LOCK";
 
 void check_name(std::string_view name) {
@@ -58,6 +61,44 @@ std::uint64_t segment_start(const std::string& file) {
   std::uint64_t v = 0;
   const auto [p, ec] = std::from_chars(file.data() + 4, file.data() + 24, v);
   return ec == std::errc() && p == file.data() + 24 ? v : 0;
+}
+
+// A collection's FAISS index file, written beside the snapshot whose sequence it carries.
+std::filesystem::path index_path(const std::filesystem::path& dir, std::string_view name) {
+  return dir / ("index-" + std::string(name) + ".faiss");
+}
+
+std::vector<std::byte> frame_index(std::uint64_t sequence, std::span<const std::byte> payload) {
+  ByteWriter w;
+  w.put_array(std::span<const char>(kIndexMagic, 8));
+  w.put(sequence);
+  w.put(std::uint64_t{payload.size()});
+  w.put(detail::crc32_of(payload));
+  w.put_array(payload);
+  return std::move(w.bytes());
+}
+
+// The payload of an index file if it is intact and belongs to the snapshot at `sequence`; else why not.
+std::span<const std::byte> unframe_index(std::span<const std::byte> bytes, std::uint64_t sequence, std::string& why) {
+  if (bytes.size() < kIndexHeader || std::memcmp(bytes.data(), kIndexMagic, 8) != 0) {
+    why = "not an index file (corrupt header)";
+    return {};
+  }
+  std::uint64_t seq = 0, length = 0;
+  std::uint32_t crc = 0;
+  std::memcpy(&seq, bytes.data() + 8, 8);
+  std::memcpy(&length, bytes.data() + 16, 8);
+  std::memcpy(&crc, bytes.data() + 24, 4);
+  const auto payload = bytes.subspan(kIndexHeader);
+  if (length != payload.size() || detail::crc32_of(payload) != crc) {
+    why = "corrupt (size or checksum mismatch)";
+    return {};
+  }
+  if (seq != sequence) {
+    why = "stale (written for snapshot sequence " + std::to_string(seq) + ", the snapshot is at " + std::to_string(sequence) + ")";
+    return {};
+  }
+  return payload;
 }
 
 void put_config(ByteWriter& w, const CollectionConfig& c) {
@@ -194,6 +235,7 @@ class Database::Impl {
     std::lock_guard lock(write_mutex_);  // writers wait; queries do not
     detail::SnapshotImage image;
     image.sequence = sequence_;
+    std::map<std::string, std::vector<std::byte>> indexes;  // name -> saved FAISS index
     {
       std::shared_lock map_lock(map_mutex_);
       for (const auto& [name, c] : collections_) {
@@ -206,11 +248,23 @@ class Database::Impl {
         ci.ids = s.ids_;
         ci.keys.assign(s.keys_.begin(), s.keys_.end());
         ci.values.assign(s.values_.begin(), s.values_.end());
+        if (s.index_) {
+          if (auto saved = s.index_->save(); !saved.empty()) indexes[name] = std::move(saved);
+        }
         image.collections.push_back(std::move(ci));
       }
     }
+    // Index files first: a crash before the snapshot's rename leaves them marked with a sequence the
+    // old snapshot does not have, so they are treated as stale and rebuilt, never trusted.
+    for (const auto& [name, saved] : indexes) detail::write_file_atomically(index_path(dir_, name), frame_index(image.sequence, saved));
     const auto bytes = detail::encode_snapshot(image);
     detail::write_file_atomically(dir_ / kSnapshotFile, bytes);
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) {  // index files of dropped or unindexed collections
+      const std::string file = e.path().filename().string();
+      if (file.rfind("index-", 0) == 0 && e.path().extension() == ".faiss" &&
+          !indexes.contains(file.substr(6, file.size() - 6 - 6)))
+        std::filesystem::remove(e.path());
+    }
     snapshot_sizes(image);
     // The snapshot covers every record so far: start a new segment and delete the old ones.
     log_->wait_durable(log_->appended());
@@ -291,7 +345,7 @@ class Database::Impl {
     return out;
   }
 
-  void restore(detail::CollectionImage& ci) {
+  void restore(detail::CollectionImage& ci, std::uint64_t sequence) {
     auto c = std::make_shared<Collection>(ci.config);
     Collection::Impl& s = *c->impl_;
     const std::size_t n = ci.ids.size();
@@ -302,8 +356,31 @@ class Database::Impl {
       if (!s.slot_of_.emplace(s.ids_[i], i).second)
         throw Error(ErrorCode::corrupt_file, "snapshot holds id " + std::to_string(s.ids_[i]) + " twice in '" + ci.name + "'");
     s.next_id_ = ci.next_id;
-    s.index_put(s.ids_, s.keys_.data());
+    if (s.index_) load_or_rebuild_index(ci.name, s, sequence);
     collections_[ci.name] = std::move(c);
+  }
+
+  // Installs the saved FAISS index when it is intact and belongs to this snapshot, else rebuilds it.
+  void load_or_rebuild_index(const std::string& name, Collection::Impl& s, std::uint64_t sequence) {
+    const auto path = index_path(dir_, name);
+    std::string why;
+    if (std::filesystem::exists(path)) {
+      const auto bytes = detail::read_file(path);
+      const auto payload = unframe_index(bytes, sequence, why);
+      if (!payload.empty()) {
+        if (s.index_->load(payload, s.span())) {
+          options_.log("loaded the index of '" + name + "' from " + path.filename().string());
+          return;
+        }
+        why = "does not match the snapshot's entries";
+      }
+      options_.log("index file " + path.filename().string() + " is " + why + "; rebuilding the index of '" + name + "'");
+      s.index_put(s.ids_, s.keys_.data());
+      return;
+    }
+    s.index_put(s.ids_, s.keys_.data());
+    if (s.index_->ready() && s.index_->kind() != IndexKind::flat)
+      options_.log("no index file for '" + name + "'; rebuilt its index from the snapshot");
   }
 
   void recover() {
@@ -314,7 +391,7 @@ class Database::Impl {
       detail::SnapshotImage image = detail::decode_snapshot(detail::read_file(snap), snap.string());
       snapshot_sizes(image);
       sequence_ = image.sequence;
-      for (auto& ci : image.collections) restore(ci);
+      for (auto& ci : image.collections) restore(ci, image.sequence);
     }
     const auto segs = segments();
     std::filesystem::path last;

@@ -428,3 +428,75 @@ TEST_CASE("after SIGKILL every acknowledged write is present and no batch is hal
   INFO("acknowledged batches over all trials: " << total_acked);
   CHECK(total_acked > 0);
 }
+
+TEST_CASE("FAISS index files are loaded when valid and rebuilt when missing, stale or corrupt", "[database]") {
+  TempDir dir;
+  std::vector<std::string> lines;
+  auto options = [&] {
+    DatabaseOptions o = quiet();
+    o.log = [&](std::string_view line) { lines.emplace_back(line); };
+    return o;
+  };
+  auto logged = [&](const std::string& part) {
+    return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(part) != std::string::npos; });
+  };
+  const auto keys = test::normal_floats(3000 * 16, 1);
+  auto candidates = [](const Database& db) {
+    std::vector<std::vector<std::uint64_t>> out;
+    for (std::uint64_t s = 0; s < 10; ++s) {
+      const SoftResult r = db.collection("h")->query_soft(test::normal_floats(16, 50 + s), {.top_m = 20, .top_k = 20});
+      REQUIRE(r.searched_with == IndexKind::hnsw);
+      std::vector<std::uint64_t> ids;
+      for (const auto& t : r.top) ids.push_back(t.id);
+      out.push_back(ids);
+    }
+    return out;
+  };
+  std::vector<std::vector<std::uint64_t>> before;
+  {
+    Database db(dir.path, options());
+    db.create_collection("h", {16, 1, Metric::dot, {}, {.kind = IndexKind::hnsw}});
+    db.add("h", keys, std::vector<float>(3000, 1.0f));
+    db.remove("h", std::vector<std::uint64_t>{5, 6, 7});  // dead positions travel with the file
+    db.snapshot();
+    before = candidates(db);
+  }
+  const fs::path file = dir.path / "index-h.faiss";
+  REQUIRE(fs::exists(file));
+  {
+    lines.clear();
+    Database db(dir.path, options());
+    CHECK(logged("loaded the index of 'h'"));
+    CHECK(candidates(db) == before);  // the same graph, not a rebuilt one
+  }
+  const auto saved = detail::read_file(file);
+  {  // corrupt: detected by its checksum, rebuilt
+    auto bad = saved;
+    bad[bad.size() / 2] ^= std::byte{0x40};
+    write_bytes(file, bad);
+    lines.clear();
+    Database db(dir.path, options());
+    CHECK(logged("is corrupt"));
+    CHECK(db.collection("h")->size() == 2997);
+    (void)candidates(db);
+  }
+  {  // stale: a newer snapshot, then the old index file put back
+    {
+      Database db(dir.path, options());
+      db.add("h", test::normal_floats(16, 9), std::vector<float>{1.0f});
+      db.snapshot();
+    }
+    write_bytes(file, saved);
+    lines.clear();
+    Database db(dir.path, options());
+    CHECK(logged("is stale"));
+    CHECK(db.collection("h")->size() == 2998);
+  }
+  {  // missing
+    fs::remove(file);
+    lines.clear();
+    Database db(dir.path, options());
+    CHECK(logged("no index file for 'h'"));
+    (void)candidates(db);
+  }
+}

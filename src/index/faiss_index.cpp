@@ -7,6 +7,9 @@
 #include <faiss/IndexFlat.h>
 #include <faiss/IndexHNSW.h>
 #include <faiss/IndexIVFFlat.h>
+#include <faiss/impl/FaissException.h>
+#include <faiss/impl/io.h>
+#include <faiss/index_io.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include <unordered_set>
 
 #include "index/pruning_index.hpp"
+#include "storage/bytes.hpp"
 
 namespace softkv::detail {
 
@@ -51,6 +55,61 @@ class PositionalIndex final : public PruningIndex {
     if (!index_) return;
     kill(id);
     rebuild_if_worn(all);
+  }
+
+  [[nodiscard]] std::vector<std::byte> save() const override {
+    if (!index_) return {};
+    ByteWriter w;
+    w.put(static_cast<std::uint8_t>(config_.index.kind));
+    w.put(std::uint64_t{id_at_.size()});
+    w.put_array(std::span<const std::uint64_t>(id_at_));
+    std::vector<std::uint8_t> dead(dead_at_.begin(), dead_at_.end());
+    w.put_array(std::span<const std::uint8_t>(dead));
+    faiss::VectorIOWriter blob;
+    faiss::write_index(index_.get(), &blob);
+    w.put(std::uint64_t{blob.data.size()});
+    w.put_array(std::span<const std::uint8_t>(blob.data));
+    return std::move(w.bytes());
+  }
+
+  bool load(std::span<const std::byte> bytes, const RowSpan& all) override {
+    try {
+      ByteReader r(bytes);
+      if (r.get<std::uint8_t>("index kind") != static_cast<std::uint8_t>(config_.index.kind)) return false;
+      const auto n = r.get<std::uint64_t>("positions");
+      auto ids = to_vector<std::uint64_t>(r.take_array<std::uint64_t>(n, "ids"));
+      const auto dead = to_vector<std::uint8_t>(r.take_array<std::uint8_t>(n, "dead map"));
+      const auto blob_size = r.get<std::uint64_t>("index size");
+      const auto blob = r.take_array<std::uint8_t>(blob_size, "index");
+      // The live positions must be exactly the collection's rows, each once.
+      std::unordered_map<std::uint64_t, std::size_t> position_of;
+      std::size_t dead_count = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (dead[i] != 0) {
+          ++dead_count;
+          continue;
+        }
+        if (!position_of.emplace(ids[i], i).second) return false;
+      }
+      if (position_of.size() != all.rows) return false;
+      for (std::size_t i = 0; i < all.rows; ++i)
+        if (!position_of.contains(all.ids[i])) return false;
+      faiss::VectorIOReader reader;
+      reader.data.assign(reinterpret_cast<const std::uint8_t*>(blob.data()),
+                         reinterpret_cast<const std::uint8_t*>(blob.data()) + blob.size());
+      std::unique_ptr<faiss::Index> index(faiss::read_index(&reader));
+      if (index->d != static_cast<int>(all.dim) || static_cast<std::uint64_t>(index->ntotal) != n) return false;
+      index_ = std::move(index);
+      id_at_ = std::move(ids);
+      dead_at_.assign(dead.begin(), dead.end());
+      position_of_ = std::move(position_of);
+      dead_ = dead_count;
+      return true;
+    } catch (const Error&) {
+      return false;
+    } catch (const faiss::FaissException&) {
+      return false;
+    }
   }
 
   [[nodiscard]] std::vector<std::uint64_t> search(const float* query, const RowSpan&,

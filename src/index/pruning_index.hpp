@@ -38,6 +38,13 @@ class PruningIndex {
   /// The entry id was removed; all is the collection after the removal.
   virtual void erase(std::uint64_t id, const RowSpan& all) = 0;
 
+  /// The index's state (FAISS index and label map) as bytes, or empty when there is nothing worth
+  /// keeping on disk (flat, an untrained IVF).
+  [[nodiscard]] virtual std::vector<std::byte> save() const { return {}; }
+  /// Replaces the state with bytes from save() if they describe exactly the live rows of all;
+  /// otherwise returns false and changes nothing. The bytes must be intact (checksummed by the caller).
+  virtual bool load(std::span<const std::byte>, const RowSpan&) { return false; }
+
   /// Ids of up to p.k of the best keys for query (live entries only; order unspecified).
   [[nodiscard]] virtual std::vector<std::uint64_t> search(const float* query, const RowSpan& all,
                                                           const IndexSearch& p) const = 0;
