@@ -88,6 +88,7 @@ void pruned_table(const char* name, softkv::IndexKind kind, std::size_t n, std::
   softkv::Collection c(config);
   const auto t0 = Clock::now();
   c.add_batch(keys, values);
+  c.wait_until_indexed();  // the index builds in the background
   const double build = seconds_since(t0);
   const auto qs = make_queries(keys, d, nq);
   const Run exact = run(c, qs, {.temperature = temperature});
@@ -148,6 +149,7 @@ void crossover(std::size_t d, std::size_t nq) {
     config.index.kind = softkv::IndexKind::ivf;
     softkv::Collection c(config);
     c.add_batch(keys, keys);
+    c.wait_until_indexed();
     const auto qs = make_queries(keys, d, nq);
     const double exact = run(c, qs, {}).ms, ivf = run(c, qs, {.top_k = 32}).ms;
     std::printf("  %9zu %10.3f %10.3f %s\n", n, exact, ivf, ivf < exact ? "<- IVF faster" : "");

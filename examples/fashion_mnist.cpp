@@ -94,6 +94,7 @@ softkv::Collection make_store(const Split& train, std::size_t n, softkv::IndexKi
   config.index.kind = kind;
   softkv::Collection store(config);
   store.add_batch(std::span<const float>(train.images.data(), n * kPixels), std::span<const float>(train.one_hot.data(), n * kClasses));
+  store.wait_until_indexed();  // indexes build in the background; time the queries against the built one
   return store;
 }
 

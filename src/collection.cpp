@@ -133,7 +133,20 @@ void Collection::remove(std::uint64_t id) {
   s.keys_.resize(last * d);
   s.values_.resize(last * dv);
   s.slot_of_.erase(it);
-  if (s.index_) s.index_->erase(id, s.span());
+  if (s.index_) {
+    s.index_->erase(id, s.span());
+    s.start_build_if_due();
+  }
+}
+
+void Collection::wait_until_indexed() const {
+  std::unique_lock lock(impl_->build_mutex_);
+  impl_->build_done_.wait(lock, [&] { return !impl_->building_; });
+}
+
+bool Collection::index_building() const {
+  std::lock_guard lock(impl_->build_mutex_);
+  return impl_->building_;
 }
 
 float Collection::resolve_scale(const QueryOptions& options) const {

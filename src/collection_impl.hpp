@@ -2,6 +2,9 @@
 #pragma once
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -41,6 +44,11 @@ class Collection::Impl {
   std::unordered_map<std::uint64_t, std::size_t> slot_of_;
   std::uint64_t next_id_ = 0;
   std::unique_ptr<detail::PruningIndex> index_;  // null for IndexKind::exact; updated under the write lock
+  // Background index builds, one at a time; declared last so the thread is joined before the rest goes.
+  std::mutex build_mutex_;
+  std::condition_variable build_done_;
+  bool building_ = false;
+  std::thread builder_;
 
   [[nodiscard]] std::size_t dim() const { return config_.dim; }
   [[nodiscard]] std::size_t value_dim() const { return config_.value_dim; }
@@ -182,7 +190,49 @@ class Collection::Impl {
 
   // Tells the index about rows just written (keys as stored). Caller holds the write lock.
   void index_put(std::span<const std::uint64_t> ids, const float* keys) {
-    if (index_) index_->put(ids, keys, span());
+    if (!index_) return;
+    index_->put(ids, keys, span());
+    start_build_if_due();
+  }
+
+  // Starts the background builder if the index asks for a (re)build. Caller holds the write lock.
+  void start_build_if_due() {
+    if (!index_ || !index_->build_due()) return;
+    std::lock_guard lock(build_mutex_);
+    if (building_) return;
+    building_ = true;
+    if (builder_.joinable()) builder_.join();  // the previous job already finished (building_ was false)
+    builder_ = std::thread([this] { run_builds(); });
+  }
+
+  // The builder: prepare under the shared lock, build with no lock, install under the exclusive lock.
+  void run_builds() {
+    for (;;) {
+      std::unique_ptr<detail::IndexBuild> build;
+      {
+        std::shared_lock lock(mutex_);
+        build = index_->start_build(span());
+      }
+      if (!build) break;
+      bool ok = true;
+      try {
+        build->run();
+      } catch (...) {  // e.g. out of memory: keep the current index and stop trying until the next write
+        ok = false;
+      }
+      std::unique_lock lock(mutex_);
+      index_->finish_build(ok ? std::move(build) : nullptr);
+      if (!ok) break;
+    }
+    {
+      std::lock_guard lock(build_mutex_);
+      building_ = false;
+    }
+    build_done_.notify_all();
+  }
+
+  ~Impl() {
+    if (builder_.joinable()) builder_.join();
   }
 
   static void check_lse(double lse) {

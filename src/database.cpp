@@ -375,10 +375,10 @@ class Database::Impl {
         why = "does not match the snapshot's entries";
       }
       options_.log("index file " + path.filename().string() + " is " + why + "; rebuilding the index of '" + name + "'");
-      s.index_put(s.ids_, s.keys_.data());
+      s.index_->build_now(s.span());
       return;
     }
-    s.index_put(s.ids_, s.keys_.data());
+    s.index_->build_now(s.span());
     if (s.index_->ready() && s.index_->kind() != IndexKind::flat)
       options_.log("no index file for '" + name + "'; rebuilt its index from the snapshot");
   }

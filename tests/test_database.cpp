@@ -458,6 +458,7 @@ TEST_CASE("FAISS index files are loaded when valid and rebuilt when missing, sta
     db.create_collection("h", {16, 1, Metric::dot, {}, {.kind = IndexKind::hnsw}});
     db.add("h", keys, std::vector<float>(3000, 1.0f));
     db.remove("h", std::vector<std::uint64_t>{5, 6, 7});  // dead positions travel with the file
+    db.collection("h")->wait_until_indexed();
     db.snapshot();
     before = candidates(db);
   }

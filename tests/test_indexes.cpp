@@ -58,6 +58,7 @@ TEST_CASE("HNSW recall@32 is at least 0.95 on clustered data at the default efSe
   const auto keys = clustered(n, d, 200, 1);
   Collection c(config_for(IndexKind::hnsw, d, 1));
   c.add_batch(keys, std::vector<float>(n, 1.0f));
+  c.wait_until_indexed();
   double hits = 0;
   const std::size_t queries = 50;
   for (std::uint64_t i = 0; i < queries; ++i) {
@@ -82,6 +83,7 @@ TEST_CASE("removed and replaced ids never appear, before and after a rebuild, fo
     const auto keys = clustered(n, d, 100, 7);
     Collection c(config_for(kind, d, dv));
     c.add_batch(keys, std::vector<float>(n * dv, 1.0f));
+    c.wait_until_indexed();
     std::set<std::uint64_t> gone;
     // Queries near entries 0..7: take their candidates, remove half, replace the other half with a zero
     // key (score 0, far below any cluster member's) and value 1e6. Then remove enough more to force a
@@ -112,8 +114,8 @@ TEST_CASE("removed and replaced ids never appear, before and after a rebuild, fo
         const SoftResult adaptive = c.query_soft(q, {.top_m = 5, .epsilon = 0.05f, .nprobe = 64});
         for (const Contributor& x : adaptive.top) CHECK(gone.count(x.id) == 0);
       }
-      if (round == 0) {  // past rebuild_fraction (0.25) of dead entries: the index is rebuilt
-        for (std::uint64_t id = 1000; id < 2000; ++id)
+      if (round == 0) {  // past rebuild_fraction (0.25) of dead entries: a rebuild starts in the background,
+        for (std::uint64_t id = 1000; id < 2000; ++id)  // and round 1 queries while it may still run
           if (!gone.count(id)) c.remove(id), gone.insert(id);
       }
     }
@@ -133,8 +135,9 @@ TEST_CASE("IVF before training falls back to the exact scan and says so", "[inde
     CHECK(r.candidates == 400);
     CHECK(r.tail_bound == 0.0);
     CHECK(c.query_hard(q).searched_with == IndexKind::exact);
-    // Grow past the training threshold: the index trains and answers from then on.
+    // Grow past the training threshold: the index trains (in the background) and answers from then on.
     for (std::size_t i = 400; i < 800; ++i) c.add(row(keys, d, i), std::vector<float>{1.0f});
+    c.wait_until_indexed();
     r = c.query_soft(q, {.top_k = 10});
     CHECK(r.searched_with == (c.size() >= threshold ? IndexKind::ivf : IndexKind::exact));
     if (kind == IndexKind::ivf) {
@@ -151,6 +154,7 @@ TEST_CASE("hard retrieval goes through an approximate index unless the query ask
   std::vector<float> values(n);
   std::iota(values.begin(), values.end(), 0.0f);
   c.add_batch(keys, values);
+  c.wait_until_indexed();
   std::size_t agree = 0;
   for (std::uint64_t i = 0; i < 40; ++i) {
     const auto q = row(keys, d, i * 97 % n);
@@ -171,6 +175,7 @@ TEST_CASE("pruned queries stay consistent while another thread writes", "[indexe
   for (const IndexKind kind : {IndexKind::hnsw, IndexKind::ivf}) {
     Collection c(config_for(kind, d, 2));
     for (std::uint64_t id = 0; id < n; ++id) c.upsert(id, row(keys, d, id), std::vector<float>{1.0f, static_cast<float>(id)});
+    c.wait_until_indexed();
     std::atomic<bool> stop{false};
     std::atomic<std::size_t> failures{0}, rounds{0};
     std::thread reader([&] {
@@ -192,5 +197,42 @@ TEST_CASE("pruned queries stay consistent while another thread writes", "[indexe
     reader.join();
     INFO(rounds.load() << " reader rounds");
     CHECK(failures.load() == 0);
+  }
+}
+
+TEST_CASE("queries are answered while an index builds, and writes during the build reach it", "[indexes][concurrency]") {
+  const std::size_t n = 60000, d = 32;
+  const auto keys = clustered(n, d, 60, 17);
+  CollectionConfig config = config_for(IndexKind::ivf, d, 1);
+  config.index.ivf_train_size = 0;  // the default: 39 * 16 entries
+  Collection c(config);
+  std::vector<float> values(n);
+  std::iota(values.begin(), values.end(), 0.0f);
+  c.add_batch(keys, values);  // returns at once; training and building run in the background
+  std::size_t answered_while_building = 0;
+  std::set<std::uint64_t> removed;
+  for (std::uint64_t i = 0; c.index_building() && i < 200; ++i) {
+    const auto q = row(keys, d, i * 31 % n);
+    const SoftResult r = c.query_soft(q, {.top_m = 1, .top_k = 8});
+    if (r.searched_with == IndexKind::exact) {  // before the swap: the scan, so the exact best
+      CHECK(r.candidates == c.size());
+      ++answered_while_building;
+    }
+    c.remove(i * 7);  // journaled for the index being built
+    removed.insert(i * 7);
+    auto far_ahead = row(keys, d, i * 7);  // 10x the removed key: the top match for a query near it
+    for (float& x : far_ahead) x *= 10.0f;
+    c.upsert(100000 + i, far_ahead, std::vector<float>{-1.0f});
+  }
+  c.wait_until_indexed();
+  INFO(answered_while_building << " queries answered while the index was building");
+  CHECK(answered_while_building > 0);
+  CHECK_FALSE(c.index_building());
+  for (std::uint64_t id : removed) {
+    const auto q = row(keys, d, id);
+    const SoftResult r = c.query_soft(q, {.top_m = 8, .top_k = 8, .nprobe = 64});
+    CHECK(r.searched_with == IndexKind::ivf);
+    for (const Contributor& x : r.top) CHECK(removed.count(x.id) == 0);
+    CHECK(r.top.at(0).id == 100000 + id / 7);  // the upsert made during the build is in the new index
   }
 }

@@ -121,8 +121,9 @@ struct Entry {
 /// A set of (id, key, value) entries with fixed dimensions, queried by soft or hard retrieval.
 ///
 /// Thread safety: any number of threads may query concurrently (const methods take a shared
-/// lock); a write (add, upsert, remove) is exclusive and waits for running queries. A write that
-/// trains or rebuilds an HNSW/IVF index holds the lock for that build. Every
+/// lock); a write (add, upsert, remove) is exclusive and waits for running queries. Index training
+/// and rebuilds run in the background without the lock: queries keep using the previous index (or
+/// the exact scan before the first build) until the new one is swapped in. Every
 /// method validates its input completely before changing anything, so a throwing call leaves
 /// the collection as it was.
 class Collection {
@@ -170,6 +171,12 @@ class Collection {
   /// Hard retrieval for B row-major queries (B x d); reads the keys once for all of them.
   [[nodiscard]] HardBatchResult query_hard_batch(std::span<const float> queries,
                                                  const QueryOptions& options = {}) const;
+
+  /// Blocks until background index work (IVF training, HNSW/IVF builds and rebuilds) has finished.
+  /// Until an index is built, pruned queries scan every entry and report searched_with = exact.
+  void wait_until_indexed() const;
+  /// Whether background index work is running now.
+  [[nodiscard]] bool index_building() const;
 
   /// The scale a query with these options uses; throws Error(invalid_argument) for a bad T or scale.
   [[nodiscard]] float resolve_scale(const QueryOptions& options) const;

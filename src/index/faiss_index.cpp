@@ -2,8 +2,9 @@
 //
 // FAISS numbers vectors by insertion position (labels 0, 1, ...). HNSW in FAISS 1.7.3 cannot remove,
 // so every index here is append-only: a removed or replaced entry's position is marked dead and
-// filtered out of results, and once dead positions pass rebuild_fraction of the live ones the index is
-// rebuilt from the collection's storage.
+// filtered out of results. Training (IVF) and rebuilding (once dead positions pass rebuild_fraction of
+// the live ones) run in the background on a copy of the rows; writes that land meanwhile go to the
+// old index, which keeps serving, and to a journal replayed into the new one before it is swapped in.
 #include <faiss/IndexFlat.h>
 #include <faiss/IndexHNSW.h>
 #include <faiss/IndexIVFFlat.h>
@@ -14,9 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "index/pruning_index.hpp"
 #include "storage/bytes.hpp"
@@ -29,7 +28,61 @@ namespace {
 
 using Label = faiss::Index::idx_t;
 
-int build_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+// Threads for index builds: OpenMP's default as the process started (all cores, or OMP_NUM_THREADS),
+// read once at load time, before any query thread has lowered its own setting to 1.
+const int kBuildThreads = std::max(1, omp_get_max_threads());
+
+int build_threads() { return kBuildThreads; }
+
+// A FAISS index and the bookkeeping that maps its positions to entry ids.
+struct Built {
+  std::unique_ptr<faiss::Index> index;
+  std::vector<std::uint64_t> id_at;                          // FAISS label -> entry id
+  std::vector<bool> dead_at;                                 // FAISS label -> removed or replaced
+  std::unordered_map<std::uint64_t, std::size_t> position_of;  // live entry id -> FAISS label
+  std::size_t dead = 0;
+
+  void kill(std::uint64_t id) {
+    auto it = position_of.find(id);
+    if (it == position_of.end()) return;
+    dead_at[it->second] = true;
+    ++dead;
+    position_of.erase(it);
+  }
+
+  void append(const std::uint64_t* ids, const float* keys, std::size_t n) {
+    OmpThreads threads(build_threads());
+    index->add(static_cast<Label>(n), keys);
+    for (std::size_t i = 0; i < n; ++i) {
+      kill(ids[i]);  // a replaced entry (or an id repeated within the batch) keeps only its newest key
+      position_of[ids[i]] = id_at.size();
+      id_at.push_back(ids[i]);
+      dead_at.push_back(false);
+    }
+  }
+};
+
+// One write that happened while a build was running.
+struct JournalEntry {
+  std::uint64_t id;
+  std::vector<float> key;  // empty: a removal
+};
+
+class PositionalIndex;
+
+// The rows copied for a build, and the index built from them off-lock.
+class PositionalBuild final : public IndexBuild {
+ public:
+  PositionalBuild(const PositionalIndex& owner, const RowSpan& all);
+  void run() override;
+  Built built;
+
+ private:
+  const PositionalIndex& owner_;
+  std::vector<std::uint64_t> ids_;
+  std::vector<float> keys_;
+  std::size_t dim_;
+};
 
 class PositionalIndex final : public PruningIndex {
  public:
@@ -39,34 +92,98 @@ class PositionalIndex final : public PruningIndex {
     if (!ready()) return IndexKind::exact;
     return config_.index.kind == IndexKind::automatic ? IndexKind::ivf : config_.index.kind;
   }
-  [[nodiscard]] bool ready() const override { return index_ != nullptr; }
+  [[nodiscard]] bool ready() const override { return current_.index != nullptr; }
   [[nodiscard]] bool exact_top_k() const override { return false; }
 
   void put(std::span<const std::uint64_t> ids, const float* keys, const RowSpan& all) override {
-    if (!index_) {
-      build(all);  // includes these rows if the collection is now large enough
-      return;
-    }
-    append(ids.data(), keys, ids.size());
-    rebuild_if_worn(all);
+    if (journaling_)
+      for (std::size_t i = 0; i < ids.size(); ++i) journal_.push_back({ids[i], std::vector<float>(keys + i * all.dim, keys + (i + 1) * all.dim)});
+    if (current_.index) current_.append(ids.data(), keys, ids.size());
+    rows_ = all.rows;
   }
 
   void erase(std::uint64_t id, const RowSpan& all) override {
-    if (!index_) return;
-    kill(id);
-    rebuild_if_worn(all);
+    if (journaling_) journal_.push_back({id, {}});
+    current_.kill(id);
+    rows_ = all.rows;
+  }
+
+  [[nodiscard]] bool build_due() const override {
+    if (journaling_) return false;  // one build at a time
+    if (!current_.index) return rows_ >= train_threshold();
+    return static_cast<double>(current_.dead) > config_.index.rebuild_fraction * static_cast<double>(std::max<std::size_t>(1, rows_));
+  }
+
+  std::unique_ptr<IndexBuild> start_build(const RowSpan& all) override {
+    rows_ = all.rows;
+    if (!build_due()) return nullptr;
+    journaling_ = true;
+    journal_.clear();
+    return std::make_unique<PositionalBuild>(*this, all);
+  }
+
+  void finish_build(std::unique_ptr<IndexBuild> build) override {
+    if (!build) {  // the build failed: keep serving from the current index
+      journal_.clear();
+      journaling_ = false;
+      return;
+    }
+    auto& b = static_cast<PositionalBuild&>(*build);
+    for (const JournalEntry& e : journal_) {
+      if (e.key.empty()) b.built.kill(e.id);
+      else b.built.append(&e.id, e.key.data(), 1);
+    }
+    if (b.built.index) current_ = std::move(b.built);
+    journal_.clear();
+    journaling_ = false;
+  }
+
+  void build_now(const RowSpan& all) override {
+    rows_ = all.rows;
+    if (!build_due()) return;
+    PositionalBuild b(*this, all);
+    b.run();
+    if (b.built.index) current_ = std::move(b.built);
+  }
+
+  // Creates (and for IVF trains) a fresh index over the given rows; null index while too few rows.
+  [[nodiscard]] Built build(const std::uint64_t* ids, const float* keys, std::size_t n, std::size_t dim) const {
+    Built b;
+    if (n < train_threshold()) return b;
+    OmpThreads threads(build_threads());
+    const int d = static_cast<int>(dim);
+    if (is_hnsw()) {
+      auto hnsw = std::make_unique<faiss::IndexHNSWFlat>(d, static_cast<int>(config_.index.hnsw_m), faiss::METRIC_INNER_PRODUCT);
+      hnsw->hnsw.efConstruction = static_cast<int>(config_.index.hnsw_ef_construction);
+      b.index = std::move(hnsw);
+    } else {
+      const std::size_t nlist = nlist_for(n);
+      auto ivf = std::make_unique<faiss::IndexIVFFlat>(new faiss::IndexFlatIP(d), dim, nlist, faiss::METRIC_INNER_PRODUCT);
+      ivf->own_fields = true;  // the IVF index deletes its quantizer
+      ivf->cp.verbose = false;
+      // 64 points per centroid train well (FAISS asks for >= 39 and caps at 256) at a quarter of
+      // the k-means cost of 256; pass an evenly strided sample of that size.
+      const std::size_t sample = std::min(n, 64 * nlist);
+      std::vector<float> train(sample * dim);
+      for (std::size_t i = 0; i < sample; ++i)
+        std::copy_n(keys + (i * n / sample) * dim, dim, train.begin() + static_cast<std::ptrdiff_t>(i * dim));
+      ivf->train(static_cast<Label>(sample), train.data());
+      b.index = std::move(ivf);
+    }
+    b.append(ids, keys, n);
+    return b;
   }
 
   [[nodiscard]] std::vector<std::byte> save() const override {
-    if (!index_) return {};
+    if (!current_.index) return {};
     ByteWriter w;
     w.put(static_cast<std::uint8_t>(config_.index.kind));
-    w.put(std::uint64_t{id_at_.size()});
-    w.put_array(std::span<const std::uint64_t>(id_at_));
-    std::vector<std::uint8_t> dead(dead_at_.begin(), dead_at_.end());
+    w.put(std::uint64_t{current_.id_at.size()});
+    w.put_array(std::span<const std::uint64_t>(current_.id_at));
+    std::vector<std::uint8_t> dead(current_.dead_at.begin(), current_.dead_at.end());
     w.put_array(std::span<const std::uint8_t>(dead));
     faiss::VectorIOWriter blob;
-    faiss::write_index(index_.get(), &blob);
+    faiss::write_index(current_.index.get(), &blob);
     w.put(std::uint64_t{blob.data.size()});
     w.put_array(std::span<const std::uint8_t>(blob.data));
     return std::move(w.bytes());
@@ -77,33 +194,30 @@ class PositionalIndex final : public PruningIndex {
       ByteReader r(bytes);
       if (r.get<std::uint8_t>("index kind") != static_cast<std::uint8_t>(config_.index.kind)) return false;
       const auto n = r.get<std::uint64_t>("positions");
-      auto ids = to_vector<std::uint64_t>(r.take_array<std::uint64_t>(n, "ids"));
+      Built b;
+      b.id_at = to_vector<std::uint64_t>(r.take_array<std::uint64_t>(n, "ids"));
       const auto dead = to_vector<std::uint8_t>(r.take_array<std::uint8_t>(n, "dead map"));
       const auto blob_size = r.get<std::uint64_t>("index size");
       const auto blob = r.take_array<std::uint8_t>(blob_size, "index");
       // The live positions must be exactly the collection's rows, each once.
-      std::unordered_map<std::uint64_t, std::size_t> position_of;
-      std::size_t dead_count = 0;
       for (std::size_t i = 0; i < n; ++i) {
         if (dead[i] != 0) {
-          ++dead_count;
+          ++b.dead;
           continue;
         }
-        if (!position_of.emplace(ids[i], i).second) return false;
+        if (!b.position_of.emplace(b.id_at[i], i).second) return false;
       }
-      if (position_of.size() != all.rows) return false;
+      if (b.position_of.size() != all.rows) return false;
       for (std::size_t i = 0; i < all.rows; ++i)
-        if (!position_of.contains(all.ids[i])) return false;
+        if (!b.position_of.contains(all.ids[i])) return false;
       faiss::VectorIOReader reader;
       reader.data.assign(reinterpret_cast<const std::uint8_t*>(blob.data()),
                          reinterpret_cast<const std::uint8_t*>(blob.data()) + blob.size());
-      std::unique_ptr<faiss::Index> index(faiss::read_index(&reader));
-      if (index->d != static_cast<int>(all.dim) || static_cast<std::uint64_t>(index->ntotal) != n) return false;
-      index_ = std::move(index);
-      id_at_ = std::move(ids);
-      dead_at_.assign(dead.begin(), dead.end());
-      position_of_ = std::move(position_of);
-      dead_ = dead_count;
+      b.index.reset(faiss::read_index(&reader));
+      if (b.index->d != static_cast<int>(all.dim) || static_cast<std::uint64_t>(b.index->ntotal) != n) return false;
+      b.dead_at.assign(dead.begin(), dead.end());
+      current_ = std::move(b);
+      rows_ = all.rows;
       return true;
     } catch (const Error&) {
       return false;
@@ -115,10 +229,11 @@ class PositionalIndex final : public PruningIndex {
   [[nodiscard]] std::vector<std::uint64_t> search(const float* query, const RowSpan&,
                                                   const IndexSearch& p) const override {
     std::vector<std::uint64_t> ids;
-    if (!index_ || p.k == 0) return ids;
-    const auto total = static_cast<std::size_t>(index_->ntotal);
+    if (!current_.index || p.k == 0) return ids;
+    const auto total = static_cast<std::size_t>(current_.index->ntotal);
+    const std::size_t dead = current_.dead;
     // Ask for enough extra results to cover the dead positions we expect to filter out; retry wider if not.
-    std::size_t ask = std::min(total, p.k + p.k * dead_ / std::max<std::size_t>(1, total - dead_) + 8);
+    std::size_t ask = std::min(total, p.k + p.k * dead / std::max<std::size_t>(1, total - dead) + 8);
     OmpThreads one(1);
     for (;;) {
       std::vector<float> scores(ask);
@@ -126,8 +241,8 @@ class PositionalIndex final : public PruningIndex {
       run_search(query, ask, p, scores.data(), labels.data());
       ids.clear();
       for (Label l : labels) {
-        if (l < 0 || dead_at_[static_cast<std::size_t>(l)]) continue;
-        ids.push_back(id_at_[static_cast<std::size_t>(l)]);
+        if (l < 0 || current_.dead_at[static_cast<std::size_t>(l)]) continue;
+        ids.push_back(current_.id_at[static_cast<std::size_t>(l)]);
         if (ids.size() == p.k) return ids;
       }
       if (ask >= total) return ids;
@@ -138,7 +253,7 @@ class PositionalIndex final : public PruningIndex {
  private:
   [[nodiscard]] bool is_hnsw() const { return config_.index.kind == IndexKind::hnsw; }
 
-  // Entries needed before IVF trains (HNSW needs none).
+  // Entries needed before the index is built (HNSW: one; IVF: enough to train).
   [[nodiscard]] std::size_t train_threshold() const {
     if (is_hnsw()) return 1;
     std::size_t n = config_.index.ivf_train_size > 0 ? config_.index.ivf_train_size
@@ -154,80 +269,29 @@ class PositionalIndex final : public PruningIndex {
     return std::max<std::size_t>(1, std::min(by_size, n / 39));
   }
 
-  // Creates (and for IVF trains) a fresh index over every row of all, or nothing while too small.
-  void build(const RowSpan& all) {
-    index_.reset();
-    id_at_.clear();
-    dead_at_.clear();
-    position_of_.clear();
-    dead_ = 0;
-    if (all.rows < train_threshold()) return;
-    OmpThreads threads(build_threads());
-    const int d = static_cast<int>(all.dim);
-    if (is_hnsw()) {
-      auto hnsw = std::make_unique<faiss::IndexHNSWFlat>(d, static_cast<int>(config_.index.hnsw_m), faiss::METRIC_INNER_PRODUCT);
-      hnsw->hnsw.efConstruction = static_cast<int>(config_.index.hnsw_ef_construction);
-      index_ = std::move(hnsw);
-    } else {
-      const std::size_t nlist = nlist_for(all.rows);
-      auto ivf = std::make_unique<faiss::IndexIVFFlat>(new faiss::IndexFlatIP(d), all.dim, nlist, faiss::METRIC_INNER_PRODUCT);
-      ivf->own_fields = true;  // the IVF index deletes its quantizer
-      ivf->cp.verbose = false;
-      // 64 points per centroid train well (FAISS asks for >= 39 and caps at 256) at a quarter of
-      // the k-means cost of 256; pass an evenly strided sample of that size.
-      const std::size_t sample = std::min(all.rows, 64 * nlist);
-      std::vector<float> train(sample * all.dim);
-      for (std::size_t i = 0; i < sample; ++i)
-        std::copy_n(all.keys + (i * all.rows / sample) * all.dim, all.dim, train.begin() + static_cast<std::ptrdiff_t>(i * all.dim));
-      ivf->train(static_cast<Label>(sample), train.data());
-      index_ = std::move(ivf);
-    }
-    append(all.ids, all.keys, all.rows);
-  }
-
-  void append(const std::uint64_t* ids, const float* keys, std::size_t n) {
-    OmpThreads threads(build_threads());
-    index_->add(static_cast<Label>(n), keys);
-    for (std::size_t i = 0; i < n; ++i) {
-      kill(ids[i]);  // a replaced entry (or an id repeated within the batch) keeps only its newest key
-      position_of_[ids[i]] = id_at_.size();
-      id_at_.push_back(ids[i]);
-      dead_at_.push_back(false);
-    }
-  }
-
-  void kill(std::uint64_t id) {
-    auto it = position_of_.find(id);
-    if (it == position_of_.end()) return;
-    dead_at_[it->second] = true;
-    ++dead_;
-    position_of_.erase(it);
-  }
-
-  void rebuild_if_worn(const RowSpan& all) {
-    if (static_cast<double>(dead_) > config_.index.rebuild_fraction * static_cast<double>(std::max<std::size_t>(1, all.rows)))
-      build(all);
-  }
-
   void run_search(const float* query, std::size_t k, const IndexSearch& p, float* scores, Label* labels) const {
     if (is_hnsw()) {
       faiss::SearchParametersHNSW params;  // its efSearch default (16) would override the index's: always set it
       params.efSearch = static_cast<int>(std::max(p.ef_search, k));
-      index_->search(1, query, static_cast<Label>(k), scores, labels, &params);
+      current_.index->search(1, query, static_cast<Label>(k), scores, labels, &params);
     } else {
       faiss::SearchParametersIVF params;
       params.nprobe = std::max<std::size_t>(1, p.nprobe);
-      index_->search(1, query, static_cast<Label>(k), scores, labels, &params);
+      current_.index->search(1, query, static_cast<Label>(k), scores, labels, &params);
     }
   }
 
   CollectionConfig config_;
-  std::unique_ptr<faiss::Index> index_;
-  std::vector<std::uint64_t> id_at_;                        // FAISS label -> entry id
-  std::vector<bool> dead_at_;                               // FAISS label -> removed or replaced
-  std::unordered_map<std::uint64_t, std::size_t> position_of_;  // live entry id -> FAISS label
-  std::size_t dead_ = 0;
+  Built current_;
+  std::size_t rows_ = 0;            // live entries in the collection, as of the last write
+  bool journaling_ = false;         // a build is running: record writes for it
+  std::vector<JournalEntry> journal_;
 };
+
+PositionalBuild::PositionalBuild(const PositionalIndex& owner, const RowSpan& all)
+    : owner_(owner), ids_(all.ids, all.ids + all.rows), keys_(all.keys, all.keys + all.rows * all.dim), dim_(all.dim) {}
+
+void PositionalBuild::run() { built = owner_.build(ids_.data(), keys_.data(), ids_.size(), dim_); }
 
 }  // namespace
 

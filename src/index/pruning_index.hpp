@@ -19,8 +19,17 @@ struct IndexSearch {
   std::size_t nprobe = 16;    ///< IVF lists visited
 };
 
+/// A (re)build prepared under the collection's lock and run without it.
+class IndexBuild {
+ public:
+  virtual ~IndexBuild() = default;
+  /// The expensive part (training, graph construction); holds no collection lock.
+  virtual void run() = 0;
+};
+
 /// Finds the (approximately) best keys for a query. Writes (put/erase) happen under the collection's
-/// exclusive lock; search may run concurrently with other searches under its shared lock.
+/// exclusive lock; search may run concurrently with other searches under its shared lock. Writes only
+/// record that a build is due; the collection runs it in the background (start/run/finish_build).
 class PruningIndex {
  public:
   virtual ~PruningIndex() = default;
@@ -37,6 +46,17 @@ class PruningIndex {
   virtual void put(std::span<const std::uint64_t> ids, const float* keys, const RowSpan& all) = 0;
   /// The entry id was removed; all is the collection after the removal.
   virtual void erase(std::uint64_t id, const RowSpan& all) = 0;
+
+  /// Whether a build should be started: a training threshold was reached or too many entries are dead.
+  [[nodiscard]] virtual bool build_due() const { return false; }
+  /// Under the collection's lock (shared is enough): copies the rows a build needs and starts
+  /// journaling writes. Null when no build is due.
+  virtual std::unique_ptr<IndexBuild> start_build(const RowSpan&) { return nullptr; }
+  /// Under the exclusive lock: replays the writes journaled since start_build and installs the result
+  /// (null: the build failed; journaling stops and the current index keeps serving).
+  virtual void finish_build(std::unique_ptr<IndexBuild>) {}
+  /// Builds at once from all (on restore, before any query runs).
+  virtual void build_now(const RowSpan&) {}
 
   /// The index's state (FAISS index and label map) as bytes, or empty when there is nothing worth
   /// keeping on disk (flat, an untrained IVF).
