@@ -18,6 +18,8 @@ std::string_view to_string(ErrorCode code) noexcept {
     case ErrorCode::protocol_error: return "protocol_error";
     case ErrorCode::unsupported: return "unsupported";
     case ErrorCode::numeric_overflow: return "numeric_overflow";
+    case ErrorCode::unauthenticated: return "unauthenticated";
+    case ErrorCode::server_busy: return "server_busy";
   }
   return "unknown_error";
 }

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "reference.hpp"
+#include "temp_dir.hpp"
 #include "softkv/softkv.hpp"
 #include "storage/file.hpp"
 #include "storage/snapshot.hpp"
@@ -29,16 +30,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("softkv-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using test::TempDir;
 
 DatabaseOptions quiet(FsyncPolicy fsync = FsyncPolicy::never, std::uint64_t snapshot_after = 0, bool repair = false) {
   DatabaseOptions o;

@@ -23,6 +23,8 @@ enum class ErrorCode : std::uint16_t {
   protocol_error = 11,      ///< a malformed frame or an unknown opcode
   unsupported = 12,         ///< a feature not available on this build or CPU
   numeric_overflow = 13,    ///< scores left the float range (lower the scale)
+  unauthenticated = 14,     ///< the server requires an auth token first, or the token was wrong
+  server_busy = 15,         ///< the server is at its connection limit or shutting down
 };
 
 /// The stable lower-case name of a code, e.g. "dimension_mismatch".

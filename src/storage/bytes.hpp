@@ -42,10 +42,11 @@ class ByteWriter {
   std::vector<std::byte> bytes_;
 };
 
-/// Reads values back; any read past the end throws Error(corrupt_file) naming what was being read.
+/// Reads values back; any read past the end throws Error(code) naming what was being read
+/// (corrupt_file for files, protocol_error for wire frames).
 class ByteReader {
  public:
-  explicit ByteReader(std::span<const std::byte> bytes) : bytes_(bytes) {}
+  explicit ByteReader(std::span<const std::byte> bytes, ErrorCode code = ErrorCode::corrupt_file) : bytes_(bytes), code_(code) {}
 
   template <class T>
   T get(std::string_view what) {
@@ -76,10 +77,11 @@ class ByteReader {
     return b;
   }
   [[noreturn]] void fail(std::string_view what) const {
-    throw Error(ErrorCode::corrupt_file, "truncated or oversized " + std::string(what) + " at byte " + std::to_string(at_));
+    throw Error(code_, "truncated or oversized " + std::string(what) + " at byte " + std::to_string(at_));
   }
 
   std::span<const std::byte> bytes_;
+  ErrorCode code_;
   std::size_t at_ = 0;
 };
 

@@ -1,0 +1,93 @@
+// Request -> Database mapping. Queries run exactly the library call a user of Collection would make,
+// so answers over TCP equal the library's bit for bit.
+#include "handler.hpp"
+
+#include <string>
+
+#include "softkv/simd.hpp"
+#include "softkv/version.hpp"
+
+namespace softkv::server {
+namespace {
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+bool uses_index_or_contributors(const QueryOptions& o) { return o.top_m > 0 || o.top_k || o.epsilon; }
+
+}  // namespace
+
+wire::Reply Handler::query(const wire::Query& q) {
+  const auto c = db_.collection(q.name);
+  const std::size_t d = c->config().dim, dv = c->config().value_dim;
+  if (q.queries.empty() || q.queries.size() % d != 0)
+    throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(q.queries.size()) + " floats, not a multiple of d = " +
+                                                   std::to_string(d));
+  const std::size_t nq = q.queries.size() / d;
+  auto row = [&](std::size_t i) { return std::span<const float>(q.queries.data() + i * d, d); };
+  const bool approximate_index = c->config().index.kind == IndexKind::hnsw || c->config().index.kind == IndexKind::ivf ||
+                                 c->config().index.kind == IndexKind::automatic;
+  if (q.kind == wire::QueryKind::hard) {
+    wire::HardReply reply;
+    if (nq == 1 || (approximate_index && !q.options.exact)) {  // the batch path has no index: one by one
+      for (std::size_t i = 0; i < nq; ++i) reply.results.push_back(c->query_hard(row(i), q.options));
+      return reply;
+    }
+    const HardBatchResult b = c->query_hard_batch(q.queries, q.options);
+    for (std::size_t i = 0; i < nq; ++i)
+      reply.results.push_back({b.ids[i], b.scores[i], {b.values.begin() + i * dv, b.values.begin() + (i + 1) * dv}, IndexKind::exact});
+    return reply;
+  }
+  wire::SoftReply reply;
+  if (nq == 1 || uses_index_or_contributors(q.options)) {
+    for (std::size_t i = 0; i < nq; ++i) reply.results.push_back(c->query_soft(row(i), q.options));
+    return reply;
+  }
+  const SoftBatchResult b = c->query_soft_batch(q.queries, q.options);
+  for (std::size_t i = 0; i < nq; ++i) {
+    SoftResult s;
+    s.value.assign(b.values.begin() + i * dv, b.values.begin() + (i + 1) * dv);
+    s.lse = b.lse[i];
+    s.max_score = b.max_score[i];
+    s.candidates = c->size();
+    reply.results.push_back(std::move(s));
+  }
+  return reply;
+}
+
+wire::Reply Handler::handle(const wire::Request& request) {
+  ++requests_;
+  try {
+    return std::visit(
+        Overloaded{
+            [](const wire::Hello&) -> wire::Reply { return wire::HelloReply{wire::kProtocolVersion, kVersion, false}; },
+            [](const wire::Auth&) -> wire::Reply { return wire::Ack{}; },
+            [](const wire::Ping&) -> wire::Reply { return wire::Ack{}; },
+            [&](const wire::Create& m) -> wire::Reply { return db_.create_collection(m.name, m.config), wire::Ack{}; },
+            [&](const wire::Drop& m) -> wire::Reply { return db_.drop_collection(m.name), wire::Ack{}; },
+            [&](const wire::List&) -> wire::Reply { return wire::NamesReply{db_.list_collections()}; },
+            [&](const wire::Describe& m) -> wire::Reply { return wire::DescribeReply{db_.stats(m.name)}; },
+            [&](const wire::Add& m) -> wire::Reply { return wire::IdsReply{db_.add(m.name, m.keys, m.values)}; },
+            [&](const wire::Upsert& m) -> wire::Reply { return db_.upsert(m.name, m.ids, m.keys, m.values), wire::Ack{}; },
+            [&](const wire::Remove& m) -> wire::Reply { return db_.remove(m.name, m.ids), wire::Ack{}; },
+            [&](const wire::Get& m) -> wire::Reply { return wire::GetReply{db_.collection(m.name)->get(m.id)}; },
+            [&](const wire::Query& m) -> wire::Reply { return query(m); },
+            [&](const wire::Snapshot&) -> wire::Reply { return db_.snapshot(), wire::Ack{}; },
+            [&](const wire::Stats&) -> wire::Reply {
+              return wire::StatsReply{kVersion, std::string(simd_path()), db_.list_collections().size(), connections_.load(),
+                                      requests_.load(), db_.last_sequence()};
+            },
+        },
+        request);
+  } catch (const Error& e) {
+    return wire::ErrorReply{e.code(), e.what()};
+  } catch (const std::bad_alloc&) {
+    return wire::ErrorReply{ErrorCode::invalid_argument, "the request needs more memory than the server has"};
+  }
+}
+
+}  // namespace softkv::server

@@ -1,0 +1,30 @@
+// Handler: turns decoded requests into Database calls and results into replies; the server's only
+// door into the engine.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "softkv/database.hpp"
+#include "wire/protocol.hpp"
+
+namespace softkv::server {
+
+/// Executes requests against a Database. Thread safe (the Database is); may block (scans, fsync).
+class Handler {
+ public:
+  /// Serves db; connections is the server's live connection count, reported by stats.
+  Handler(Database& db, const std::atomic<std::uint64_t>& connections) : db_(db), connections_(connections) {}
+
+  /// The reply to one request; every softkv::Error becomes an ErrorReply with its code.
+  wire::Reply handle(const wire::Request& request);
+
+ private:
+  wire::Reply query(const wire::Query& q);
+
+  Database& db_;
+  const std::atomic<std::uint64_t>& connections_;
+  std::atomic<std::uint64_t> requests_{0};
+};
+
+}  // namespace softkv::server

@@ -1,0 +1,82 @@
+// softkv-server: serves a softkv database over TCP (docs/PROTOCOL.md).
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <fstream>
+#include <pthread.h>
+#include <thread>
+
+#include "server.hpp"
+#include "softkv/softkv.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"softkv-server: a soft-retrieval key-value store over TCP"};
+  std::string data = "./softkv-data", fsync = "always", token_file;
+  softkv::server::ServerConfig config;
+  std::uint64_t snapshot_mb = 64;
+  unsigned idle_s = 300, deadline_s = 10;
+  app.add_option("--data", data, "data directory")->capture_default_str();
+  app.add_option("--host", config.host, "bind address")->capture_default_str();
+  app.add_option("--port", config.port, "port (0: any free port)")->capture_default_str();
+  app.add_option("--threads", config.io_threads, "I/O threads")->capture_default_str();
+  app.add_option("--workers", config.workers, "request threads (0: one per hardware thread)")->capture_default_str();
+  app.add_option("--fsync", fsync, "always | everysec | never")->check(CLI::IsMember({"always", "everysec", "never"}))->capture_default_str();
+  app.add_option("--auth-token-file", token_file, "file holding the auth token clients must send");
+  app.add_flag("--insecure", config.insecure, "allow a non-loopback bind without a token");
+  app.add_option("--max-frame", config.max_frame, "largest frame in bytes")->capture_default_str();
+  app.add_option("--max-connections", config.max_connections, "connection limit")->capture_default_str();
+  app.add_option("--idle-timeout", idle_s, "seconds before an idle connection is closed")->capture_default_str();
+  app.add_option("--frame-deadline", deadline_s, "seconds to finish sending a started frame")->capture_default_str();
+  app.add_option("--snapshot-after-mb", snapshot_mb, "log megabytes between background snapshots (0: never)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  config.idle_timeout = std::chrono::seconds(idle_s);
+  config.frame_deadline = std::chrono::seconds(deadline_s);
+  config.log = [](std::string_view line) { spdlog::info("{}", line); };
+
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!std::getline(in, config.auth_token) || config.auth_token.empty()) {
+      spdlog::error("cannot read an auth token from {}", token_file);
+      return 2;
+    }
+  }
+  // Signals go to one thread that asks the server to stop; every other thread blocks them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    softkv::DatabaseOptions options;
+    options.fsync = fsync == "always" ? softkv::FsyncPolicy::always : fsync == "everysec" ? softkv::FsyncPolicy::everysec : softkv::FsyncPolicy::never;
+    options.snapshot_after_bytes = snapshot_mb << 20;
+    options.log = [](std::string_view line) { spdlog::info("{}", line); };
+    softkv::Database db(data, options);
+    softkv::server::Server server(db, config);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::info("softkv-server {} on {}:{}, kernel path {}, data {}, {} collection(s) loaded in {:.2f} s, fsync {}", softkv::kVersion,
+                 config.host, server.port(), softkv::simd_path(), data, db.list_collections().size(), secs, fsync);
+    spdlog::info("connect with: softkv --port {} stats   (or softkv::Client / clients/python/softkv_client.py)", server.port());
+    std::thread waiter([&] {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      if (sig == SIGINT || sig == SIGTERM) {
+        spdlog::info("signal {}: finishing in-flight requests", sig);
+        server.stop();
+      }
+    });
+    server.run();
+    spdlog::info("writing a snapshot before exit");
+    db.snapshot();
+    pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter if the server stopped for another reason
+    waiter.join();
+    spdlog::info("stopped");
+  } catch (const softkv::Error& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,272 @@
+// The Asio front end: one coroutine per connection on its own strand; requests run on a worker pool.
+//
+// A session reads top to bottom: wait (idle timeout) for a frame's first byte, read the rest under
+// the frame deadline, check the length before allocating, decode, answer. Hello, auth and ping are
+// answered on the I/O thread; everything else runs on the workers, so a long scan never delays
+// another connection's ping.
+#include "server.hpp"
+
+#include <boost/asio.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "handler.hpp"
+#include "softkv/error.hpp"
+#include "softkv/version.hpp"
+#include "wire/protocol.hpp"
+
+namespace softkv::server {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+using asio::ip::tcp;
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
+using Clock = std::chrono::steady_clock;
+
+// Compares every byte whatever the first mismatch, so timing does not reveal a matching prefix.
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  unsigned char diff = static_cast<unsigned char>(a.size() != b.size());
+  const std::size_t n = std::max(a.size(), b.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+// Reads exactly the buffer unless `until` passes first; false on timeout, error or close.
+awaitable<bool> read_until(tcp::socket& socket, asio::mutable_buffer buffer, Clock::time_point until) {
+  asio::steady_timer timer(socket.get_executor(), until);
+  auto result = co_await (asio::async_read(socket, buffer, kNoThrow) || timer.async_wait(kNoThrow));
+  if (result.index() == 1) co_return false;
+  const auto [ec, n] = std::get<0>(result);
+  co_return !ec;
+}
+
+}  // namespace
+
+bool is_loopback(std::string_view host) {
+  if (host == "localhost" || host == "::1") return true;
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(std::string(host), ec);
+  return !ec && address.is_loopback();
+}
+
+class Server::Impl {
+ public:
+  Impl(Database& db, ServerConfig config)
+      : config_(std::move(config)),
+        handler_(db, connections_),
+        workers_(config_.workers > 0 ? config_.workers : std::max(1u, std::thread::hardware_concurrency())),
+        acceptor_(io_) {
+    if (!is_loopback(config_.host) && config_.auth_token.empty() && !config_.insecure)
+      throw Error(ErrorCode::invalid_argument, "binding " + config_.host +
+                                                   " (not loopback) needs an auth token; pass --insecure to serve it without one");
+    boost::system::error_code ec;
+    tcp::resolver resolver(io_);
+    const auto endpoints = resolver.resolve(config_.host, std::to_string(config_.port), ec);
+    if (ec || endpoints.empty()) throw Error(ErrorCode::io_error, "cannot resolve " + config_.host + ": " + ec.message());
+    const tcp::endpoint endpoint = endpoints.begin()->endpoint();
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) throw Error(ErrorCode::io_error, "cannot listen on " + config_.host + ":" + std::to_string(config_.port) + ": " + ec.message());
+  }
+
+  std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+
+  void run() {
+    asio::co_spawn(io_, accept_loop(), asio::detached);
+    std::vector<std::thread> threads;
+    for (unsigned i = 1; i < std::max(1u, config_.io_threads); ++i) threads.emplace_back([this] { io_.run(); });
+    io_.run();
+    for (auto& t : threads) t.join();
+    workers_.join();
+  }
+
+  void stop() {
+    asio::post(io_, [this] { begin_stop(); });
+  }
+
+ private:
+  // One connection's state, shared between its coroutine and stop().
+  struct Connection {
+    explicit Connection(tcp::socket s) : socket(std::move(s)) {}
+    tcp::socket socket;
+    std::atomic<bool> busy{false};  // a request is running on the workers
+  };
+
+  void log(const std::string& line) const {
+    if (config_.log) config_.log(line);
+  }
+
+  void begin_stop() {
+    stopping_ = true;
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+    std::lock_guard lock(registry_mutex_);
+    for (const auto& c : connections_set_)
+      asio::post(c->socket.get_executor(), [c] {
+        if (!c->busy) {  // idle: wake its read; a busy one finishes its request, answers, then leaves
+          boost::system::error_code ignored;
+          c->socket.close(ignored);
+        }
+      });
+  }
+
+  awaitable<void> accept_loop() {
+    while (!stopping_) {
+      auto [ec, socket] = co_await acceptor_.async_accept(asio::make_strand(io_), kNoThrow);
+      if (ec) {
+        if (stopping_ || ec == asio::error::operation_aborted) break;
+        continue;  // e.g. too many open files: keep serving the connections we have
+      }
+      if (connections_.load() >= config_.max_connections) {
+        asio::co_spawn(socket.get_executor(), refuse(std::move(socket)), asio::detached);
+        continue;
+      }
+      socket.set_option(tcp::no_delay(true), ec);
+      ++connections_;
+      auto c = std::make_shared<Connection>(std::move(socket));
+      {
+        std::lock_guard lock(registry_mutex_);
+        connections_set_.insert(c);
+      }
+      asio::co_spawn(c->socket.get_executor(), session(c), asio::detached);
+    }
+  }
+
+  // Beyond the connection limit: one error frame, then close.
+  awaitable<void> refuse(tcp::socket socket) {
+    const auto bytes = wire::encode_reply(wire::Opcode::hello, 0,
+                                          wire::ErrorReply{ErrorCode::server_busy, "the server is at its connection limit of " +
+                                                                                       std::to_string(config_.max_connections)});
+    co_await asio::async_write(socket, asio::buffer(bytes), kNoThrow);
+    boost::system::error_code ec;
+    socket.close(ec);
+  }
+
+  awaitable<void> send(Connection& c, std::span<const std::byte> bytes) {
+    co_await asio::async_write(c.socket, asio::buffer(bytes.data(), bytes.size()), kNoThrow);
+  }
+
+  awaitable<void> session(std::shared_ptr<Connection> c) {
+    try {
+      co_await serve(*c);
+    } catch (const std::exception& e) {  // never let one connection take the server down
+      log(std::string("connection error: ") + e.what());
+    }
+    boost::system::error_code ec;
+    c->socket.close(ec);
+    std::lock_guard lock(registry_mutex_);
+    connections_set_.erase(c);
+    --connections_;
+  }
+
+  awaitable<void> serve(Connection& c) {
+    bool authenticated = config_.auth_token.empty();
+    std::vector<std::byte> frame;
+    while (!stopping_) {
+      // The first byte may take up to the idle timeout; the rest of the frame gets the frame deadline.
+      std::array<std::byte, wire::kLengthPrefix> prefix{};
+      if (!co_await read_until(c.socket, asio::buffer(prefix.data(), 1), Clock::now() + config_.idle_timeout)) co_return;
+      const auto deadline = Clock::now() + config_.frame_deadline;
+      if (!co_await read_until(c.socket, asio::buffer(prefix.data() + 1, prefix.size() - 1), deadline)) {
+        log("cut off a connection that did not finish a frame within the deadline");
+        co_return;
+      }
+      std::uint32_t length = 0;
+      std::memcpy(&length, prefix.data(), 4);
+      if (length > config_.max_frame) {  // refused before anything is allocated
+        const auto bytes = wire::encode_reply(wire::Opcode::ping, 0,
+                                              wire::ErrorReply{ErrorCode::frame_too_large, "frame of " + std::to_string(length) +
+                                                                                               " bytes exceeds the limit of " +
+                                                                                               std::to_string(config_.max_frame)});
+        co_await send(c, bytes);
+        co_return;
+      }
+      if (length < wire::kFrameOverhead) {
+        const auto bytes = wire::encode_reply(wire::Opcode::ping, 0, wire::ErrorReply{ErrorCode::protocol_error, "frame too short"});
+        co_await send(c, bytes);
+        co_return;
+      }
+      frame.resize(wire::kLengthPrefix + length);
+      std::memcpy(frame.data(), prefix.data(), prefix.size());
+      if (!co_await read_until(c.socket, asio::buffer(frame.data() + wire::kLengthPrefix, length), deadline)) {
+        log("cut off a connection that did not finish a frame within the deadline");
+        co_return;
+      }
+      const wire::FrameScan scan = wire::scan_frame(frame, config_.max_frame);
+      const std::uint64_t id = scan.frame.request_id;
+      wire::Request request;
+      std::vector<std::byte> refusal;
+      try {
+        request = wire::decode_request(scan.frame);
+      } catch (const Error& e) {  // unknown opcode or malformed payload: say why, then close
+        refusal = wire::encode_reply(wire::Opcode::ping, id, wire::ErrorReply{e.code(), e.what()});
+      }
+      if (!refusal.empty()) {
+        co_await send(c, refusal);
+        co_return;
+      }
+      const wire::Opcode op = wire::opcode_of(request);
+      wire::Reply reply;
+      bool close_after = false;
+      if (op == wire::Opcode::hello) {
+        reply = wire::HelloReply{wire::kProtocolVersion, kVersion, !config_.auth_token.empty()};
+      } else if (op == wire::Opcode::auth) {
+        authenticated = config_.auth_token.empty() || constant_time_equal(std::get<wire::Auth>(request).token, config_.auth_token);
+        if (authenticated) {
+          reply = wire::Ack{};
+        } else {
+          reply = wire::ErrorReply{ErrorCode::unauthenticated, "wrong auth token"};
+          close_after = true;  // no guessing on an open connection
+        }
+      } else if (!authenticated) {
+        reply = wire::ErrorReply{ErrorCode::unauthenticated, "this server requires auth before any request but hello"};
+      } else if (op == wire::Opcode::ping) {
+        reply = wire::Ack{};
+      } else {
+        c.busy = true;
+        reply = co_await asio::co_spawn(
+            workers_, [&]() -> awaitable<wire::Reply> { co_return handler_.handle(request); }, asio::use_awaitable);
+        c.busy = false;
+      }
+      const auto bytes = wire::encode_reply(op, id, reply);
+      auto [ec, n] = co_await asio::async_write(c.socket, asio::buffer(bytes), kNoThrow);
+      if (ec || close_after) co_return;
+    }
+  }
+
+  ServerConfig config_;
+  std::atomic<std::uint64_t> connections_{0};
+  Handler handler_;
+  asio::io_context io_;
+  asio::thread_pool workers_;
+  tcp::acceptor acceptor_;
+  std::atomic<bool> stopping_{false};
+  std::mutex registry_mutex_;
+  std::set<std::shared_ptr<Connection>> connections_set_;
+};
+
+Server::Server(Database& db, ServerConfig config) : impl_(std::make_unique<Impl>(db, std::move(config))) {}
+Server::~Server() = default;
+std::uint16_t Server::port() const { return impl_->port(); }
+void Server::run() { impl_->run(); }
+void Server::stop() { impl_->stop(); }
+
+}  // namespace softkv::server

@@ -1,0 +1,55 @@
+// softkv-server's network front end: limits, auth and the life cycle of connections.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "softkv/database.hpp"
+
+namespace softkv::server {
+
+/// Network settings and limits (defaults are the documented ones).
+struct ServerConfig {
+  std::string host = "127.0.0.1";       ///< bind address; anything but loopback needs a token or insecure
+  std::uint16_t port = 7878;            ///< 0: an ephemeral port (see Server::port)
+  unsigned io_threads = 2;              ///< threads running connections (reading, writing, pings)
+  unsigned workers = 0;                 ///< threads running requests (scans, writes); 0: hardware threads
+  std::string auth_token;               ///< required from every connection when non-empty
+  bool insecure = false;                ///< allow a non-loopback bind without a token
+  std::uint32_t max_frame = 64u << 20;  ///< largest accepted frame length; longer: error frame + close
+  std::uint32_t max_connections = 1024; ///< beyond it: an error frame, then close
+  std::chrono::milliseconds idle_timeout{300000};  ///< a connection silent this long is closed
+  std::chrono::milliseconds frame_deadline{10000}; ///< time to deliver a frame once its first byte came
+  std::function<void(std::string_view)> log;       ///< connection-level log lines (may be empty)
+};
+
+/// Serves one Database over TCP until stop(). Binding happens in the constructor.
+class Server {
+ public:
+  /// Binds and listens; throws Error(invalid_argument) for a non-loopback bind without a token
+  /// (unless insecure) and Error(io_error) if the address cannot be bound.
+  Server(Database& db, ServerConfig config);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// The bound port (useful with port 0).
+  [[nodiscard]] std::uint16_t port() const;
+  /// Serves until stop(); then closes idle connections, lets in-flight requests finish and returns.
+  void run();
+  /// Stops accepting and asks run() to return; safe from any thread and from a signal-handling thread.
+  void stop();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Whether host names a loopback address (127.0.0.0/8, ::1, localhost).
+bool is_loopback(std::string_view host);
+
+}  // namespace softkv::server

@@ -1,0 +1,183 @@
+// Client: blocking POSIX socket I/O around the wire codec; error frames become softkv::Error.
+#include "softkv/client.hpp"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "softkv/error.hpp"
+#include "softkv/version.hpp"
+#include "wire/protocol.hpp"
+
+namespace softkv {
+
+class Client::Impl {
+ public:
+  explicit Impl(const ClientOptions& o) : options_(o) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const std::string port = std::to_string(o.port);
+    if (const int rc = ::getaddrinfo(o.host.c_str(), port.c_str(), &hints, &found); rc != 0)
+      throw Error(ErrorCode::io_error, "cannot resolve " + o.host + ": " + ::gai_strerror(rc));
+    for (addrinfo* a = found; a != nullptr && fd_ < 0; a = a->ai_next) {
+      fd_ = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd_ >= 0 && ::connect(fd_, a->ai_addr, a->ai_addrlen) != 0) {
+        ::close(fd_);
+        fd_ = -1;
+      }
+    }
+    ::freeaddrinfo(found);
+    if (fd_ < 0) throw Error(ErrorCode::io_error, "cannot connect to " + o.host + ":" + port + ": " + std::strerror(errno));
+    const int one = 1;
+    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    const auto hello = std::get<wire::HelloReply>(call(wire::Hello{}));
+    server_version_ = hello.server_version;
+    if (!o.token.empty()) (void)call(wire::Auth{o.token});
+  }
+
+  ~Impl() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Sends request, waits for its reply; throws the server's error as softkv::Error.
+  wire::Reply call(const wire::Request& request) {
+    const std::uint64_t id = ++next_id_;
+    const auto bytes = wire::encode_request(request, id);
+    send_all(bytes);
+    const auto frame_bytes = receive_frame();
+    const wire::FrameScan scan = wire::scan_frame(frame_bytes, options_.max_frame);
+    if (scan.status != wire::FrameScan::Status::complete) throw Error(ErrorCode::protocol_error, "malformed reply frame");
+    if (scan.frame.request_id != id && scan.frame.opcode != wire::kErrorOpcode)
+      throw Error(ErrorCode::protocol_error, "reply for request " + std::to_string(scan.frame.request_id) + ", expected " + std::to_string(id));
+    const auto kind = std::holds_alternative<wire::Query>(request) ? std::get<wire::Query>(request).kind : wire::QueryKind::soft;
+    wire::Reply reply = wire::decode_reply(wire::opcode_of(request), scan.frame, kind);
+    if (auto* e = std::get_if<wire::ErrorReply>(&reply)) throw Error(e->code, "server: " + e->message);
+    return reply;
+  }
+
+  const ClientOptions options_;
+  std::string server_version_;
+
+ private:
+  void wait_for(short events) {
+    pollfd p{fd_, events, 0};
+    const int ms = static_cast<int>(options_.timeout_seconds * 1000);
+    for (;;) {
+      const int rc = ::poll(&p, 1, ms);
+      if (rc > 0) return;
+      if (rc == 0) throw Error(ErrorCode::io_error, "timed out waiting for the server");
+      if (errno != EINTR) throw Error(ErrorCode::io_error, std::string("poll: ") + std::strerror(errno));
+    }
+  }
+
+  void send_all(std::span<const std::byte> bytes) {
+    while (!bytes.empty()) {
+      wait_for(POLLOUT);
+      const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        throw Error(ErrorCode::io_error, std::string("send: ") + std::strerror(errno));
+      }
+      bytes = bytes.subspan(static_cast<std::size_t>(n));
+    }
+  }
+
+  void receive_exact(std::byte* out, std::size_t size) {
+    while (size > 0) {
+      wait_for(POLLIN);
+      const ssize_t n = ::recv(fd_, out, size, 0);
+      if (n == 0) throw Error(ErrorCode::io_error, "the server closed the connection");
+      if (n < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        throw Error(ErrorCode::io_error, std::string("recv: ") + std::strerror(errno));
+      }
+      out += n;
+      size -= static_cast<std::size_t>(n);
+    }
+  }
+
+  std::vector<std::byte> receive_frame() {
+    std::vector<std::byte> frame(wire::kLengthPrefix);
+    receive_exact(frame.data(), frame.size());
+    std::uint32_t length = 0;
+    std::memcpy(&length, frame.data(), 4);
+    if (length > options_.max_frame || length < wire::kFrameOverhead)
+      throw Error(ErrorCode::frame_too_large, "reply frame of " + std::to_string(length) + " bytes");
+    frame.resize(wire::kLengthPrefix + length);
+    receive_exact(frame.data() + wire::kLengthPrefix, length);
+    return frame;
+  }
+
+  int fd_ = -1;
+  std::uint64_t next_id_ = 0;
+};
+
+namespace {
+std::vector<float> copy(std::span<const float> s) { return {s.begin(), s.end()}; }
+}  // namespace
+
+Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>(options)) {}
+Client::~Client() = default;
+Client::Client(Client&&) noexcept = default;
+Client& Client::operator=(Client&&) noexcept = default;
+
+void Client::ping() { (void)impl_->call(wire::Ping{}); }
+const std::string& Client::server_version() const noexcept { return impl_->server_version_; }
+
+void Client::create_collection(std::string_view name, const CollectionConfig& config) {
+  (void)impl_->call(wire::Create{std::string(name), config});
+}
+void Client::drop_collection(std::string_view name) { (void)impl_->call(wire::Drop{std::string(name)}); }
+std::vector<std::string> Client::list_collections() { return std::get<wire::NamesReply>(impl_->call(wire::List{})).names; }
+CollectionStats Client::describe(std::string_view name) {
+  return std::get<wire::DescribeReply>(impl_->call(wire::Describe{std::string(name)})).stats;
+}
+
+std::vector<std::uint64_t> Client::add(std::string_view name, std::span<const float> keys, std::span<const float> values) {
+  return std::get<wire::IdsReply>(impl_->call(wire::Add{std::string(name), copy(keys), copy(values)})).ids;
+}
+void Client::upsert(std::string_view name, std::span<const std::uint64_t> ids, std::span<const float> keys,
+                    std::span<const float> values) {
+  (void)impl_->call(wire::Upsert{std::string(name), {ids.begin(), ids.end()}, copy(keys), copy(values)});
+}
+void Client::remove(std::string_view name, std::span<const std::uint64_t> ids) {
+  (void)impl_->call(wire::Remove{std::string(name), {ids.begin(), ids.end()}});
+}
+Entry Client::get(std::string_view name, std::uint64_t id) {
+  return std::get<wire::GetReply>(impl_->call(wire::Get{std::string(name), id})).entry;
+}
+
+std::vector<SoftResult> Client::query_soft_batch(std::string_view name, std::span<const float> queries, const QueryOptions& options) {
+  return std::get<wire::SoftReply>(impl_->call(wire::Query{std::string(name), wire::QueryKind::soft, options, copy(queries)})).results;
+}
+std::vector<HardResult> Client::query_hard_batch(std::string_view name, std::span<const float> queries, const QueryOptions& options) {
+  return std::get<wire::HardReply>(impl_->call(wire::Query{std::string(name), wire::QueryKind::hard, options, copy(queries)})).results;
+}
+SoftResult Client::query_soft(std::string_view name, std::span<const float> query, const QueryOptions& options) {
+  auto r = query_soft_batch(name, query, options);
+  if (r.size() != 1) throw Error(ErrorCode::protocol_error, "expected one result, got " + std::to_string(r.size()));
+  return std::move(r.front());
+}
+HardResult Client::query_hard(std::string_view name, std::span<const float> query, const QueryOptions& options) {
+  auto r = query_hard_batch(name, query, options);
+  if (r.size() != 1) throw Error(ErrorCode::protocol_error, "expected one result, got " + std::to_string(r.size()));
+  return std::move(r.front());
+}
+
+void Client::snapshot() { (void)impl_->call(wire::Snapshot{}); }
+
+ServerStats Client::stats() {
+  const auto s = std::get<wire::StatsReply>(impl_->call(wire::Stats{}));
+  return {s.server_version, s.simd_path, s.collections, s.connections, s.requests, s.last_sequence};
+}
+
+}  // namespace softkv

@@ -1,0 +1,420 @@
+// The wire codec: every field little-endian, strings as u16 length + bytes, arrays counted before use.
+#include "wire/protocol.hpp"
+
+#include <cstring>
+#include <type_traits>
+
+#include "storage/bytes.hpp"
+
+namespace softkv::wire {
+
+using detail::ByteReader;
+using detail::ByteWriter;
+
+namespace {
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+ByteReader reader(const Frame& f) { return ByteReader(f.payload, ErrorCode::protocol_error); }
+
+[[noreturn]] void malformed(const std::string& what) { throw Error(ErrorCode::protocol_error, what); }
+
+
+void put_config(ByteWriter& w, const CollectionConfig& c) {
+  w.put(static_cast<std::uint32_t>(c.dim));
+  w.put(static_cast<std::uint32_t>(c.value_dim));
+  w.put(static_cast<std::uint8_t>(c.metric));
+  w.put(static_cast<std::uint8_t>(c.scale.has_value()));
+  w.put(c.scale.value_or(0.0f));
+  w.put(static_cast<std::uint8_t>(c.index.kind));
+  w.put(static_cast<std::uint32_t>(c.index.hnsw_m));
+  w.put(static_cast<std::uint32_t>(c.index.hnsw_ef_construction));
+  w.put(static_cast<std::uint32_t>(c.index.ivf_nlist));
+  w.put(static_cast<std::uint64_t>(c.index.ivf_train_size));
+  w.put(static_cast<std::uint64_t>(c.index.auto_threshold));
+  w.put(c.index.rebuild_fraction);
+}
+
+CollectionConfig get_config(ByteReader& r) {
+  CollectionConfig c;
+  c.dim = r.get<std::uint32_t>("dim");
+  c.value_dim = r.get<std::uint32_t>("value_dim");
+  c.metric = static_cast<Metric>(r.get<std::uint8_t>("metric"));
+  const bool has_scale = r.get<std::uint8_t>("scale flag") != 0;
+  const float scale = r.get<float>("scale");
+  if (has_scale) c.scale = scale;
+  c.index.kind = static_cast<IndexKind>(r.get<std::uint8_t>("index kind"));
+  c.index.hnsw_m = r.get<std::uint32_t>("hnsw_m");
+  c.index.hnsw_ef_construction = r.get<std::uint32_t>("hnsw_ef_construction");
+  c.index.ivf_nlist = r.get<std::uint32_t>("ivf_nlist");
+  c.index.ivf_train_size = r.get<std::uint64_t>("ivf_train_size");
+  c.index.auto_threshold = r.get<std::uint64_t>("auto_threshold");
+  c.index.rebuild_fraction = r.get<float>("rebuild_fraction");
+  return c;
+}
+
+// Options: u8 flags (1 temperature, 2 scale, 4 top_k, 8 epsilon, 16 exact), then every field.
+void put_options(ByteWriter& w, const QueryOptions& o) {
+  const std::uint8_t flags = (o.temperature ? 1 : 0) | (o.scale ? 2 : 0) | (o.top_k ? 4 : 0) | (o.epsilon ? 8 : 0) | (o.exact ? 16 : 0);
+  w.put(flags);
+  w.put(o.temperature.value_or(0.0f));
+  w.put(o.scale.value_or(0.0f));
+  w.put(static_cast<std::uint32_t>(o.top_m));
+  w.put(static_cast<std::uint32_t>(o.top_k.value_or(0)));
+  w.put(o.epsilon.value_or(0.0f));
+  w.put(static_cast<std::uint32_t>(o.ef_search));
+  w.put(static_cast<std::uint32_t>(o.nprobe));
+}
+
+QueryOptions get_options(ByteReader& r) {
+  QueryOptions o;
+  const auto flags = r.get<std::uint8_t>("option flags");
+  const auto temperature = r.get<float>("temperature");
+  const auto scale = r.get<float>("scale");
+  o.top_m = r.get<std::uint32_t>("top_m");
+  const auto top_k = r.get<std::uint32_t>("top_k");
+  const auto epsilon = r.get<float>("epsilon");
+  o.ef_search = r.get<std::uint32_t>("ef_search");
+  o.nprobe = r.get<std::uint32_t>("nprobe");
+  if (flags & 1) o.temperature = temperature;
+  if (flags & 2) o.scale = scale;
+  if (flags & 4) o.top_k = top_k;
+  if (flags & 8) o.epsilon = epsilon;
+  o.exact = (flags & 16) != 0;
+  return o;
+}
+
+// Arrays: u32 element count, then the elements.
+template <class T>
+void put_array(ByteWriter& w, const std::vector<T>& v) {
+  w.put(static_cast<std::uint32_t>(v.size()));
+  w.put_array(std::span<const T>(v));
+}
+
+template <class T>
+std::vector<T> get_array(ByteReader& r, std::string_view what) {
+  const auto n = r.get<std::uint32_t>(what);
+  return detail::to_vector<T>(r.take_array<T>(n, what));
+}
+
+void expect_end(const ByteReader& r) {
+  if (r.remaining() != 0) malformed(std::to_string(r.remaining()) + " unexpected bytes after the payload");
+}
+
+std::vector<std::byte> frame_of(std::uint8_t opcode, std::uint64_t id, ByteWriter& w) { return encode_frame(opcode, id, w.bytes()); }
+
+}  // namespace
+
+FrameScan scan_frame(std::span<const std::byte> buffer, std::uint32_t max_frame) {
+  FrameScan scan;
+  if (buffer.size() < kLengthPrefix) return scan;
+  std::memcpy(&scan.claimed, buffer.data(), 4);
+  if (scan.claimed > max_frame) {
+    scan.status = FrameScan::Status::too_large;
+    return scan;
+  }
+  if (scan.claimed < kFrameOverhead) {
+    scan.status = FrameScan::Status::malformed;
+    return scan;
+  }
+  if (buffer.size() - kLengthPrefix < scan.claimed) return scan;
+  scan.status = FrameScan::Status::complete;
+  scan.size = kLengthPrefix + scan.claimed;
+  scan.frame.opcode = static_cast<std::uint8_t>(buffer[4]);
+  std::memcpy(&scan.frame.request_id, buffer.data() + 5, 8);
+  scan.frame.payload = buffer.subspan(kLengthPrefix + kFrameOverhead, scan.claimed - kFrameOverhead);
+  return scan;
+}
+
+std::vector<std::byte> encode_frame(std::uint8_t opcode, std::uint64_t request_id, std::span<const std::byte> payload) {
+  ByteWriter w;
+  w.put(static_cast<std::uint32_t>(kFrameOverhead + payload.size()));
+  w.put(opcode);
+  w.put(request_id);
+  w.put_array(payload);
+  return std::move(w.bytes());
+}
+
+Opcode opcode_of(const Request& request) {
+  return std::visit(Overloaded{
+                        [](const Hello&) { return Opcode::hello; }, [](const Auth&) { return Opcode::auth; },
+                        [](const Ping&) { return Opcode::ping; }, [](const Create&) { return Opcode::create; },
+                        [](const Drop&) { return Opcode::drop; }, [](const List&) { return Opcode::list; },
+                        [](const Describe&) { return Opcode::describe; }, [](const Add&) { return Opcode::add; },
+                        [](const Upsert&) { return Opcode::upsert; }, [](const Remove&) { return Opcode::remove; },
+                        [](const Get&) { return Opcode::get; }, [](const Query&) { return Opcode::query; },
+                        [](const Snapshot&) { return Opcode::snapshot; }, [](const Stats&) { return Opcode::stats; },
+                    },
+                    request);
+}
+
+std::vector<std::byte> encode_request(const Request& request, std::uint64_t request_id) {
+  ByteWriter w;
+  std::visit(Overloaded{
+                 [&](const Hello& m) { w.put(m.version); },
+                 [&](const Auth& m) { w.put_string(m.token); },
+                 [&](const Ping&) {},
+                 [&](const Create& m) { w.put_string(m.name), put_config(w, m.config); },
+                 [&](const Drop& m) { w.put_string(m.name); },
+                 [&](const List&) {},
+                 [&](const Describe& m) { w.put_string(m.name); },
+                 [&](const Add& m) { w.put_string(m.name), put_array(w, m.keys), put_array(w, m.values); },
+                 [&](const Upsert& m) { w.put_string(m.name), put_array(w, m.ids), put_array(w, m.keys), put_array(w, m.values); },
+                 [&](const Remove& m) { w.put_string(m.name), put_array(w, m.ids); },
+                 [&](const Get& m) { w.put_string(m.name), w.put(m.id); },
+                 [&](const Query& m) {
+                   w.put_string(m.name);
+                   w.put(static_cast<std::uint8_t>(m.kind));
+                   put_options(w, m.options);
+                   put_array(w, m.queries);
+                 },
+                 [&](const Snapshot&) {},
+                 [&](const Stats&) {},
+             },
+             request);
+  return frame_of(static_cast<std::uint8_t>(opcode_of(request)), request_id, w);
+}
+
+Request decode_request(const Frame& frame) {
+  ByteReader r = reader(frame);
+  Request out;
+  switch (static_cast<Opcode>(frame.opcode)) {
+    case Opcode::hello: out = Hello{r.get<std::uint16_t>("version")}; break;
+    case Opcode::auth: out = Auth{r.get_string("token")}; break;
+    case Opcode::ping: out = Ping{}; break;
+    case Opcode::create: {
+      Create m;
+      m.name = r.get_string("name");
+      m.config = get_config(r);
+      out = std::move(m);
+      break;
+    }
+    case Opcode::drop: out = Drop{r.get_string("name")}; break;
+    case Opcode::list: out = List{}; break;
+    case Opcode::describe: out = Describe{r.get_string("name")}; break;
+    case Opcode::add: {
+      Add m;
+      m.name = r.get_string("name");
+      m.keys = get_array<float>(r, "keys");
+      m.values = get_array<float>(r, "values");
+      out = std::move(m);
+      break;
+    }
+    case Opcode::upsert: {
+      Upsert m;
+      m.name = r.get_string("name");
+      m.ids = get_array<std::uint64_t>(r, "ids");
+      m.keys = get_array<float>(r, "keys");
+      m.values = get_array<float>(r, "values");
+      out = std::move(m);
+      break;
+    }
+    case Opcode::remove: {
+      Remove m;
+      m.name = r.get_string("name");
+      m.ids = get_array<std::uint64_t>(r, "ids");
+      out = std::move(m);
+      break;
+    }
+    case Opcode::get: {
+      Get m;
+      m.name = r.get_string("name");
+      m.id = r.get<std::uint64_t>("id");
+      out = std::move(m);
+      break;
+    }
+    case Opcode::query: {
+      Query m;
+      m.name = r.get_string("name");
+      const auto kind = r.get<std::uint8_t>("query kind");
+      if (kind > 1) malformed("unknown query kind " + std::to_string(kind));
+      m.kind = static_cast<QueryKind>(kind);
+      m.options = get_options(r);
+      m.queries = get_array<float>(r, "queries");
+      out = std::move(m);
+      break;
+    }
+    case Opcode::snapshot: out = Snapshot{}; break;
+    case Opcode::stats: out = Stats{}; break;
+    default: malformed("unknown opcode " + std::to_string(frame.opcode));
+  }
+  expect_end(r);
+  return out;
+}
+
+std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, const Reply& reply) {
+  ByteWriter w;
+  std::uint8_t opcode = static_cast<std::uint8_t>(request) | kReplyBit;
+  std::visit(Overloaded{
+                 [&](const HelloReply& m) {
+                   w.put(m.version);
+                   w.put_string(m.server_version);
+                   w.put(static_cast<std::uint8_t>(m.auth_required));
+                 },
+                 [&](const Ack&) {},
+                 [&](const NamesReply& m) {
+                   w.put(static_cast<std::uint32_t>(m.names.size()));
+                   for (const auto& n : m.names) w.put_string(n);
+                 },
+                 [&](const DescribeReply& m) {
+                   w.put_string(m.stats.name);
+                   w.put(std::uint64_t{m.stats.size});
+                   w.put(static_cast<std::uint32_t>(m.stats.dim));
+                   w.put(static_cast<std::uint32_t>(m.stats.value_dim));
+                   w.put(static_cast<std::uint8_t>(m.stats.metric));
+                   w.put(static_cast<std::uint8_t>(m.stats.index));
+                   w.put(m.stats.bytes_in_memory);
+                   w.put(m.stats.bytes_on_disk);
+                 },
+                 [&](const IdsReply& m) { put_array(w, m.ids); },
+                 [&](const GetReply& m) { w.put(m.entry.id), put_array(w, m.entry.key), put_array(w, m.entry.value); },
+                 [&](const SoftReply& m) {
+                   w.put(static_cast<std::uint32_t>(m.results.size()));
+                   for (const SoftResult& s : m.results) {
+                     w.put(s.lse);
+                     w.put(s.max_score);
+                     w.put(std::uint64_t{s.candidates});
+                     w.put(s.tail_bound);
+                     w.put(static_cast<std::uint8_t>(s.tail_bound_guaranteed));
+                     w.put(static_cast<std::uint8_t>(s.searched_with));
+                     w.put(static_cast<std::uint32_t>(s.top.size()));
+                     for (const Contributor& c : s.top) w.put(c.id), w.put(c.weight), w.put(c.score);
+                     put_array(w, s.value);
+                   }
+                 },
+                 [&](const HardReply& m) {
+                   w.put(static_cast<std::uint32_t>(m.results.size()));
+                   for (const HardResult& h : m.results) {
+                     w.put(h.id);
+                     w.put(h.score);
+                     w.put(static_cast<std::uint8_t>(h.searched_with));
+                     put_array(w, h.value);
+                   }
+                 },
+                 [&](const StatsReply& m) {
+                   w.put_string(m.server_version);
+                   w.put_string(m.simd_path);
+                   w.put(m.collections), w.put(m.connections), w.put(m.requests), w.put(m.last_sequence);
+                 },
+                 [&](const ErrorReply& m) {
+                   opcode = kErrorOpcode;
+                   w.put(static_cast<std::uint16_t>(m.code));
+                   w.put_string(m.message.size() > 4000 ? m.message.substr(0, 4000) : m.message);
+                 },
+             },
+             reply);
+  return frame_of(opcode, request_id, w);
+}
+
+Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind) {
+  ByteReader r = reader(frame);
+  Reply out;
+  if (frame.opcode == kErrorOpcode) {
+    ErrorReply e;
+    e.code = static_cast<ErrorCode>(r.get<std::uint16_t>("error code"));
+    e.message = r.get_string("error message");
+    out = std::move(e);
+  } else {
+    if (frame.opcode != (static_cast<std::uint8_t>(request) | kReplyBit))
+      malformed("reply opcode " + std::to_string(frame.opcode) + " does not answer request " + std::to_string(int(request)));
+    switch (request) {
+      case Opcode::hello: {
+        HelloReply m;
+        m.version = r.get<std::uint16_t>("version");
+        m.server_version = r.get_string("server version");
+        m.auth_required = r.get<std::uint8_t>("auth flag") != 0;
+        out = std::move(m);
+        break;
+      }
+      case Opcode::list: {
+        NamesReply m;
+        const auto n = r.get<std::uint32_t>("name count");
+        if (n > r.remaining() / 2) malformed("name count larger than the frame");
+        for (std::uint32_t i = 0; i < n; ++i) m.names.push_back(r.get_string("name"));
+        out = std::move(m);
+        break;
+      }
+      case Opcode::describe: {
+        DescribeReply m;
+        m.stats.name = r.get_string("name");
+        m.stats.size = r.get<std::uint64_t>("size");
+        m.stats.dim = r.get<std::uint32_t>("dim");
+        m.stats.value_dim = r.get<std::uint32_t>("value_dim");
+        m.stats.metric = static_cast<Metric>(r.get<std::uint8_t>("metric"));
+        m.stats.index = static_cast<IndexKind>(r.get<std::uint8_t>("index"));
+        m.stats.bytes_in_memory = r.get<std::uint64_t>("bytes in memory");
+        m.stats.bytes_on_disk = r.get<std::uint64_t>("bytes on disk");
+        out = std::move(m);
+        break;
+      }
+      case Opcode::add: out = IdsReply{get_array<std::uint64_t>(r, "ids")}; break;
+      case Opcode::get: {
+        GetReply m;
+        m.entry.id = r.get<std::uint64_t>("id");
+        m.entry.key = get_array<float>(r, "key");
+        m.entry.value = get_array<float>(r, "value");
+        out = std::move(m);
+        break;
+      }
+      case Opcode::query: {
+        const auto n = r.get<std::uint32_t>("result count");
+        if (kind == QueryKind::soft) {
+          SoftReply m;
+          for (std::uint32_t i = 0; i < n; ++i) {  // no reserve: every read is bounded by the frame
+            SoftResult s;
+            s.lse = r.get<double>("lse");
+            s.max_score = r.get<float>("max score");
+            s.candidates = r.get<std::uint64_t>("candidates");
+            s.tail_bound = r.get<double>("tail bound");
+            s.tail_bound_guaranteed = r.get<std::uint8_t>("guarantee flag") != 0;
+            s.searched_with = static_cast<IndexKind>(r.get<std::uint8_t>("searched with"));
+            const auto top = r.get<std::uint32_t>("contributor count");
+            for (std::uint32_t j = 0; j < top; ++j) {
+              Contributor c;
+              c.id = r.get<std::uint64_t>("contributor id");
+              c.weight = r.get<float>("contributor weight");
+              c.score = r.get<float>("contributor score");
+              s.top.push_back(c);
+            }
+            s.value = get_array<float>(r, "value");
+            m.results.push_back(std::move(s));
+          }
+          out = std::move(m);
+        } else {
+          HardReply m;
+          for (std::uint32_t i = 0; i < n; ++i) {
+            HardResult h;
+            h.id = r.get<std::uint64_t>("id");
+            h.score = r.get<float>("score");
+            h.searched_with = static_cast<IndexKind>(r.get<std::uint8_t>("searched with"));
+            h.value = get_array<float>(r, "value");
+            m.results.push_back(std::move(h));
+          }
+          out = std::move(m);
+        }
+        break;
+      }
+      case Opcode::stats: {
+        StatsReply m;
+        m.server_version = r.get_string("server version");
+        m.simd_path = r.get_string("simd path");
+        m.collections = r.get<std::uint64_t>("collections");
+        m.connections = r.get<std::uint64_t>("connections");
+        m.requests = r.get<std::uint64_t>("requests");
+        m.last_sequence = r.get<std::uint64_t>("last sequence");
+        out = std::move(m);
+        break;
+      }
+      default: out = Ack{};
+    }
+  }
+  expect_end(r);
+  return out;
+}
+
+}  // namespace softkv::wire

@@ -1,0 +1,378 @@
+// softkv-server over real TCP on 127.0.0.1 (ephemeral ports): answers, pipelining, limits, auth, restart.
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "reference.hpp"
+#include "server.hpp"
+#include "softkv/softkv.hpp"
+#include "temp_dir.hpp"
+#include "wire/protocol.hpp"
+
+using namespace softkv;
+using namespace std::chrono_literals;
+
+namespace {
+
+DatabaseOptions quiet_db() {
+  DatabaseOptions o;
+  o.log = [](std::string_view) {};
+  return o;
+}
+
+// A server on an ephemeral port, serving a database in a temporary (or given) directory.
+struct RunningServer {
+  test::TempDir own_dir;
+  std::filesystem::path dir;
+  std::unique_ptr<Database> db;
+  std::unique_ptr<server::Server> server;
+  std::thread thread;
+
+  explicit RunningServer(server::ServerConfig config = {}, std::filesystem::path at = {}) : dir(at.empty() ? own_dir.path : at) {
+    config.port = 0;
+    db = std::make_unique<Database>(dir, quiet_db());
+    server = std::make_unique<server::Server>(*db, config);
+    thread = std::thread([this] { server->run(); });
+  }
+  ~RunningServer() { stop(); }
+  void stop() {
+    if (!thread.joinable()) return;
+    server->stop();
+    thread.join();
+    server.reset();
+    db.reset();
+  }
+  [[nodiscard]] ClientOptions client(std::string token = {}) const { return {"127.0.0.1", server->port(), std::move(token)}; }
+};
+
+// A bare TCP connection for sending bytes no well-behaved client would.
+struct RawSocket {
+  int fd = -1;
+  explicit RawSocket(std::uint16_t port) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  }
+  ~RawSocket() { ::close(fd); }
+  void send(std::span<const std::byte> bytes) const { REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size())); }
+  // Up to n bytes, or fewer if the peer closes or the time runs out.
+  std::vector<std::byte> read(std::size_t n, std::chrono::milliseconds within = 5s) const {
+    std::vector<std::byte> out;
+    const auto until = std::chrono::steady_clock::now() + within;
+    while (out.size() < n) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+      pollfd p{fd, POLLIN, 0};
+      if (left <= 0 || ::poll(&p, 1, int(left)) <= 0) break;
+      std::byte buf[4096];
+      const ssize_t got = ::recv(fd, buf, std::min(sizeof buf, n - out.size()), 0);
+      if (got <= 0) break;
+      out.insert(out.end(), buf, buf + got);
+    }
+    return out;
+  }
+  // One whole frame, or nothing if the connection closed first.
+  std::optional<std::vector<std::byte>> frame(std::chrono::milliseconds within = 5s) const {
+    auto head = read(4, within);
+    if (head.size() < 4) return std::nullopt;
+    std::uint32_t length;
+    std::memcpy(&length, head.data(), 4);
+    auto rest = read(length, within);
+    if (rest.size() < length) return std::nullopt;
+    head.insert(head.end(), rest.begin(), rest.end());
+    return head;
+  }
+  // Whether the server closed the connection (EOF) within the time.
+  [[nodiscard]] bool closed_within(std::chrono::milliseconds within) const {
+    const auto until = std::chrono::steady_clock::now() + within;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+      pollfd p{fd, POLLIN, 0};
+      if (left <= 0 || ::poll(&p, 1, int(left)) <= 0) return false;
+      std::byte b;
+      const ssize_t got = ::recv(fd, &b, 1, 0);
+      if (got <= 0) return true;
+    }
+  }
+};
+
+wire::ErrorReply error_in(const std::vector<std::byte>& bytes) {
+  const auto scan = wire::scan_frame(bytes, wire::kDefaultMaxFrame);
+  REQUIRE(scan.status == wire::FrameScan::Status::complete);
+  REQUIRE(scan.frame.opcode == wire::kErrorOpcode);
+  return std::get<wire::ErrorReply>(wire::decode_reply(wire::Opcode::ping, scan.frame));
+}
+
+template <class F>
+ErrorCode error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ErrorCode{};
+}
+
+void fill(Client& c, const std::string& name, std::size_t n, std::size_t d, std::size_t dv, IndexKind index = IndexKind::exact) {
+  CollectionConfig config{d, dv, Metric::dot, {}, {}};
+  config.index.kind = index;
+  c.create_collection(name, config);
+  c.add(name, test::normal_floats(n * d, 1), test::normal_floats(n * dv, 2));
+}
+
+}  // namespace
+
+TEST_CASE("answers over TCP equal the library's bit for bit", "[server]") {
+  RunningServer s;
+  Client client(s.client());
+  fill(client, "plain", 3000, 16, 5);
+  fill(client, "pruned", 3000, 16, 5, IndexKind::flat);
+  const auto plain = s.db->collection("plain");
+  const auto pruned = s.db->collection("pruned");
+  const auto qs = test::normal_floats(16 * 9, 3);
+  const std::span<const float> q(qs.data(), 16);
+  auto same_soft = [](const SoftResult& a, const SoftResult& b) {
+    CHECK(a.value == b.value);
+    CHECK(a.lse == b.lse);
+    CHECK(a.max_score == b.max_score);
+    CHECK(a.candidates == b.candidates);
+    CHECK(a.tail_bound == b.tail_bound);
+    REQUIRE(a.top.size() == b.top.size());
+    for (std::size_t i = 0; i < a.top.size(); ++i) {
+      CHECK(a.top[i].id == b.top[i].id);
+      CHECK(a.top[i].weight == b.top[i].weight);
+      CHECK(a.top[i].score == b.top[i].score);
+    }
+  };
+  for (const QueryOptions& o : {QueryOptions{}, QueryOptions{.temperature = 0.3f, .top_m = 4}, QueryOptions{.scale = 2.0f, .top_m = 2}})
+    same_soft(client.query_soft("plain", q, o), plain->query_soft(q, o));
+  same_soft(client.query_soft("pruned", q, {.top_m = 3, .top_k = 40}), pruned->query_soft(q, {.top_m = 3, .top_k = 40}));
+  same_soft(client.query_soft("pruned", q, {.epsilon = 0.01f}), pruned->query_soft(q, {.epsilon = 0.01f}));
+  const HardResult h = client.query_hard("plain", q);
+  const HardResult lh = plain->query_hard(q);
+  CHECK(h.id == lh.id);
+  CHECK(h.score == lh.score);
+  CHECK(h.value == lh.value);
+  // Batches: the batched library call.
+  const auto sb = client.query_soft_batch("plain", qs, {.temperature = 0.5f});
+  const SoftBatchResult lsb = plain->query_soft_batch(qs, {.temperature = 0.5f});
+  REQUIRE(sb.size() == 9);
+  for (std::size_t b = 0; b < 9; ++b) {
+    CHECK(sb[b].value == std::vector<float>(lsb.values.begin() + b * 5, lsb.values.begin() + (b + 1) * 5));
+    CHECK(sb[b].lse == lsb.lse[b]);
+  }
+  const auto hb = client.query_hard_batch("plain", qs);
+  const HardBatchResult lhb = plain->query_hard_batch(qs);
+  for (std::size_t b = 0; b < 9; ++b) CHECK(hb[b].id == lhb.ids[b]);
+  // Writes and reads.
+  CHECK(client.get("plain", 7).value == plain->get(7).value);
+  client.remove("plain", std::vector<std::uint64_t>{7});
+  CHECK_FALSE(plain->contains(7));
+  CHECK(client.list_collections() == std::vector<std::string>{"plain", "pruned"});
+  CHECK(client.describe("plain").size == 2999);
+  CHECK(client.stats().collections == 2);
+}
+
+TEST_CASE("pipelined requests from many connections are each answered under their own id", "[server]") {
+  RunningServer s;
+  {
+    Client setup(s.client());
+    fill(setup, "c", 500, 8, 2);
+  }
+  std::vector<std::thread> clients;
+  std::atomic<int> mismatches{0}, answered{0};
+  for (int t = 0; t < 8; ++t) {
+    clients.emplace_back([&, t] {
+      RawSocket raw(s.server->port());
+      std::vector<std::byte> burst;
+      for (std::uint64_t i = 0; i < 40; ++i) {  // alternate pings and queries, all sent before reading
+        const std::uint64_t id = t * 1000 + i;
+        const auto f = i % 2 ? wire::encode_request(wire::Ping{}, id)
+                             : wire::encode_request(wire::Query{"c", wire::QueryKind::hard, {}, test::normal_floats(8, id)}, id);
+        burst.insert(burst.end(), f.begin(), f.end());
+      }
+      raw.send(burst);
+      for (std::uint64_t i = 0; i < 40; ++i) {
+        const auto f = raw.frame();
+        if (!f) break;
+        const auto scan = wire::scan_frame(*f, wire::kDefaultMaxFrame);
+        const std::uint8_t expect = i % 2 ? 0x83 : 0xB0;
+        if (scan.frame.request_id != t * 1000 + i || scan.frame.opcode != expect) ++mismatches;
+        ++answered;
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  CHECK(answered == 8 * 40);
+  CHECK(mismatches == 0);
+}
+
+TEST_CASE("a long scan on one connection does not delay pings on another", "[server]") {
+  RunningServer s;
+  {
+    Client setup(s.client());
+    setup.create_collection("big", {128, 64, Metric::dot, {}, {}});
+    const auto keys = test::normal_floats(20000 * 128, 1), values = test::normal_floats(20000 * 64, 2);
+    for (int i = 0; i < 10; ++i) setup.add("big", keys, values);  // 200,000 entries
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> scans{0};
+  double longest_scan_ms = 0;
+  std::thread scanner([&] {
+    Client c(s.client());
+    const auto qs = test::normal_floats(128 * 256, 3);
+    while (!stop) {
+      const auto t0 = std::chrono::steady_clock::now();
+      (void)c.query_soft_batch("big", qs);
+      longest_scan_ms = std::max(longest_scan_ms, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      ++scans;
+    }
+  });
+  while (scans == 0) std::this_thread::sleep_for(1ms);  // a scan is running from here on
+  Client pinger(s.client());
+  std::vector<double> ms;
+  for (int i = 0; i < 50; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pinger.ping();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    std::this_thread::sleep_for(5ms);
+  }
+  stop = true;
+  scanner.join();
+  std::sort(ms.begin(), ms.end());
+  INFO("ping p50 " << ms[25] << " ms, max " << ms.back() << " ms; longest scan " << longest_scan_ms << " ms");
+  CHECK(longest_scan_ms > 100);  // the scans are long enough for the check below to mean something
+  CHECK(ms[45] < 25.0);          // p90 of pings stays far below one scan
+}
+
+TEST_CASE("bad input gets a typed error; the connection survives unless the frame itself is bad", "[server]") {
+  server::ServerConfig config;
+  config.max_frame = 1 << 20;
+  config.frame_deadline = 300ms;
+  RunningServer s(config);
+  Client client(s.client());
+  fill(client, "c", 100, 4, 2);
+  CHECK(error_of([&] { (void)client.query_soft("c", std::vector<float>{1, 2, 3}); }) == ErrorCode::dimension_mismatch);
+  CHECK(error_of([&] { (void)client.query_soft("c", std::vector<float>{1, NAN, 3, 4}); }) == ErrorCode::non_finite);
+  CHECK(error_of([&] { client.add("c", std::vector<float>{1, 2, 3, INFINITY}, std::vector<float>{1, 2}); }) == ErrorCode::non_finite);
+  CHECK(error_of([&] { (void)client.query_hard("nope", std::vector<float>{1, 2, 3, 4}); }) == ErrorCode::unknown_collection);
+  client.ping();  // still usable
+  CHECK(client.describe("c").size == 100);
+
+  SECTION("unknown opcode: an error frame, then close") {
+    RawSocket raw(s.server->port());
+    raw.send(wire::encode_frame(0x55, 1, {}));
+    const auto f = raw.frame();
+    REQUIRE(f);
+    CHECK(error_in(*f).code == ErrorCode::protocol_error);
+    CHECK(raw.closed_within(2s));
+  }
+  SECTION("a frame too short to be one: an error frame, then close") {
+    RawSocket raw(s.server->port());
+    const std::byte five[4] = {std::byte{5}, {}, {}, {}};
+    raw.send(five);
+    const auto f = raw.frame();
+    REQUIRE(f);
+    CHECK(error_in(*f).code == ErrorCode::protocol_error);
+    CHECK(raw.closed_within(2s));
+  }
+  SECTION("a frame claiming 4 GiB: refused from its length, then close") {
+    RawSocket raw(s.server->port());
+    const std::byte huge[4] = {std::byte{0xFF}, std::byte{0xFF}, std::byte{0xFF}, std::byte{0xFF}};
+    raw.send(huge);
+    const auto f = raw.frame();
+    REQUIRE(f);
+    CHECK(error_in(*f).code == ErrorCode::frame_too_large);
+    CHECK(raw.closed_within(2s));
+  }
+  SECTION("a slow sender is cut off at the frame deadline") {
+    RawSocket raw(s.server->port());
+    const auto ping = wire::encode_request(wire::Ping{}, 9);
+    raw.send(std::span(ping).first(6));  // a started frame, never finished
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(raw.closed_within(3s));
+    CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  }
+  SECTION("random garbage never takes the server down") {
+    std::mt19937_64 rng(7);
+    for (int i = 0; i < 50; ++i) {
+      RawSocket raw(s.server->port());
+      std::vector<std::byte> junk(1 + rng() % 200);
+      for (auto& b : junk) b = std::byte(rng());
+      ::send(raw.fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+    }
+    Client again(s.client());
+    again.ping();
+  }
+}
+
+TEST_CASE("connections beyond the limit get an error frame", "[server]") {
+  server::ServerConfig config;
+  config.max_connections = 2;
+  RunningServer s(config);
+  Client a(s.client()), b(s.client());
+  RawSocket third(s.server->port());
+  const auto f = third.frame();
+  REQUIRE(f);
+  CHECK(error_in(*f).code == ErrorCode::server_busy);
+  CHECK(third.closed_within(2s));
+  a.ping();
+  b.ping();
+}
+
+TEST_CASE("with a token, nothing but hello and auth is served until the token is given", "[server]") {
+  server::ServerConfig config;
+  config.auth_token = "correct horse";
+  RunningServer s(config);
+  {
+    RawSocket raw(s.server->port());
+    raw.send(wire::encode_request(wire::Hello{}, 1));
+    const auto hello = raw.frame();
+    REQUIRE(hello);
+    const auto reply = std::get<wire::HelloReply>(wire::decode_reply(wire::Opcode::hello, wire::scan_frame(*hello, 1 << 20).frame));
+    CHECK(reply.auth_required);
+    raw.send(wire::encode_request(wire::List{}, 2));
+    const auto refused = raw.frame();
+    REQUIRE(refused);
+    CHECK(error_in(*refused).code == ErrorCode::unauthenticated);
+  }
+  CHECK(error_of([&] { Client c(s.client("wrong horse")); }) == ErrorCode::unauthenticated);
+  CHECK(error_of([&] { Client c(s.client()); c.list_collections(); }) == ErrorCode::unauthenticated);
+  Client ok(s.client("correct horse"));
+  CHECK(ok.list_collections().empty());
+  // And a non-loopback bind without a token is refused outright.
+  server::ServerConfig open;
+  open.host = "0.0.0.0";
+  Database db(s.dir / "other", quiet_db());
+  CHECK(error_of([&] { server::Server bad(db, open); }) == ErrorCode::invalid_argument);
+}
+
+TEST_CASE("acknowledged writes survive a server restart", "[server]") {
+  test::TempDir dir;
+  std::vector<std::uint64_t> ids;
+  const auto keys = test::normal_floats(50 * 6, 4);
+  {
+    RunningServer s({}, dir.path);
+    Client c(s.client());
+    c.create_collection("kept", {6, 1, Metric::cosine, {}, {}});
+    ids = c.add("kept", keys, std::vector<float>(50, 3.0f));
+    c.upsert("kept", std::vector<std::uint64_t>{ids[0]}, test::normal_floats(6, 5), std::vector<float>{9.0f});
+  }
+  RunningServer s({}, dir.path);
+  Client c(s.client());
+  CHECK(c.describe("kept").size == 50);
+  CHECK(c.get("kept", ids[0]).value == std::vector<float>{9.0f});
+  CHECK(c.get("kept", ids[49]).value == std::vector<float>{3.0f});
+}

@@ -1,0 +1,144 @@
+// The wire codec without sockets: round trips, a frame split at every byte offset, hostile frames.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "softkv/error.hpp"
+#include "wire/protocol.hpp"
+
+using namespace softkv;
+using namespace softkv::wire;
+
+namespace {
+
+Frame frame_of(const std::vector<std::byte>& bytes) {
+  const FrameScan scan = scan_frame(bytes, kDefaultMaxFrame);
+  REQUIRE(scan.status == FrameScan::Status::complete);
+  REQUIRE(scan.size == bytes.size());
+  return scan.frame;
+}
+
+std::vector<Request> sample_requests() {
+  CollectionConfig config{3, 2, Metric::cosine, 0.5f, {}};
+  config.index.kind = IndexKind::ivf;
+  config.index.ivf_nlist = 7;
+  QueryOptions options;
+  options.temperature = 0.25f;
+  options.top_m = 3;
+  options.top_k = 9;
+  options.nprobe = 4;
+  options.exact = true;
+  return {Hello{}, Auth{"secret"}, Ping{}, Create{"c", config}, Drop{"c"}, List{}, Describe{"c"},
+          Add{"c", {1, 2, 3}, {4, 5}}, Upsert{"c", {7}, {1, 2, 3}, {4, 5}}, Remove{"c", {1, 2}}, Get{"c", 9},
+          Query{"c", QueryKind::hard, options, {1, 2, 3, 4, 5, 6}}, Snapshot{}, Stats{}};
+}
+
+}  // namespace
+
+TEST_CASE("every request survives an encode/decode round trip", "[wire]") {
+  for (const Request& r : sample_requests()) {
+    const auto bytes = encode_request(r, 42);
+    const Frame f = frame_of(bytes);
+    CHECK(f.request_id == 42);
+    const Request back = decode_request(f);
+    REQUIRE(back.index() == r.index());
+    CHECK(encode_request(back, 42) == bytes);  // nothing lost: the same bytes again
+  }
+  const auto q = std::get<Query>(decode_request(frame_of(encode_request(sample_requests()[11], 1))));
+  CHECK(q.options.temperature == 0.25f);
+  CHECK_FALSE(q.options.scale.has_value());
+  CHECK(q.options.top_k == std::optional<std::size_t>(9));
+  CHECK(q.options.exact);
+  CHECK(q.queries.size() == 6);
+}
+
+TEST_CASE("replies survive a round trip, errors included", "[wire]") {
+  SoftResult s;
+  s.value = {1.5f, -2.0f};
+  s.lse = 3.25;
+  s.max_score = 1.0f;
+  s.candidates = 10;
+  s.tail_bound = 1e-3;
+  s.tail_bound_guaranteed = false;
+  s.searched_with = IndexKind::hnsw;
+  s.top = {{4, 0.75f, 1.0f}, {2, 0.25f, 0.5f}};
+  const auto soft = std::get<SoftReply>(decode_reply(Opcode::query, frame_of(encode_reply(Opcode::query, 5, SoftReply{{s, s}}))));
+  REQUIRE(soft.results.size() == 2);
+  CHECK(soft.results[1].value == s.value);
+  CHECK(soft.results[1].lse == s.lse);
+  CHECK(soft.results[1].top[0].id == 4);
+  CHECK(soft.results[1].searched_with == IndexKind::hnsw);
+  const HardResult h{7, 0.5f, {1, 2}, IndexKind::ivf};
+  const auto hard = std::get<HardReply>(decode_reply(Opcode::query, frame_of(encode_reply(Opcode::query, 5, HardReply{{h}})), QueryKind::hard));
+  CHECK(hard.results.at(0).id == 7);
+  CHECK(hard.results.at(0).value == h.value);
+  const auto err = std::get<ErrorReply>(decode_reply(Opcode::add, frame_of(encode_reply(Opcode::add, 5, ErrorReply{ErrorCode::non_finite, "NaN"}))));
+  CHECK(err.code == ErrorCode::non_finite);
+  CHECK(err.message == "NaN");
+  const auto names = std::get<NamesReply>(decode_reply(Opcode::list, frame_of(encode_reply(Opcode::list, 1, NamesReply{{"a", "bb"}}))));
+  CHECK(names.names == std::vector<std::string>{"a", "bb"});
+}
+
+TEST_CASE("a frame split at every byte offset is 'need more' until it is whole", "[wire]") {
+  // Two frames back to back, fed one growing prefix at a time.
+  auto bytes = encode_request(sample_requests()[7], 1);
+  const auto second = encode_request(sample_requests()[11], 2);
+  const std::size_t first_size = bytes.size();
+  bytes.insert(bytes.end(), second.begin(), second.end());
+  for (std::size_t cut = 0; cut <= bytes.size(); ++cut) {
+    const FrameScan scan = scan_frame(std::span(bytes).first(cut), kDefaultMaxFrame);
+    if (cut < first_size) {
+      CHECK(scan.status == FrameScan::Status::need_more);
+    } else {
+      REQUIRE(scan.status == FrameScan::Status::complete);
+      CHECK(scan.size == first_size);
+      CHECK(scan.frame.request_id == 1);
+      // What follows the first frame is the second, found the same way.
+      const FrameScan next = scan_frame(std::span(bytes).subspan(first_size, cut - first_size), kDefaultMaxFrame);
+      CHECK(next.status == (cut == bytes.size() ? FrameScan::Status::complete : FrameScan::Status::need_more));
+    }
+  }
+}
+
+TEST_CASE("hostile frames are refused from their length alone", "[wire]") {
+  std::vector<std::byte> huge(4);
+  const std::uint32_t four_gib = 0xFFFFFFFFu;
+  std::memcpy(huge.data(), &four_gib, 4);
+  CHECK(scan_frame(huge, kDefaultMaxFrame).status == FrameScan::Status::too_large);
+  CHECK(scan_frame(huge, kDefaultMaxFrame).claimed == four_gib);
+  std::vector<std::byte> tiny(4);
+  const std::uint32_t five = 5;
+  std::memcpy(tiny.data(), &five, 4);
+  CHECK(scan_frame(tiny, kDefaultMaxFrame).status == FrameScan::Status::malformed);
+}
+
+TEST_CASE("malformed payloads and unknown opcodes are typed protocol errors", "[wire]") {
+  auto code_of = [](const Frame& f) {
+    try {
+      (void)decode_request(f);
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return ErrorCode{};
+  };
+  const auto unknown = encode_frame(0x55, 3, {});
+  CHECK(code_of(frame_of(unknown)) == ErrorCode::protocol_error);
+  // Every truncation of a query payload (re-framed so the frame itself is whole) is refused.
+  const auto good = encode_request(sample_requests()[11], 4);
+  const Frame f = frame_of(good);
+  for (std::size_t n = 0; n < f.payload.size(); ++n) {
+    const auto cut = encode_frame(f.opcode, 4, f.payload.first(n));
+    CHECK(code_of(frame_of(cut)) == ErrorCode::protocol_error);
+  }
+  // A count claiming more floats than the frame holds is refused before allocating them.
+  auto lying = encode_request(Add{"c", {1, 2}, {3}}, 5);
+  const std::uint32_t billions = 0x7FFFFFFF;
+  std::memcpy(lying.data() + 4 + 9 + 2 + 1, &billions, 4);  // the key count after the 1-byte name
+  CHECK(code_of(frame_of(lying)) == ErrorCode::protocol_error);
+  // Trailing bytes are not ignored.
+  auto longer = f.payload.size();
+  std::vector<std::byte> padded(f.payload.begin(), f.payload.end());
+  padded.push_back(std::byte{0});
+  CHECK(code_of(frame_of(encode_frame(f.opcode, 4, padded))) == ErrorCode::protocol_error);
+  CHECK(longer > 0);
+}
