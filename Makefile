@@ -16,9 +16,10 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# The main job on an embedded default: the hard-vs-soft walk-through (the server replaces it later).
+# The main job on an embedded default: softkv-server on ./softkv-data, 127.0.0.1:7878 (Ctrl-C stops it
+# after finishing in-flight requests and writing a snapshot).
 run: build
-	./$(BUILD_DIR)/examples/hard_vs_soft
+	./$(BUILD_DIR)/server/softkv-server --data ./softkv-data
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

@@ -2,13 +2,29 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <csignal>
 #include <fstream>
-#include <pthread.h>
 #include <thread>
 
 #include "server.hpp"
 #include "softkv/softkv.hpp"
+
+namespace {
+
+// SIGINT/SIGTERM write their number to this pipe; a thread reads it and stops the server. A handler
+// (rather than blocking the signals) is needed because libraries such as OpenBLAS start threads
+// before main, and any of them may receive a process-directed signal.
+int signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  const char byte = static_cast<char>(sig);
+  [[maybe_unused]] const auto n = ::write(signal_pipe[1], &byte, 1);  // async-signal-safe
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"softkv-server: a soft-retrieval key-value store over TCP"};
@@ -41,12 +57,15 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // Signals go to one thread that asks the server to stop; every other thread blocks them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (::pipe(signal_pipe) != 0) {
+    spdlog::error("cannot create the signal pipe");
+    return 2;
+  }
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
 
   try {
     const auto t0 = std::chrono::steady_clock::now();
@@ -61,17 +80,17 @@ int main(int argc, char** argv) {
                  config.host, server.port(), softkv::simd_path(), data, db.list_collections().size(), secs, fsync);
     spdlog::info("connect with: softkv --port {} stats   (or softkv::Client / clients/python/softkv_client.py)", server.port());
     std::thread waiter([&] {
-      int sig = 0;
-      sigwait(&signals, &sig);
-      if (sig == SIGINT || sig == SIGTERM) {
-        spdlog::info("signal {}: finishing in-flight requests", sig);
-        server.stop();
+      char sig = 0;
+      while (::read(signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
       }
+      if (sig != 0) spdlog::info("signal {}: finishing in-flight requests", int(sig));
+      server.stop();
     });
     server.run();
     spdlog::info("writing a snapshot before exit");
     db.snapshot();
-    pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter if the server stopped for another reason
+    const char wake = 0;  // ends the waiter if the server stopped for another reason
+    [[maybe_unused]] const auto n = ::write(signal_pipe[1], &wake, 1);
     waiter.join();
     spdlog::info("stopped");
   } catch (const softkv::Error& e) {

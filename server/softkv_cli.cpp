@@ -1,0 +1,178 @@
+// softkv: the command-line client (create, load, query, list, stats, snapshot, drop) over softkv::Client.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "softkv/softkv.hpp"
+#include "vector_files.hpp"
+
+namespace {
+
+using softkv::cli::Matrix;
+
+const char* index_name(softkv::IndexKind k) {
+  switch (k) {
+    case softkv::IndexKind::exact: return "exact";
+    case softkv::IndexKind::flat: return "flat";
+    case softkv::IndexKind::hnsw: return "hnsw";
+    case softkv::IndexKind::ivf: return "ivf";
+    case softkv::IndexKind::automatic: return "automatic";
+  }
+  return "?";
+}
+
+std::vector<float> parse_floats(const std::string& text) {
+  std::vector<float> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(std::stof(item));
+  return out;
+}
+
+// One status line on stderr, redrawn in place: rows done, percentage, rate.
+void progress(std::size_t done, std::size_t total, double seconds) {
+  std::fprintf(stderr, "\rloaded %zu / %zu rows (%3.0f%%), %.0f rows/s   ", done, total, 100.0 * done / std::max<std::size_t>(total, 1),
+               seconds > 0 ? done / seconds : 0.0);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"softkv: command-line client for softkv-server"};
+  app.require_subcommand(1);
+  softkv::ClientOptions options;
+  std::string token_file;
+  app.add_option("--host", options.host, "server address")->capture_default_str();
+  app.add_option("--port", options.port, "server port")->capture_default_str();
+  app.add_option("--auth-token-file", token_file, "file holding the server's auth token");
+
+  std::string name;
+  auto* create = app.add_subcommand("create", "create a collection");
+  std::size_t dim = 0, value_dim = 0;
+  std::string metric = "dot", index = "exact";
+  create->add_option("name", name)->required();
+  create->add_option("--dim", dim, "key dimension")->required();
+  create->add_option("--value-dim", value_dim, "value dimension")->required();
+  create->add_option("--metric", metric)->check(CLI::IsMember({"dot", "cosine"}))->capture_default_str();
+  create->add_option("--index", index)->check(CLI::IsMember({"exact", "flat", "hnsw", "ivf", "automatic"}))->capture_default_str();
+
+  auto* load = app.add_subcommand("load", "add rows from key and value files (.npy or .fvecs)");
+  std::string keys_file, values_file;
+  std::size_t batch = 10000;
+  load->add_option("name", name)->required();
+  load->add_option("--keys", keys_file, "n x d keys")->required()->check(CLI::ExistingFile);
+  load->add_option("--values", values_file, "n x dv values")->required()->check(CLI::ExistingFile);
+  load->add_option("--batch", batch, "rows per request")->capture_default_str();
+
+  auto* query = app.add_subcommand("query", "soft (default) or hard retrieval");
+  std::string inline_query, queries_file, out_file;
+  bool hard = false, exact = false;
+  softkv::QueryOptions qo;
+  std::optional<float> temperature, scale, epsilon;
+  std::optional<std::size_t> top_k;
+  std::size_t top_m = 5;
+  query->add_option("name", name)->required();
+  query->add_option("--query", inline_query, "one query as comma-separated floats");
+  query->add_option("--queries", queries_file, "B x d queries (.npy or .fvecs)")->check(CLI::ExistingFile);
+  query->add_flag("--hard", hard, "hard retrieval (argmax) instead of soft");
+  query->add_option("--temperature", temperature);
+  query->add_option("--scale", scale);
+  query->add_option("--top-m", top_m, "contributors to show (soft)")->capture_default_str();
+  query->add_option("--top-k", top_k, "prune to k candidates (needs an index)");
+  query->add_option("--epsilon", epsilon, "adaptive pruning target");
+  query->add_flag("--exact", exact, "hard: scan every key even with an index");
+  query->add_option("--out", out_file, "write the answers as a B x dv float32 .npy");
+
+  auto* list = app.add_subcommand("list", "collection names");
+  auto* stats = app.add_subcommand("stats", "server statistics, or a collection's with a name");
+  stats->add_option("name", name);
+  auto* snapshot = app.add_subcommand("snapshot", "write a snapshot now");
+  auto* drop = app.add_subcommand("drop", "drop a collection");
+  drop->add_option("name", name)->required();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (!token_file.empty()) {
+      std::ifstream in(token_file);
+      std::getline(in, options.token);
+    }
+    softkv::Client client(options);
+    if (*create) {
+      softkv::CollectionConfig config{dim, value_dim, metric == "cosine" ? softkv::Metric::cosine : softkv::Metric::dot, {}, {}};
+      const char* kinds[] = {"exact", "flat", "hnsw", "ivf", "automatic"};
+      for (int k = 0; k < 5; ++k)
+        if (index == kinds[k]) config.index.kind = static_cast<softkv::IndexKind>(k);
+      client.create_collection(name, config);
+      std::printf("created %s: d = %zu, dv = %zu, %s, index %s\n", name.c_str(), dim, value_dim, metric.c_str(), index.c_str());
+    } else if (*load) {
+      const Matrix keys = softkv::cli::read_matrix(keys_file), values = softkv::cli::read_matrix(values_file);
+      if (keys.rows != values.rows)
+        throw softkv::Error(softkv::ErrorCode::dimension_mismatch, std::to_string(keys.rows) + " keys but " + std::to_string(values.rows) + " values");
+      const auto t0 = std::chrono::steady_clock::now();
+      for (std::size_t at = 0; at < keys.rows; at += batch) {
+        const std::size_t n = std::min(batch, keys.rows - at);
+        client.add(name, std::span(keys.data).subspan(at * keys.cols, n * keys.cols), std::span(values.data).subspan(at * values.cols, n * values.cols));
+        progress(at + n, keys.rows, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::fprintf(stderr, "\n");
+    } else if (*query) {
+      Matrix qs;
+      if (!queries_file.empty()) {
+        qs = softkv::cli::read_matrix(queries_file);
+      } else {
+        qs.data = parse_floats(inline_query);
+        qs.rows = 1, qs.cols = qs.data.size();
+      }
+      qo.temperature = temperature, qo.scale = scale, qo.epsilon = epsilon, qo.top_k = top_k, qo.exact = exact;
+      qo.top_m = hard ? 0 : top_m;
+      Matrix answers{qs.rows, 0, {}};
+      if (hard) {
+        for (const softkv::HardResult& h : client.query_hard_batch(name, qs.data, qo)) {
+          std::printf("id %llu  score %.6g  (%s)  value [", (unsigned long long)h.id, h.score, index_name(h.searched_with));
+          for (std::size_t i = 0; i < h.value.size() && i < 8; ++i) std::printf(i ? ", %.4g" : "%.4g", h.value[i]);
+          std::printf(h.value.size() > 8 ? ", ...]\n" : "]\n");
+          answers.cols = h.value.size();
+          answers.data.insert(answers.data.end(), h.value.begin(), h.value.end());
+        }
+      } else {
+        for (const softkv::SoftResult& s : client.query_soft_batch(name, qs.data, qo)) {
+          std::printf("lse %.6g  max score %.6g  candidates %zu  tail bound %.3g%s  value [", s.lse, s.max_score, s.candidates, s.tail_bound,
+                      s.tail_bound_guaranteed ? "" : " (estimate)");
+          for (std::size_t i = 0; i < s.value.size() && i < 8; ++i) std::printf(i ? ", %.4g" : "%.4g", s.value[i]);
+          std::printf(s.value.size() > 8 ? ", ...]\n" : "]\n");
+          for (const softkv::Contributor& c : s.top) std::printf("    id %-10llu weight %.4f  score %.6g\n", (unsigned long long)c.id, c.weight, c.score);
+          answers.cols = s.value.size();
+          answers.data.insert(answers.data.end(), s.value.begin(), s.value.end());
+        }
+      }
+      if (!out_file.empty()) softkv::cli::write_npy(out_file, answers);
+    } else if (*list) {
+      for (const auto& n : client.list_collections()) std::printf("%s\n", n.c_str());
+    } else if (*stats) {
+      if (name.empty()) {
+        const softkv::ServerStats s = client.stats();
+        std::printf("softkv-server %s, kernel path %s: %llu collections, %llu connections, %llu requests, last sequence %llu\n",
+                    s.server_version.c_str(), s.simd_path.c_str(), (unsigned long long)s.collections, (unsigned long long)s.connections,
+                    (unsigned long long)s.requests, (unsigned long long)s.last_sequence);
+      } else {
+        const softkv::CollectionStats s = client.describe(name);
+        std::printf("%s: %zu entries, d = %zu, dv = %zu, %s, index %s, %llu bytes in memory, %llu bytes in the last snapshot\n",
+                    s.name.c_str(), s.size, s.dim, s.value_dim, s.metric == softkv::Metric::cosine ? "cosine" : "dot",
+                    index_name(s.index), (unsigned long long)s.bytes_in_memory, (unsigned long long)s.bytes_on_disk);
+      }
+    } else if (*snapshot) {
+      client.snapshot();
+      std::printf("snapshot written\n");
+    } else if (*drop) {
+      client.drop_collection(name);
+      std::printf("dropped %s\n", name.c_str());
+    }
+  } catch (const softkv::Error& e) {
+    std::fprintf(stderr, "softkv: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,161 @@
+"""The Python client against a live softkv-server (run by ctest).
+
+Usage: test_client.py --server PATH/softkv-server --cli PATH/softkv
+Checks answers against a float64 numpy reference, bit-for-bit against the C++ client (through the
+softkv command-line tool writing .npy), typed errors, and the CLI's .npy/.fvecs loading.
+"""
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "clients", "python"))
+from softkv_client import Client, SoftkvError  # noqa: E402
+
+ARGS = None
+PORT = None
+SERVER = None
+WORK = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def reference_soft(keys, values, q, scale):
+    s = scale * (keys.astype(np.float64) @ q.astype(np.float64))
+    w = np.exp(s - s.max())
+    w /= w.sum()
+    return w @ values.astype(np.float64), s
+
+
+def cli(*args):
+    out = subprocess.run([ARGS.cli, "--port", str(PORT), *args], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise AssertionError(f"softkv {' '.join(args)} failed: {out.stderr}")
+    return out.stdout
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        rng = np.random.default_rng(7)
+        cls.d, cls.dv, cls.n = 16, 5, 2000
+        cls.keys = rng.standard_normal((cls.n, cls.d), dtype=np.float32)
+        cls.values = rng.standard_normal((cls.n, cls.dv), dtype=np.float32)
+        cls.queries = rng.standard_normal((7, cls.d), dtype=np.float32)
+        with Client(port=PORT) as c:
+            c.create_collection("py", dim=cls.d, value_dim=cls.dv)
+            cls.ids = c.add("py", cls.keys, cls.values)
+
+    def test_soft_and_hard_match_a_float64_reference(self):
+        with Client(port=PORT) as c:
+            for q in self.queries:
+                r = c.query_soft("py", q, temperature=0.5, top_m=3)
+                ref, scores = reference_soft(self.keys, self.values, q, 1.0 / (np.sqrt(self.d) * 0.5))
+                np.testing.assert_allclose(r.value, ref, rtol=1e-4, atol=1e-5)
+                self.assertEqual(r.candidates, self.n)
+                self.assertEqual([t[0] for t in r.top], list(np.argsort(-scores)[:3]))
+                h = c.query_hard("py", q)
+                self.assertEqual(h.id, int(np.argmax(self.keys @ q)))
+                np.testing.assert_array_equal(h.value, self.values[h.id])
+            batch = c.query_soft_batch("py", self.queries)
+            self.assertEqual(batch.values.shape, (7, self.dv))
+
+    def test_answers_are_bit_for_bit_those_of_the_cpp_client(self):
+        qfile, soft_out, hard_out = (os.path.join(WORK, f) for f in ("q.npy", "soft.npy", "hard.npy"))
+        np.save(qfile, self.queries)
+        cli("query", "py", "--queries", qfile, "--temperature", "0.25", "--top-m", "0", "--out", soft_out)
+        cli("query", "py", "--queries", qfile, "--hard", "--out", hard_out)
+        with Client(port=PORT) as c:
+            soft = c.query_soft_batch("py", self.queries, temperature=0.25).values
+            hard = np.stack([h.value for h in c.query_hard_batch("py", self.queries)])
+            single = c.query_soft("py", self.queries[0], temperature=0.25)
+        np.testing.assert_array_equal(soft, np.load(soft_out))
+        np.testing.assert_array_equal(hard, np.load(hard_out))
+        self.assertEqual(single.value.dtype, np.float32)
+
+    def test_errors_are_typed_and_the_connection_survives(self):
+        with Client(port=PORT) as c:
+            with self.assertRaises(SoftkvError) as e:
+                c.query_soft("py", np.ones(self.d - 1, dtype=np.float32))
+            self.assertEqual(e.exception.name, "dimension_mismatch")
+            bad = np.ones(self.d, dtype=np.float32)
+            bad[3] = np.nan
+            with self.assertRaises(SoftkvError) as e:
+                c.query_soft("py", bad)
+            self.assertEqual(e.exception.name, "non_finite")
+            with self.assertRaises(SoftkvError) as e:
+                c.describe("missing")
+            self.assertEqual(e.exception.name, "unknown_collection")
+            c.ping()
+
+    def test_writes_reads_and_stats(self):
+        with Client(port=PORT) as c:
+            c.create_collection("rw", dim=3, value_dim=2, metric="cosine")
+            ids = c.add("rw", np.array([[3, 0, 4], [1, 1, 1]], dtype=np.float32), np.array([[1, 2], [3, 4]], dtype=np.float32))
+            key, value = c.get("rw", int(ids[0]))
+            np.testing.assert_allclose(key, [0.6, 0.0, 0.8], rtol=1e-6)
+            np.testing.assert_array_equal(value, [1, 2])
+            c.upsert("rw", [int(ids[0])], np.array([[0, 1, 0]], dtype=np.float32), np.array([[9, 9]], dtype=np.float32))
+            c.remove("rw", [int(ids[1])])
+            self.assertEqual(c.describe("rw")["size"], 1)
+            self.assertIn("rw", c.list_collections())
+            c.snapshot()
+            self.assertGreaterEqual(c.stats()["collections"], 2)
+            c.drop_collection("rw")
+
+    def test_cli_loads_npy_and_fvecs(self):
+        keys = np.arange(12, dtype=np.float32).reshape(4, 3) + 1
+        values = np.ones((4, 2), dtype=np.float32)
+        np.save(os.path.join(WORK, "k.npy"), keys)
+        np.save(os.path.join(WORK, "v.npy"), values)
+        with open(os.path.join(WORK, "k.fvecs"), "wb") as f:
+            for row in keys:
+                f.write(np.int32(3).tobytes() + row.tobytes())
+        cli("create", "loaded", "--dim", "3", "--value-dim", "2")
+        cli("load", "loaded", "--keys", os.path.join(WORK, "k.npy"), "--values", os.path.join(WORK, "v.npy"), "--batch", "3")
+        cli("load", "loaded", "--keys", os.path.join(WORK, "k.fvecs"), "--values", os.path.join(WORK, "v.npy"))
+        with Client(port=PORT) as c:
+            self.assertEqual(c.describe("loaded")["size"], 8)
+            key, _ = c.get("loaded", 5)
+            np.testing.assert_array_equal(key, keys[1])
+        self.assertIn("8 entries", cli("stats", "loaded"))
+
+
+def main():
+    global ARGS, PORT, SERVER, WORK
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--cli", required=True)
+    ARGS, rest = parser.parse_known_args()
+    with tempfile.TemporaryDirectory() as work:
+        WORK = work
+        PORT = free_port()
+        SERVER = subprocess.Popen([ARGS.server, "--data", os.path.join(work, "data"), "--port", str(PORT), "--fsync", "never"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(100):  # wait until it listens
+                try:
+                    socket.create_connection(("127.0.0.1", PORT), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            result = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2).result
+        finally:
+            SERVER.terminate()
+            SERVER.wait(timeout=30)
+        sys.exit(0 if result.wasSuccessful() and SERVER.returncode == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()
