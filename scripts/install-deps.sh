@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs softkv's Debian build dependencies that are missing; does nothing when all are present.
 # Idempotent: checks each package with dpkg -s, runs apt-get update at most once.
+# Extra package names given as arguments are installed too.
 set -euo pipefail
 
 packages=(
@@ -16,6 +17,7 @@ packages=(
   dataset-fashion-mnist         # the real data set of examples/fashion_mnist
   python3 python3-numpy         # Python client
 )
+packages+=("$@")                # extra packages a caller needs (e.g. scripts/fuzz.sh: clang)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <random>
 #include <thread>
 
 #include "reference.hpp"
@@ -81,4 +83,69 @@ TEST_CASE("concurrent queries while a writer adds, upserts and removes", "[concu
   INFO(queries.load() << " query rounds, " << writes << " write rounds");
   CHECK(queries.load() > 0);
   CHECK(failures.load() == 0);
+}
+
+TEST_CASE("stress: 8 threads of mixed queries, upserts and removes, then a consistency check", "[concurrency][stress]") {
+  for (const IndexKind kind : {IndexKind::exact, IndexKind::ivf}) {
+    CollectionConfig config{kDim, 3, Metric::dot, {}, {}};
+    config.index.kind = kind;
+    config.index.ivf_train_size = 300;  // trains, then rebuilds, while the threads run
+    Collection c(config);
+    for (std::uint64_t id = 0; id < 400; ++id) {  // a shared, never-touched base so queries always have entries
+      const auto key = test::normal_floats(kDim, id);
+      c.upsert(1000000 + id, key, value_for(1000000 + id, key));
+    }
+    constexpr int kThreads = 8;
+    std::vector<std::map<std::uint64_t, std::uint64_t>> model(kThreads);  // id -> seed of its current key
+    std::atomic<std::size_t> failures{0}, operations{0};
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 rng(t + 1);
+        auto& mine = model[t];
+        while (std::chrono::steady_clock::now() < until) {
+          const std::uint64_t id = std::uint64_t(t) * 1000 + rng() % 200;  // each thread owns its id range
+          switch (rng() % 10) {
+            case 0: case 1: case 2: case 3: {
+              const auto q = test::normal_floats(kDim, rng());
+              const SoftResult s = c.query_soft(q, kind == IndexKind::exact ? QueryOptions{.top_m = 2} : QueryOptions{.top_m = 2, .top_k = 16});
+              if (std::fabs(s.value[0] - 1.0f) > 1e-4f) ++failures;
+              const HardResult h = c.query_hard(q);
+              if (h.value[0] != 1.0f || h.value[1] != static_cast<float>(h.id)) ++failures;
+              break;
+            }
+            case 4: case 5: case 6: {
+              const std::uint64_t seed = rng();
+              const auto key = test::normal_floats(kDim, seed);
+              c.upsert(id, key, value_for(id, key));
+              mine[id] = seed;
+              break;
+            }
+            default:
+              if (mine.erase(id)) c.remove(id);
+          }
+          ++operations;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    c.wait_until_indexed();
+    // Every thread's ids hold exactly what that thread last wrote, and nothing else exists there.
+    for (int t = 0; t < kThreads; ++t) {
+      for (std::uint64_t id = std::uint64_t(t) * 1000; id < std::uint64_t(t) * 1000 + 200; ++id) {
+        const auto it = model[t].find(id);
+        REQUIRE(c.contains(id) == (it != model[t].end()));
+        if (it == model[t].end()) continue;
+        const auto key = test::normal_floats(kDim, it->second);
+        CHECK(c.get(id).key == key);
+        CHECK(c.get(id).value == value_for(id, key));
+      }
+    }
+    std::size_t expected = 400;
+    for (const auto& m : model) expected += m.size();
+    CHECK(c.size() == expected);
+    INFO(operations.load() << " operations");
+    CHECK(failures.load() == 0);
+  }
 }

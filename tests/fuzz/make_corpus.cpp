@@ -1,0 +1,64 @@
+// Writes the fuzz seed corpus: one valid input per message kind (frames), per record kind (log),
+// and a snapshot. Run: make_corpus tests/fuzz/corpus
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "softkv/database.hpp"
+#include "storage/file.hpp"
+#include "storage/snapshot.hpp"
+#include "wire/protocol.hpp"
+
+namespace fs = std::filesystem;
+using namespace softkv;
+
+static void write(const fs::path& path, std::span<const std::byte> bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+int main(int argc, char** argv) {
+  const fs::path root = argc > 1 ? argv[1] : "corpus";
+  CollectionConfig config{3, 2, Metric::dot, {}, {}};
+  QueryOptions options{.temperature = 0.5f, .top_m = 2};
+  const wire::Request requests[] = {
+      wire::Hello{}, wire::Auth{"token"}, wire::Ping{}, wire::Create{"c", config}, wire::Drop{"c"}, wire::List{},
+      wire::Describe{"c"}, wire::Add{"c", {1, 2, 3}, {4, 5}}, wire::Upsert{"c", {9}, {1, 2, 3}, {4, 5}}, wire::Remove{"c", {9}},
+      wire::Get{"c", 9}, wire::Query{"c", wire::QueryKind::soft, options, {1, 2, 3}}, wire::Snapshot{}, wire::Stats{}};
+  int i = 0;
+  for (const auto& r : requests) write(root / "frame" / ("request-" + std::to_string(i++)), wire::encode_request(r, i));
+  SoftResult s;
+  s.value = {1, 2};
+  s.lse = 0.5;
+  s.candidates = 3;
+  s.top = {{1, 0.5f, 0.25f}};
+  write(root / "frame" / "reply-soft", wire::encode_reply(wire::Opcode::query, 1, wire::SoftReply{{s}}));
+  write(root / "frame" / "reply-error", wire::encode_reply(wire::Opcode::add, 1, wire::ErrorReply{ErrorCode::non_finite, "NaN"}));
+
+  // A log with every record kind, and the snapshot of the same state.
+  const fs::path dir = fs::temp_directory_path() / "softkv-make-corpus";
+  fs::remove_all(dir);
+  {
+    DatabaseOptions o;
+    o.log = [](std::string_view) {};
+    Database db(dir, o);
+    db.create_collection("c", config);
+    db.create_collection("gone", config);
+    const auto ids = db.add("c", std::vector<float>{1, 2, 3, 4, 5, 6}, std::vector<float>{1, 2, 3, 4});
+    db.upsert("c", std::vector<std::uint64_t>{ids[0]}, std::vector<float>{3, 2, 1}, std::vector<float>{0, 1});
+    db.remove("c", std::vector<std::uint64_t>{ids[1]});
+    db.drop_collection("gone");
+  }
+  fs::copy_file(dir / "wal-00000000000000000001.log", root / "wal" / "all-record-kinds", fs::copy_options::overwrite_existing);
+  {
+    DatabaseOptions o;
+    o.log = [](std::string_view) {};
+    Database db(dir, o);
+    db.snapshot();
+  }
+  fs::copy_file(dir / "snapshot.skv", root / "snapshot" / "one-collection", fs::copy_options::overwrite_existing);
+  fs::remove_all(dir);
+  std::printf("corpus written to %s\n", root.c_str());
+  return 0;
+}
