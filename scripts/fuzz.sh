@@ -20,10 +20,10 @@ for target in frame wal snapshot; do
   log="$dir/fuzz-$target.log"
   status=0
   "$dir/tests/fuzz/fuzz_$target" "$dir/corpus-$target" "tests/fuzz/corpus/$target" \
-    -max_total_time="$seconds" -malloc_limit_mb=128 -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1 || status=$?
+    -max_total_time="$seconds" -malloc_limit_mb=128 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$dir/" >"$log" 2>&1 || status=$?
   grep -E "stat::number_of_executed_units|stat::new_units_added" "$log" || true
   if [ "$status" -ne 0 ]; then
-    echo "fuzz_$target FAILED (exit $status); the crashing input is saved as crash-* in $(pwd):"
+    echo "fuzz_$target FAILED (exit $status); the input is saved as $dir/crash-* (or leak-*, oom-*):"
     tail -n 60 "$log"
     exit 1
   fi

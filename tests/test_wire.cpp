@@ -142,3 +142,24 @@ TEST_CASE("malformed payloads and unknown opcodes are typed protocol errors", "[
   CHECK(code_of(frame_of(encode_frame(f.opcode, 4, padded))) == ErrorCode::protocol_error);
   CHECK(longer > 0);
 }
+
+TEST_CASE("fuzz regressions: inputs the fuzzers once broke", "[wire]") {
+  // fuzz_frame: an upsert whose arrays are empty made the decoder memcpy into a null pointer (UB,
+  // caught by UBSan). Now it decodes (empty ids) or is refused; either way without UB.
+  const unsigned char empty_arrays[] = {0x0f, 0x00, 0x00, 0x00, 0x21, 0x6a, 0xef, 0x0b, 0x00, 0x00, 0x00, 0x00,
+                                        0x0b, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xf6, 0xff};
+  const std::vector<std::byte> bytes(reinterpret_cast<const std::byte*>(empty_arrays),
+                                     reinterpret_cast<const std::byte*>(empty_arrays) + sizeof empty_arrays);
+  const FrameScan scan = scan_frame(bytes, kDefaultMaxFrame);
+  REQUIRE(scan.status == FrameScan::Status::complete);
+  try {
+    const Request r = decode_request(scan.frame);
+    CHECK(std::holds_alternative<Upsert>(r));
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::protocol_error);
+  }
+  // Zero-length arrays round-trip.
+  const auto empty = std::get<Upsert>(decode_request(scan_frame(encode_request(Upsert{"c", {}, {}, {}}, 1), kDefaultMaxFrame).frame));
+  CHECK(empty.ids.empty());
+  CHECK(empty.keys.empty());
+}

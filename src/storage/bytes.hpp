@@ -89,7 +89,7 @@ class ByteReader {
 template <class T>
 std::vector<T> to_vector(std::span<const std::byte> bytes) {
   std::vector<T> out(bytes.size() / sizeof(T));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));  // memcpy(null, ..., 0) is UB
   return out;
 }
 
