@@ -223,7 +223,7 @@ TEST_CASE("pipelined requests from many connections are each answered under thei
   CHECK(mismatches == 0);
 }
 
-TEST_CASE("a long scan on one connection does not delay pings on another", "[server]") {
+TEST_CASE("a long scan on one connection does not delay pings on another", "[server][timing]") {
   RunningServer s;
   {
     Client setup(s.client());

@@ -176,7 +176,7 @@ TEST_CASE("kill -9 of the server loses no acknowledged write", "[server][crash]"
   CHECK(acked_total > 0);
 }
 
-TEST_CASE("abuse: slow senders are cut off without hurting a normal client", "[server][abuse]") {
+TEST_CASE("abuse: slow senders are cut off without hurting a normal client", "[server][abuse][timing]") {
   test::TempDir dir;
   ServerProcess server(dir.path, {"--frame-deadline", "2", "--fsync", "never"});
   Client normal(server.client());
