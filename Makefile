@@ -24,8 +24,9 @@ run: build
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-bench: build
-	./$(BUILD_DIR)/bench/softkv_bench
+# Benchmarks side by side with their peers; writes bench/results/RESULTS.md (minutes, not a test).
+bench: deps
+	./scripts/bench.sh
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -28,6 +28,7 @@ class ByteWriter {
   }
   template <class T>
   void put_array(std::span<const T> values) {
+    if (values.empty()) return;  // nothing to copy (and no zero-length copy from a null pointer)
     const auto* p = reinterpret_cast<const std::byte*>(values.data());
     bytes_.insert(bytes_.end(), p, p + values.size_bytes());
   }

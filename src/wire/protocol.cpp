@@ -132,12 +132,13 @@ FrameScan scan_frame(std::span<const std::byte> buffer, std::uint32_t max_frame)
 }
 
 std::vector<std::byte> encode_frame(std::uint8_t opcode, std::uint64_t request_id, std::span<const std::byte> payload) {
-  ByteWriter w;
-  w.put(static_cast<std::uint32_t>(kFrameOverhead + payload.size()));
-  w.put(opcode);
-  w.put(request_id);
-  w.put_array(payload);
-  return std::move(w.bytes());
+  std::vector<std::byte> out(kLengthPrefix + kFrameOverhead + payload.size());  // the size is known: fill in place
+  const auto length = static_cast<std::uint32_t>(kFrameOverhead + payload.size());
+  std::memcpy(out.data(), &length, 4);
+  out[4] = std::byte{opcode};
+  std::memcpy(out.data() + 5, &request_id, 8);
+  if (!payload.empty()) std::memcpy(out.data() + kLengthPrefix + kFrameOverhead, payload.data(), payload.size());
+  return out;
 }
 
 Opcode opcode_of(const Request& request) {
