@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common.hpp"
 #include "softkv/softkv.hpp"
 
 namespace {
@@ -19,14 +20,7 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Fast uniform floats in [-1, 1).
-struct Xorshift {
-  std::uint64_t x;
-  float next() {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    return static_cast<float>(static_cast<double>(x >> 40) / static_cast<double>(1ull << 23) - 1.0);
-  }
-};
+using softkv::bench::Xorshift;
 
 // n keys in clusters of `per_cluster` around uniform centres, with noise 0.1 per coordinate.
 std::vector<float> clustered(std::size_t n, std::size_t d, std::size_t per_cluster, std::uint64_t seed) {

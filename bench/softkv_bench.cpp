@@ -19,35 +19,15 @@
 
 #include "baselines.hpp"
 #include "limits.hpp"
+#include "common.hpp"
 #include "softkv/softkv.hpp"
 
 namespace {
 
+using softkv::bench::median_ms;
 using Clock = std::chrono::steady_clock;
 
-// Median wall time of reps runs, in milliseconds (one untimed warm-up run first).
-double median_ms(int reps, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// Uniform floats in [-1, 1) from a xorshift generator: fast enough for a gigabyte.
-std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
-  std::vector<float> v(n);
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (float& f : v) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    f = static_cast<float>(static_cast<double>(x >> 40) / static_cast<double>(1ull << 23) - 1.0);
-  }
-  return v;
-}
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed) { return softkv::bench::uniform_floats(n, seed); }
 
 double max_diff(const float* a, const float* b, std::size_t n) {
   double m = 0;

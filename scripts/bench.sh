@@ -33,4 +33,5 @@ raw=$(mktemp)
   echo '```'
 } > "$raw"
 mv "$raw" "$out/RESULTS.md"
+chmod 644 "$out/RESULTS.md"  # mktemp creates it private
 echo "wrote $out/RESULTS.md"

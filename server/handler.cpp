@@ -4,18 +4,14 @@
 
 #include <string>
 
+#include "overloaded.hpp"
 #include "softkv/simd.hpp"
 #include "softkv/version.hpp"
 
 namespace softkv::server {
 namespace {
 
-template <class... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <class... F>
-Overloaded(F...) -> Overloaded<F...>;
+using detail::Overloaded;
 
 bool uses_index_or_contributors(const QueryOptions& o) { return o.top_m > 0 || o.top_k || o.epsilon; }
 

@@ -18,6 +18,7 @@
 
 #include "collection_impl.hpp"
 #include "storage/bytes.hpp"
+#include "storage/config_codec.hpp"
 #include "storage/file.hpp"
 #include "storage/snapshot.hpp"
 #include "storage/wal.hpp"
@@ -30,6 +31,8 @@ std::vector<std::byte> upsert_payload(std::string_view name, std::span<const std
 using detail::ByteReader;
 using detail::ByteWriter;
 using detail::RecordType;
+using detail::get_config;
+using detail::put_config;
 
 namespace {
 
@@ -99,34 +102,6 @@ std::span<const std::byte> unframe_index(std::span<const std::byte> bytes, std::
     return {};
   }
   return payload;
-}
-
-void put_config(ByteWriter& w, const CollectionConfig& c) {
-  w.put(std::uint64_t{c.dim});
-  w.put(std::uint64_t{c.value_dim});
-  w.put(static_cast<std::uint8_t>(c.metric));
-  w.put(static_cast<std::uint8_t>(c.scale.has_value()));
-  w.put(c.scale.value_or(0.0f));
-  w.put(static_cast<std::uint8_t>(c.index.kind));
-  for (std::size_t v : {c.index.hnsw_m, c.index.hnsw_ef_construction, c.index.ivf_nlist, c.index.ivf_train_size, c.index.auto_threshold})
-    w.put(std::uint64_t{v});
-  w.put(c.index.rebuild_fraction);
-}
-
-CollectionConfig get_config(ByteReader& r) {
-  CollectionConfig c;
-  c.dim = r.get<std::uint64_t>("dim");
-  c.value_dim = r.get<std::uint64_t>("value_dim");
-  c.metric = static_cast<Metric>(r.get<std::uint8_t>("metric"));
-  const bool has_scale = r.get<std::uint8_t>("scale flag") != 0;
-  const float scale = r.get<float>("scale");
-  if (has_scale) c.scale = scale;
-  c.index.kind = static_cast<IndexKind>(r.get<std::uint8_t>("index kind"));
-  for (std::size_t* v : {&c.index.hnsw_m, &c.index.hnsw_ef_construction, &c.index.ivf_nlist, &c.index.ivf_train_size,
-                         &c.index.auto_threshold})
-    *v = r.get<std::uint64_t>("index parameter");
-  c.index.rebuild_fraction = r.get<float>("rebuild fraction");
-  return c;
 }
 
 }  // namespace

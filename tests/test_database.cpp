@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "reference.hpp"
+#include "errors.hpp"
 #include "temp_dir.hpp"
 #include "softkv/softkv.hpp"
 #include "storage/file.hpp"
@@ -41,15 +42,7 @@ DatabaseOptions quiet(FsyncPolicy fsync = FsyncPolicy::never, std::uint64_t snap
   return o;
 }
 
-template <class F>
-ErrorCode error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return ErrorCode{};
-}
+using test::error_of;
 
 // Everything observable about a collection: entries in id order and a few query answers.
 struct Observed {

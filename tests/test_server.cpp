@@ -17,6 +17,7 @@
 #include "reference.hpp"
 #include "server.hpp"
 #include "softkv/softkv.hpp"
+#include "errors.hpp"
 #include "temp_dir.hpp"
 #include "wire/protocol.hpp"
 
@@ -119,15 +120,7 @@ wire::ErrorReply error_in(const std::vector<std::byte>& bytes) {
   return std::get<wire::ErrorReply>(wire::decode_reply(wire::Opcode::ping, scan.frame));
 }
 
-template <class F>
-ErrorCode error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return ErrorCode{};
-}
+using test::error_of;
 
 void fill(Client& c, const std::string& name, std::size_t n, std::size_t d, std::size_t dv, IndexKind index = IndexKind::exact) {
   CollectionConfig config{d, dv, Metric::dot, {}, {}};
