@@ -1,7 +1,8 @@
 // load_gen: closed-loop load on softkv-server over loopback — queries/s and p50/p99 latency.
 //
 // Each of --connections threads holds one connection and sends a hard query (the store's GET: one
-// key in, one value out) as soon as the previous answer arrives, for --seconds.
+// key in, one value out) -- or with --op ping the bare round trip -- as soon as the previous answer
+// arrives, for --seconds.
 // --setup creates the collection first (N = 1,000, d = 128 by default).
 #include <CLI/CLI.hpp>
 
@@ -9,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,12 +23,14 @@ int main(int argc, char** argv) {
   std::size_t connections = 16, n = 1000, d = 128;
   double seconds = 5;
   bool setup = false;
+  std::string op = "hard";
   app.add_option("--port", port);
   app.add_option("--connections", connections);
   app.add_option("--seconds", seconds);
   app.add_option("--n", n, "entries (with --setup)");
   app.add_option("--d", d, "dimension (with --setup)");
   app.add_flag("--setup", setup, "create and fill the collection 'load' first");
+  app.add_option("--op", op, "hard (a query) or ping (the round trip alone)")->check(CLI::IsMember({"hard", "ping"}));
   CLI11_PARSE(app, argc, argv);
   const softkv::ClientOptions options{"127.0.0.1", port};
   if (setup) {
@@ -44,7 +48,8 @@ int main(int argc, char** argv) {
       while (!go) std::this_thread::yield();
       const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
       for (auto now = std::chrono::steady_clock::now(); now < until; now = std::chrono::steady_clock::now()) {
-        (void)c.query_hard("load", q);
+        if (op == "ping") c.ping();
+        else (void)c.query_hard("load", q);
         latencies[t].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - now).count());
       }
     });
@@ -54,7 +59,7 @@ int main(int argc, char** argv) {
   std::vector<double> all;
   for (const auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
   std::sort(all.begin(), all.end());
-  std::printf("softkv hard query: connections %zu, %.0f requests/s, p50 %.1f us, p99 %.1f us\n", connections, all.size() / seconds,
+  std::printf("softkv %s: connections %zu, %.0f requests/s, p50 %.1f us, p99 %.1f us\n", op == "ping" ? "ping" : "hard query", connections, all.size() / seconds,
               all[all.size() / 2], all[std::min(all.size() - 1, all.size() * 99 / 100)]);
   return 0;
 }

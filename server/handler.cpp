@@ -2,6 +2,7 @@
 // so answers over TCP equal the library's bit for bit.
 #include "handler.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "overloaded.hpp"
@@ -53,6 +54,22 @@ wire::Reply Handler::query(const wire::Query& q) {
     reply.results.push_back(std::move(s));
   }
   return reply;
+}
+
+bool Handler::is_cheap(const wire::Request& request) const {
+  if (std::holds_alternative<wire::List>(request) || std::holds_alternative<wire::Describe>(request) ||
+      std::holds_alternative<wire::Get>(request) || std::holds_alternative<wire::Stats>(request))
+    return true;
+  const auto* q = std::get_if<wire::Query>(&request);
+  if (q == nullptr) return false;
+  try {
+    const auto c = db_.collection(q->name);
+    const std::size_t d = c->config().dim, dv = c->config().value_dim;
+    const std::size_t rows = std::max<std::size_t>(1, q->queries.size() / d);
+    return c->size() * (d + (q->kind == wire::QueryKind::soft ? dv : 0)) * rows <= kInlineFloats;
+  } catch (const Error&) {
+    return true;  // unknown collection: the error reply is cheap too
+  }
 }
 
 wire::Reply Handler::handle(const wire::Request& request) {

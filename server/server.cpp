@@ -1,9 +1,9 @@
 // The Asio front end: one coroutine per connection on its own strand; requests run on a worker pool.
 //
 // A session reads top to bottom: wait (idle timeout) for a frame's first byte, read the rest under
-// the frame deadline, check the length before allocating, decode, answer. Hello, auth and ping are
-// answered on the I/O thread; everything else runs on the workers, so a long scan never delays
-// another connection's ping.
+// the frame deadline, check the length before allocating, decode, answer. Hello, auth, ping, reads
+// and small scans (Handler::is_cheap) are answered on the I/O thread; writes and large scans run on
+// the workers, so a long scan never delays another connection's ping.
 #include "server.hpp"
 
 #include <boost/asio.hpp>
@@ -47,14 +47,19 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-// Reads exactly the buffer unless `until` passes first; false on timeout, error or close.
-awaitable<bool> read_until(tcp::socket& socket, asio::mutable_buffer buffer, Clock::time_point until) {
+// Reads whatever has arrived (at least one byte) unless `until` passes first; 0 on timeout, error or close.
+awaitable<std::size_t> read_some_until(tcp::socket& socket, asio::mutable_buffer buffer, Clock::time_point until) {
   asio::steady_timer timer(socket.get_executor(), until);
-  auto result = co_await (asio::async_read(socket, buffer, kNoThrow) || timer.async_wait(kNoThrow));
-  if (result.index() == 1) co_return false;
+  auto result = co_await (socket.async_read_some(buffer, kNoThrow) || timer.async_wait(kNoThrow));
+  if (result.index() == 1) co_return 0;
   const auto [ec, n] = std::get<0>(result);
-  co_return !ec;
+  co_return ec ? 0 : n;
 }
+
+// Receive buffers start small (many idle connections cost little) and grow only to hold a frame whose
+// length has already passed the limit check; a buffer grown past kKeepBuffer is released afterwards.
+constexpr std::size_t kInitialBuffer = 4096;
+constexpr std::size_t kKeepBuffer = 1 << 20;
 
 }  // namespace
 
@@ -177,51 +182,68 @@ class Server::Impl {
     --connections_;
   }
 
+  // Sends an error reply for a frame that cannot be served; the caller then closes the connection.
+  awaitable<void> refuse_frame(Connection& c, std::uint64_t id, ErrorCode code, const std::string& message) {
+    const auto bytes = wire::encode_reply(wire::Opcode::ping, id, wire::ErrorReply{code, message});
+    co_await send(c, bytes);
+  }
+
   awaitable<void> serve(Connection& c) {
     bool authenticated = config_.auth_token.empty();
-    std::vector<std::byte> frame;
+    // Unconsumed bytes are buffer[begin, end): whole frames are cut out of it with the codec, so one
+    // read can carry several pipelined requests and a request costs one read, not three.
+    std::vector<std::byte> buffer(kInitialBuffer);
+    std::size_t begin = 0, end = 0;
+    Clock::time_point frame_started{};  // when the first byte of the pending partial frame arrived
     while (!stopping_) {
-      // The first byte may take up to the idle timeout; the rest of the frame gets the frame deadline.
-      std::array<std::byte, wire::kLengthPrefix> prefix{};
-      if (!co_await read_until(c.socket, asio::buffer(prefix.data(), 1), Clock::now() + config_.idle_timeout)) co_return;
-      const auto deadline = Clock::now() + config_.frame_deadline;
-      if (!co_await read_until(c.socket, asio::buffer(prefix.data() + 1, prefix.size() - 1), deadline)) {
-        log("cut off a connection that did not finish a frame within the deadline");
+      const wire::FrameScan scan = wire::scan_frame(std::span(buffer).subspan(begin, end - begin), config_.max_frame);
+      if (scan.status == wire::FrameScan::Status::too_large) {  // decided from the 4-byte prefix: nothing allocated
+        co_await refuse_frame(c, 0, ErrorCode::frame_too_large, "frame of " + std::to_string(scan.claimed) +
+                                                                    " bytes exceeds the limit of " + std::to_string(config_.max_frame));
         co_return;
       }
-      std::uint32_t length = 0;
-      std::memcpy(&length, prefix.data(), 4);
-      if (length > config_.max_frame) {  // refused before anything is allocated
-        const auto bytes = wire::encode_reply(wire::Opcode::ping, 0,
-                                              wire::ErrorReply{ErrorCode::frame_too_large, "frame of " + std::to_string(length) +
-                                                                                               " bytes exceeds the limit of " +
-                                                                                               std::to_string(config_.max_frame)});
-        co_await send(c, bytes);
+      if (scan.status == wire::FrameScan::Status::malformed) {
+        co_await refuse_frame(c, 0, ErrorCode::protocol_error, "frame too short");
         co_return;
       }
-      if (length < wire::kFrameOverhead) {
-        const auto bytes = wire::encode_reply(wire::Opcode::ping, 0, wire::ErrorReply{ErrorCode::protocol_error, "frame too short"});
-        co_await send(c, bytes);
-        co_return;
+      if (scan.status == wire::FrameScan::Status::need_more) {
+        if (begin > 0) {  // move the partial frame to the front
+          std::memmove(buffer.data(), buffer.data() + begin, end - begin);
+          end -= begin;
+          begin = 0;
+        }
+        const std::size_t want = scan.claimed > 0 ? wire::kLengthPrefix + scan.claimed : wire::kLengthPrefix;
+        if (buffer.size() < want) buffer.resize(want);
+        if (end == buffer.size()) buffer.resize(buffer.size() * 2);
+        // An empty buffer waits up to the idle timeout; a started frame must finish by its deadline.
+        const auto until = end == 0 ? Clock::now() + config_.idle_timeout : frame_started + config_.frame_deadline;
+        const std::size_t n = co_await read_some_until(c.socket, asio::buffer(buffer.data() + end, buffer.size() - end), until);
+        if (n == 0) {
+          if (end > 0) log("cut off a connection that did not finish a frame within the deadline");
+          co_return;
+        }
+        if (end == 0) frame_started = Clock::now();
+        end += n;
+        continue;
       }
-      frame.resize(wire::kLengthPrefix + length);
-      std::memcpy(frame.data(), prefix.data(), prefix.size());
-      if (!co_await read_until(c.socket, asio::buffer(frame.data() + wire::kLengthPrefix, length), deadline)) {
-        log("cut off a connection that did not finish a frame within the deadline");
-        co_return;
-      }
-      const wire::FrameScan scan = wire::scan_frame(frame, config_.max_frame);
       const std::uint64_t id = scan.frame.request_id;
       wire::Request request;
       std::vector<std::byte> refusal;
       try {
-        request = wire::decode_request(scan.frame);
+        request = wire::decode_request(scan.frame);  // copies out of the buffer
       } catch (const Error& e) {  // unknown opcode or malformed payload: say why, then close
         refusal = wire::encode_reply(wire::Opcode::ping, id, wire::ErrorReply{e.code(), e.what()});
       }
       if (!refusal.empty()) {
         co_await send(c, refusal);
         co_return;
+      }
+      begin += scan.size;
+      if (begin == end) {
+        begin = end = 0;
+        if (buffer.size() > kKeepBuffer) buffer = std::vector<std::byte>(kInitialBuffer);  // a large frame is done
+      } else {
+        frame_started = Clock::now();  // the next frame's bytes are already here
       }
       const wire::Opcode op = wire::opcode_of(request);
       wire::Reply reply;
@@ -240,6 +262,8 @@ class Server::Impl {
         reply = wire::ErrorReply{ErrorCode::unauthenticated, "this server requires auth before any request but hello"};
       } else if (op == wire::Opcode::ping) {
         reply = wire::Ack{};
+      } else if (handler_.is_cheap(request)) {  // small scans and reads: no thread hop
+        reply = handler_.handle(request);
       } else {
         c.busy = true;
         reply = co_await asio::co_spawn(
