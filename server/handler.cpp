@@ -57,16 +57,30 @@ wire::Reply Handler::query(const wire::Query& q) {
 }
 
 bool Handler::is_cheap(const wire::Request& request) const {
-  if (std::holds_alternative<wire::List>(request) || std::holds_alternative<wire::Describe>(request) ||
-      std::holds_alternative<wire::Get>(request) || std::holds_alternative<wire::Stats>(request))
-    return true;
-  const auto* q = std::get_if<wire::Query>(&request);
-  if (q == nullptr) return false;
+  // Nothing here may wait: an I/O thread asks. So no collection lock (size_hint), and nothing that
+  // takes the database's write lock (stats). A collection's lock is writer-first, so even a small
+  // read could wait behind a writer that waits for a long scan: only small collections qualify,
+  // whose scans (and so any such wait) are short.
+  if (std::holds_alternative<wire::List>(request)) return true;
+  const std::string* name = nullptr;
+  std::size_t rows = 1;
+  bool soft = false;
+  if (const auto* q = std::get_if<wire::Query>(&request)) {
+    name = &q->name;
+    soft = q->kind == wire::QueryKind::soft;
+    rows = q->queries.size();  // divided by d below
+  } else if (const auto* g = std::get_if<wire::Get>(&request)) {
+    name = &g->name;
+  } else if (const auto* d = std::get_if<wire::Describe>(&request)) {
+    name = &d->name;
+  } else {
+    return false;
+  }
   try {
-    const auto c = db_.collection(q->name);
+    const auto c = db_.collection(*name);
     const std::size_t d = c->config().dim, dv = c->config().value_dim;
-    const std::size_t rows = std::max<std::size_t>(1, q->queries.size() / d);
-    return c->size() * (d + (q->kind == wire::QueryKind::soft ? dv : 0)) * rows <= kInlineFloats;
+    if (std::holds_alternative<wire::Query>(request)) rows = std::max<std::size_t>(1, rows / d);
+    return c->size_hint() * (d + (soft ? dv : 0)) * rows <= kInlineFloats;
   } catch (const Error&) {
     return true;  // unknown collection: the error reply is cheap too
   }

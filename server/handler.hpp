@@ -19,8 +19,9 @@ class Handler {
   /// The reply to one request; every softkv::Error becomes an ErrorReply with its code.
   wire::Reply handle(const wire::Request& request);
 
-  /// Whether a request is cheap enough to answer on an I/O thread: reads, and queries that scan at
-  /// most kInlineFloats floats. Writes (which may fsync) and larger scans go to the worker pool.
+  /// Whether a request is cheap enough to answer on an I/O thread without ever waiting long: list,
+  /// and queries, gets and describes on collections small enough that a scan reads at most
+  /// kInlineFloats floats. Writes (which may fsync), stats and larger scans go to the worker pool.
   [[nodiscard]] bool is_cheap(const wire::Request& request) const;
 
   /// Scan work (floats read) below which a query is answered inline: ~1 MiB, tens of microseconds,

@@ -42,6 +42,8 @@ Collection& Collection::operator=(Collection&&) noexcept = default;
 
 const CollectionConfig& Collection::config() const noexcept { return impl_->config_; }
 
+std::size_t Collection::size_hint() const noexcept { return impl_->size_hint_.load(std::memory_order_relaxed); }
+
 std::size_t Collection::size() const {
   std::shared_lock lock(impl_->mutex_);
   return impl_->ids_.size();
@@ -133,6 +135,7 @@ void Collection::remove(std::uint64_t id) {
   s.keys_.resize(last * d);
   s.values_.resize(last * dv);
   s.slot_of_.erase(it);
+  s.size_hint_.store(s.ids_.size(), std::memory_order_relaxed);
   if (s.index_) {
     s.index_->erase(id, s.span());
     s.start_build_if_due();

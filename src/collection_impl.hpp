@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -44,6 +45,7 @@ class Collection::Impl {
   std::unordered_map<std::uint64_t, std::size_t> slot_of_;
   std::uint64_t next_id_ = 0;
   std::unique_ptr<detail::PruningIndex> index_;  // null for IndexKind::exact; updated under the write lock
+  std::atomic<std::size_t> size_hint_{0};        // ids_.size(), published after each write (read without the lock)
   // Background index builds, one at a time; declared last so the thread is joined before the rest goes.
   std::mutex build_mutex_;
   std::condition_variable build_done_;
@@ -190,6 +192,7 @@ class Collection::Impl {
 
   // Tells the index about rows just written (keys as stored). Caller holds the write lock.
   void index_put(std::span<const std::uint64_t> ids, const float* keys) {
+    size_hint_.store(ids_.size(), std::memory_order_relaxed);
     if (!index_) return;
     index_->put(ids, keys, span());
     start_build_if_due();

@@ -331,6 +331,7 @@ class Database::Impl {
       if (!s.slot_of_.emplace(s.ids_[i], i).second)
         throw Error(ErrorCode::corrupt_file, "snapshot holds id " + std::to_string(s.ids_[i]) + " twice in '" + ci.name + "'");
     s.next_id_ = ci.next_id;
+    s.size_hint_.store(n);
     if (s.index_) load_or_rebuild_index(ci.name, s, sequence);
     collections_[ci.name] = std::move(c);
   }

@@ -59,6 +59,9 @@ TEST_CASE("add assigns increasing ids and get returns what was stored", "[collec
   c.upsert(100, k1, v1);
   const auto more = c.add_batch(std::vector<float>(8, 1.0f), std::vector<float>(4, 1.0f));
   CHECK(more == std::vector<std::uint64_t>{101, 102});
+  c.remove(id1);
+  CHECK(c.size_hint() == c.size());  // the lock-free count follows every write
+  CHECK(c.size() == 4);
 }
 
 TEST_CASE("upsert replaces by id and the old value never contributes", "[collection]") {

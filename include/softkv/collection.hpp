@@ -140,6 +140,8 @@ class Collection {
   [[nodiscard]] const CollectionConfig& config() const noexcept;
   /// Number of entries.
   [[nodiscard]] std::size_t size() const;
+  /// Number of entries without taking the lock (it never waits; it may lag a write in progress).
+  [[nodiscard]] std::size_t size_hint() const noexcept;
   /// Whether an entry has this id.
   [[nodiscard]] bool contains(std::uint64_t id) const;
   /// The entry with this id; throws Error(unknown_id).
