@@ -1,7 +1,7 @@
 """The Python peers of softkv_bench: numpy and PyTorch doing softmax(q K^T s) V and argmax, same sizes.
 
 Usage: python_peers.py [--n 1000000] [--d 128] [--dv 128] [--batch 64] [--reps 5]
-Prints one line per measurement; bench.sh puts them into RESULTS.md next to softkv_bench's.
+Prints one line per measurement; bench/run_bench.py puts them into RESULTS.md next to softkv_bench's.
 """
 import argparse
 import time

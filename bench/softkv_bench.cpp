@@ -25,9 +25,7 @@
 namespace {
 
 using softkv::bench::median_ms;
-using Clock = std::chrono::steady_clock;
-
-std::vector<float> random_floats(std::size_t n, std::uint64_t seed) { return softkv::bench::uniform_floats(n, seed); }
+using softkv::bench::uniform_floats;
 
 double max_diff(const float* a, const float* b, std::size_t n) {
   double m = 0;
@@ -71,8 +69,8 @@ int main(int argc, char** argv) {
               "OpenBLAS sgemm %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%u threads)\n\n",
               bw1, bw2, cores, gf1, gfn, cores);
 
-  const std::vector<float> keys = random_floats(n * d, 1), values = random_floats(n * dv, 2);
-  const std::vector<float> queries = random_floats(nq * d, 3);
+  const std::vector<float> keys = uniform_floats(n * d, 1), values = uniform_floats(n * dv, 2);
+  const std::vector<float> queries = uniform_floats(nq * d, 3);
   softkv::Collection c({d, dv, softkv::Metric::dot, {}});
   c.add_batch(keys, values);
   const float scale = c.resolve_scale({});

@@ -25,8 +25,6 @@
 
 namespace softkv {
 
-std::vector<std::byte> upsert_payload(std::string_view name, std::span<const std::uint64_t> ids, std::span<const float> keys,
-                                      std::span<const float> values);
 
 using detail::ByteReader;
 using detail::ByteWriter;
@@ -494,6 +492,8 @@ CollectionStats Database::stats(std::string_view name) const {
   return s;
 }
 
+namespace {
+
 // Payload of an upsert record: name, n, ids, keys as given (cosine normalises again on replay), values.
 std::vector<std::byte> upsert_payload(std::string_view name, std::span<const std::uint64_t> ids, std::span<const float> keys,
                                       std::span<const float> values) {
@@ -505,6 +505,8 @@ std::vector<std::byte> upsert_payload(std::string_view name, std::span<const std
   w.put_array(values);
   return std::move(w.bytes());
 }
+
+}  // namespace
 
 std::vector<std::uint64_t> Database::add(std::string_view name, std::span<const float> keys, std::span<const float> values) {
   const auto c = impl_->find(name);
