@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   std::string data = "./softkv-data", fsync = "always", token_file;
   softkv::server::ServerConfig config;
   std::uint64_t snapshot_mb = 64;
-  unsigned idle_s = 300, deadline_s = 10;
+  unsigned idle_s = 300, deadline_s = 10, reply_s = 30;
   app.add_option("--data", data, "data directory")->capture_default_str();
   app.add_option("--host", config.host, "bind address")->capture_default_str();
   app.add_option("--port", config.port, "port (0: any free port)")->capture_default_str();
@@ -44,10 +44,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-connections", config.max_connections, "connection limit")->capture_default_str();
   app.add_option("--idle-timeout", idle_s, "seconds before an idle connection is closed")->capture_default_str();
   app.add_option("--frame-deadline", deadline_s, "seconds to finish sending a started frame")->capture_default_str();
+  app.add_option("--reply-deadline", reply_s, "seconds a client may take to read a reply before it is disconnected")->capture_default_str();
   app.add_option("--snapshot-after-mb", snapshot_mb, "log megabytes between background snapshots (0: never)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   config.idle_timeout = std::chrono::seconds(idle_s);
   config.frame_deadline = std::chrono::seconds(deadline_s);
+  config.reply_deadline = std::chrono::seconds(reply_s);
   config.log = [](std::string_view line) { spdlog::info("{}", line); };
 
   if (!token_file.empty()) {

@@ -56,6 +56,18 @@ awaitable<std::size_t> read_some_until(tcp::socket& socket, asio::mutable_buffer
   co_return ec ? 0 : n;
 }
 
+enum class Written { all, failed, timed_out };
+
+// Writes all of bytes unless `until` passes first. After anything but `all` the caller closes: a
+// cancelled write leaves the stream in an unknown state.
+awaitable<Written> write_until(tcp::socket& socket, std::span<const std::byte> bytes, Clock::time_point until) {
+  asio::steady_timer timer(socket.get_executor(), until);
+  auto result = co_await (asio::async_write(socket, asio::buffer(bytes.data(), bytes.size()), kNoThrow) ||
+                          timer.async_wait(kNoThrow));
+  if (result.index() == 1) co_return Written::timed_out;
+  co_return std::get<0>(std::get<0>(result)) ? Written::failed : Written::all;
+}
+
 // Receive buffers start small (many idle connections cost little) and grow only to hold a frame whose
 // length has already passed the limit check; a buffer grown past kKeepBuffer is released afterwards.
 constexpr std::size_t kInitialBuffer = 4096;
@@ -160,13 +172,16 @@ class Server::Impl {
     const auto bytes = wire::encode_reply(wire::Opcode::hello, 0,
                                           wire::ErrorReply{ErrorCode::server_busy, "the server is at its connection limit of " +
                                                                                        std::to_string(config_.max_connections)});
-    co_await asio::async_write(socket, asio::buffer(bytes), kNoThrow);
+    co_await write_until(socket, bytes, Clock::now() + config_.reply_deadline);
     boost::system::error_code ec;
     socket.close(ec);
   }
 
-  awaitable<void> send(Connection& c, std::span<const std::byte> bytes) {
-    co_await asio::async_write(c.socket, asio::buffer(bytes.data(), bytes.size()), kNoThrow);
+  // Sends one reply; false if the client did not take it within the reply deadline (or the write failed).
+  awaitable<bool> send(Connection& c, std::span<const std::byte> bytes) {
+    const Written w = co_await write_until(c.socket, bytes, Clock::now() + config_.reply_deadline);
+    if (w == Written::timed_out) log("closing a connection that did not read its replies within the deadline");
+    co_return w == Written::all;
   }
 
   awaitable<void> session(std::shared_ptr<Connection> c) {
@@ -271,8 +286,7 @@ class Server::Impl {
         c.busy = false;
       }
       const auto bytes = wire::encode_reply(op, id, reply);
-      auto [ec, n] = co_await asio::async_write(c.socket, asio::buffer(bytes), kNoThrow);
-      if (ec || close_after) co_return;
+      if (!co_await send(c, bytes) || close_after) co_return;
     }
   }
 

@@ -24,6 +24,7 @@ struct ServerConfig {
   std::uint32_t max_connections = 1024; ///< beyond it: an error frame, then close
   std::chrono::milliseconds idle_timeout{300000};  ///< a connection silent this long is closed
   std::chrono::milliseconds frame_deadline{10000}; ///< time to deliver a frame once its first byte came
+  std::chrono::milliseconds reply_deadline{30000}; ///< time for a client to take a reply; a non-reader is closed
   std::function<void(std::string_view)> log;       ///< connection-level log lines (may be empty)
 };
 

@@ -315,6 +315,32 @@ TEST_CASE("bad input gets a typed error; the connection survives unless the fram
   }
 }
 
+TEST_CASE("a client that stops reading its replies is disconnected at the reply deadline", "[server]") {
+  server::ServerConfig config;
+  config.reply_deadline = 400ms;
+  RunningServer s(config);
+  Client client(s.client());
+  client.create_collection("wide", {4, 16384, Metric::dot, {}, {}});  // each get answers with a 64 KiB value
+  const std::uint64_t id = client.add("wide", test::normal_floats(4, 1), test::normal_floats(16384, 2)).at(0);
+  const std::size_t reply_bytes = wire::encode_reply(wire::Opcode::get, 1, wire::GetReply{client.get("wide", id)}).size();
+  const std::size_t requests = 500;   // ~32 MiB of replies: far more than the socket buffers hold
+  RawSocket raw(s.server->port());
+  std::vector<std::byte> pipelined;
+  for (std::size_t i = 0; i < requests; ++i) {
+    const auto f = wire::encode_request(wire::Get{"wide", id}, i + 1);
+    pipelined.insert(pipelined.end(), f.begin(), f.end());
+  }
+  raw.send(pipelined);
+  std::this_thread::sleep_for(1500ms);  // not reading: the server's write stalls, then its deadline passes
+  client.ping();                        // other connections are served meanwhile
+  const auto got = raw.read(requests * reply_bytes, 5s);
+  INFO("received " << got.size() << " of " << requests * reply_bytes << " reply bytes");
+  CHECK(got.size() < requests * reply_bytes);  // cut off before all replies were taken
+  CHECK(got.size() >= reply_bytes);            // but what fit in the buffers was sent
+  CHECK(raw.closed_within(1s));
+  CHECK(client.stats().connections == 1);
+}
+
 TEST_CASE("connections beyond the limit get an error frame", "[server]") {
   server::ServerConfig config;
   config.max_connections = 2;
