@@ -89,7 +89,7 @@ std::vector<SoftmaxState> soft_scan_batch_split(const KernelTable& k, const floa
     st.max.assign(nq, -std::numeric_limits<float>::infinity());
     st.sum.assign(nq, 0.0f);
     st.acc.assign(nq * dv, 0.0f);
-    std::vector<float> scratch(2 * kBatchChunk * kScanBlockRows);
+    std::vector<float> scratch(batch_scratch_floats(kBatchChunk, d));
     for (std::size_t b = 0; b < nq; b += kBatchChunk) {
       const std::size_t n = std::min(kBatchChunk, nq - b);
       k.soft_scan_batch(queries + b * d, n, scale, sub, st.max.data() + b, st.sum.data() + b,
@@ -115,7 +115,7 @@ std::vector<ArgMax> hard_scan_batch_split(const KernelTable& k, const float* que
   std::vector<std::vector<ArgMax>> part_best(parts, std::vector<ArgMax>(nq));
   ThreadPool::shared().run(parts, [&](std::size_t p) {
     const RowSpan sub = slice(span, p, parts);
-    std::vector<float> scratch(kBatchChunk * kScanBlockRows);
+    std::vector<float> scratch(batch_scratch_floats(kBatchChunk, d));
     for (std::size_t b = 0; b < nq; b += kBatchChunk) {
       const std::size_t n = std::min(kBatchChunk, nq - b);
       k.hard_scan_batch(queries + b * d, n, sub, part_best[p].data() + b, scratch.data());

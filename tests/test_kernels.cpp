@@ -152,7 +152,7 @@ TEST_CASE("extreme logits neither overflow nor produce NaN", "[kernels]") {
 TEST_CASE("batched kernels equal looped single queries", "[kernels]") {
   for (const KernelTable* k : all_paths()) {
     for (std::size_t d : {3u, 16u, 33u, 128u}) {
-      for (std::size_t nq : {1u, 3u, 4u, 9u, 70u}) {
+      for (std::size_t nq : {1u, 3u, 4u, 9u, 20u, 40u, 70u}) {  // 1 to 4 vectors of lanes, and a second chunk
         INFO("path " << k->name << ", d = " << d << ", nq = " << nq);
         const std::size_t dv = d + 5;
         Rows rows(700, d, dv, d + nq);

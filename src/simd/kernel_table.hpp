@@ -11,6 +11,17 @@ namespace softkv::detail {
 /// Rows a scan streams through in one block: keys and values of a block stay in L2 between passes.
 inline constexpr std::size_t kScanBlockRows = 256;
 
+/// Batched kernels keep B queries side by side in "lanes" (query b is lane b); the lane count is B
+/// rounded up to a multiple of this, so every instruction set's vectors tile it exactly.
+inline constexpr std::size_t kBatchLanes = 16;
+
+/// Lanes used for nq queries.
+constexpr std::size_t batch_lanes(std::size_t nq) { return (nq + kBatchLanes - 1) / kBatchLanes * kBatchLanes; }
+
+/// Floats of scratch a batched kernel needs for nq queries of dimension d: the transposed queries
+/// (d x lanes), one block of scores (kScanBlockRows x lanes) and two per-lane vectors.
+constexpr std::size_t batch_scratch_floats(std::size_t nq, std::size_t d) { return batch_lanes(nq) * (d + kScanBlockRows + 2); }
+
 /// A contiguous slice of a collection's storage (row-major keys and values).
 struct RowSpan {
   const float* keys = nullptr;     ///< rows x dim
@@ -51,14 +62,14 @@ struct KernelTable {
                     float* acc, ScoreSink* sink);
 
   /// The same for nq row-major queries at once; max, sum have nq entries, acc nq x value_dim.
-  /// scratch holds 2 * nq * kScanBlockRows floats.
+  /// scratch holds batch_scratch_floats(nq, dim) floats.
   void (*soft_scan_batch)(const float* queries, std::size_t nq, float scale, const RowSpan& span,
                           float* max, float* sum, float* acc, float* scratch);
 
   /// Argmax of q . k over span (keys only); ties go to the smaller id. Updates best in place.
   void (*hard_scan)(const float* query, const RowSpan& span, ArgMax& best);
 
-  /// The same for nq queries; best has nq entries; scratch holds nq * kScanBlockRows floats.
+  /// The same for nq queries; best has nq entries; scratch holds batch_scratch_floats(nq, dim) floats.
   void (*hard_scan_batch)(const float* queries, std::size_t nq, const RowSpan& span, ArgMax* best,
                           float* scratch);
 };

@@ -39,18 +39,42 @@ struct ScalarPrimitives {
     for (std::size_t i = 0; i < n; ++i) acc[i] += w * v[i];
   }
 
-  // s[b * ld + r] = q_b . k_r for nq queries and rows keys.
-  static void scores_block(const float* q, std::size_t nq, const float* k, std::size_t rows, std::size_t d,
-                           float* s, std::size_t ld) {
-    for (std::size_t b = 0; b < nq; ++b)
-      for (std::size_t r = 0; r < rows; ++r) s[b * ld + r] = dot(q + b * d, k + r * d, d);
+  // Batched blocks are lane-major: queries are lanes, qt is d x lanes, s is rows x lanes.
+
+  // s[r * lanes + b] = sum_i k[r * d + i] * qt[i * lanes + b].
+  static void scores_block(const float* qt, std::size_t lanes, const float* k, std::size_t rows, std::size_t d,
+                           float* s) {
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t b = 0; b < lanes; ++b) {
+        float dot = 0.0f;
+        for (std::size_t i = 0; i < d; ++i) dot += k[r * d + i] * qt[i * lanes + b];
+        s[r * lanes + b] = dot;
+      }
   }
 
-  // acc_b += sum_r w[b * ld + r] v_r for nq accumulators of dv floats.
-  static void blend_block(const float* w, std::size_t ld, std::size_t nq, const float* v, std::size_t rows,
+  // out[b] = max over the rows of s[r * lanes + b].
+  static void column_max(const float* s, std::size_t rows, std::size_t lanes, float* out) {
+    for (std::size_t b = 0; b < lanes; ++b) out[b] = -std::numeric_limits<float>::infinity();
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t b = 0; b < lanes; ++b) out[b] = s[r * lanes + b] > out[b] ? s[r * lanes + b] : out[b];
+  }
+
+  // s[r * lanes + b] = exp(s[r * lanes + b] - shift[b]) in place; sums[b] = the column's sum.
+  static void exp_columns(float* s, std::size_t rows, std::size_t lanes, const float* shift, float* sums) {
+    for (std::size_t b = 0; b < lanes; ++b) sums[b] = 0.0f;
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t b = 0; b < lanes; ++b) {
+        float& x = s[r * lanes + b];
+        x = std::exp(x - shift[b]);
+        sums[b] += x;
+      }
+  }
+
+  // acc[b * dv + c] += sum_r w[r * lanes + b] * v[r * dv + c] for the first nq lanes.
+  static void blend_block(const float* w, std::size_t lanes, std::size_t nq, const float* v, std::size_t rows,
                           std::size_t dv, float* acc) {
     for (std::size_t b = 0; b < nq; ++b)
-      for (std::size_t r = 0; r < rows; ++r) axpy(acc + b * dv, w[b * ld + r], v + r * dv, dv);
+      for (std::size_t r = 0; r < rows; ++r) axpy(acc + b * dv, w[r * lanes + b], v + r * dv, dv);
   }
 };
 

@@ -82,82 +82,114 @@ struct XsimdPrimitives {
     for (; i < n; ++i) acc[i] += w * v[i];
   }
 
-  // s[b * ld + r] = q_b . k_r. Register blocking: 4 queries x 2 keys share each load.
-  static void scores_block(const float* q, std::size_t nq, const float* k, std::size_t rows, std::size_t d,
-                           float* s, std::size_t ld) {
-    std::size_t b = 0;
-    for (; b + 4 <= nq; b += 4) {
-      const float* q0 = q + b * d;
-      std::size_t r = 0;
-      for (; r + 2 <= rows; r += 2) {
-        const float* k0 = k + r * d;
-        const float* k1 = k0 + d;
-        V c00(0.0f), c01(0.0f), c10(0.0f), c11(0.0f), c20(0.0f), c21(0.0f), c30(0.0f), c31(0.0f);
-        std::size_t i = 0;
-        for (; i + W <= d; i += W) {
-          const V x0 = load(k0 + i), x1 = load(k1 + i);
-          const V y0 = load(q0 + i), y1 = load(q0 + d + i), y2 = load(q0 + 2 * d + i), y3 = load(q0 + 3 * d + i);
-          c00 = xsimd::fma(y0, x0, c00), c01 = xsimd::fma(y0, x1, c01);
-          c10 = xsimd::fma(y1, x0, c10), c11 = xsimd::fma(y1, x1, c11);
-          c20 = xsimd::fma(y2, x0, c20), c21 = xsimd::fma(y2, x1, c21);
-          c30 = xsimd::fma(y3, x0, c30), c31 = xsimd::fma(y3, x1, c31);
-        }
-        float t[8] = {xsimd::hadd(c00), xsimd::hadd(c01), xsimd::hadd(c10), xsimd::hadd(c11),
-                      xsimd::hadd(c20), xsimd::hadd(c21), xsimd::hadd(c30), xsimd::hadd(c31)};
-        for (; i < d; ++i) {
-          for (std::size_t j = 0; j < 4; ++j) {
-            t[2 * j] += q0[j * d + i] * k0[i];
-            t[2 * j + 1] += q0[j * d + i] * k1[i];
-          }
-        }
-        for (std::size_t j = 0; j < 4; ++j) {
-          s[(b + j) * ld + r] = t[2 * j];
-          s[(b + j) * ld + r + 1] = t[2 * j + 1];
-        }
+  // Batched blocks are lane-major (queries are lanes; see primitives_scalar.hpp for the semantics).
+  // Both products are outer products on register tiles: no horizontal sums. A tile is kTileRows
+  // (key rows, or queries in the blend) x kTileVecs vectors of accumulators, sized to the register
+  // file: 32 vector registers (avx512) hold 4 x 4; with 16, avx2 uses 4 x 2, while sse2, whose
+  // broadcast takes two instructions and which has no FMA, does better with fewer rows: 2 x 4.
+  static constexpr std::size_t kTileRows = W == 4 ? 2 : 4;
+  static constexpr std::size_t kTileVecs = W == 8 ? 2 : 4;
+
+  // R rows x NV vectors of lanes: s[r][lanes] = sum_i k[r][i] * qt[i][lanes].
+  template <std::size_t R, std::size_t NV>
+  static void scores_tile(const float* qt, std::size_t lanes, const float* k, std::size_t d, float* s) {
+    V c[R][NV];
+    for (std::size_t r = 0; r < R; ++r)
+      for (std::size_t j = 0; j < NV; ++j) c[r][j] = V(0.0f);
+    for (std::size_t i = 0; i < d; ++i) {
+      V y[NV];
+      for (std::size_t j = 0; j < NV; ++j) y[j] = load(qt + i * lanes + j * W);
+      for (std::size_t r = 0; r < R; ++r) {
+        const V x(k[r * d + i]);
+        for (std::size_t j = 0; j < NV; ++j) c[r][j] = xsimd::fma(x, y[j], c[r][j]);
       }
-      for (; r < rows; ++r)
-        for (std::size_t j = 0; j < 4; ++j) s[(b + j) * ld + r] = dot(q0 + j * d, k + r * d, d);
     }
-    for (; b < nq; ++b)
-      for (std::size_t r = 0; r < rows; ++r) s[b * ld + r] = dot(q + b * d, k + r * d, d);
+    for (std::size_t r = 0; r < R; ++r)
+      for (std::size_t j = 0; j < NV; ++j) c[r][j].store_unaligned(s + r * lanes + j * W);
   }
 
-  // acc_b += sum_r w[b * ld + r] v_r. Register blocking: 4 accumulators x 2 vectors per value load.
-  static void blend_block(const float* w, std::size_t ld, std::size_t nq, const float* v, std::size_t rows,
-                          std::size_t dv, float* acc) {
-    std::size_t b = 0;
-    for (; b + 4 <= nq; b += 4) {
-      float* a = acc + b * dv;
-      const float* w0 = w + b * ld;
-      std::size_t c = 0;
-      for (; c + 2 * W <= dv; c += 2 * W) {
-        V a00 = load(a + c), a01 = load(a + c + W);
-        V a10 = load(a + dv + c), a11 = load(a + dv + c + W);
-        V a20 = load(a + 2 * dv + c), a21 = load(a + 2 * dv + c + W);
-        V a30 = load(a + 3 * dv + c), a31 = load(a + 3 * dv + c + W);
-        for (std::size_t r = 0; r < rows; ++r) {
-          const V x0 = load(v + r * dv + c), x1 = load(v + r * dv + c + W);
-          const V y0(w0[r]), y1(w0[ld + r]), y2(w0[2 * ld + r]), y3(w0[3 * ld + r]);
-          a00 = xsimd::fma(y0, x0, a00), a01 = xsimd::fma(y0, x1, a01);
-          a10 = xsimd::fma(y1, x0, a10), a11 = xsimd::fma(y1, x1, a11);
-          a20 = xsimd::fma(y2, x0, a20), a21 = xsimd::fma(y2, x1, a21);
-          a30 = xsimd::fma(y3, x0, a30), a31 = xsimd::fma(y3, x1, a31);
-        }
-        a00.store_unaligned(a + c), a01.store_unaligned(a + c + W);
-        a10.store_unaligned(a + dv + c), a11.store_unaligned(a + dv + c + W);
-        a20.store_unaligned(a + 2 * dv + c), a21.store_unaligned(a + 2 * dv + c + W);
-        a30.store_unaligned(a + 3 * dv + c), a31.store_unaligned(a + 3 * dv + c + W);
+  // R rows across all lanes: whole tiles, then the remaining 1..kTileVecs-1 vectors.
+  template <std::size_t R>
+  static void scores_rows(const float* qt, std::size_t lanes, const float* k, std::size_t d, float* s) {
+    const std::size_t vecs = lanes / W;
+    std::size_t v = 0;
+    for (; v + kTileVecs <= vecs; v += kTileVecs) scores_tile<R, kTileVecs>(qt + v * W, lanes, k, d, s + v * W);
+    const std::size_t left = vecs - v;
+    if (left == 1) scores_tile<R, 1>(qt + v * W, lanes, k, d, s + v * W);
+    if constexpr (kTileVecs > 2)
+      if (left == 2) scores_tile<R, 2>(qt + v * W, lanes, k, d, s + v * W);
+    if constexpr (kTileVecs > 3)
+      if (left == 3) scores_tile<R, 3>(qt + v * W, lanes, k, d, s + v * W);
+  }
+
+  static void scores_block(const float* qt, std::size_t lanes, const float* k, std::size_t rows, std::size_t d,
+                           float* s) {
+    std::size_t r = 0;
+    for (; r + kTileRows <= rows; r += kTileRows) scores_rows<kTileRows>(qt, lanes, k + r * d, d, s + r * lanes);
+    for (; r < rows; ++r) scores_rows<1>(qt, lanes, k + r * d, d, s + r * lanes);
+  }
+
+  static void column_max(const float* s, std::size_t rows, std::size_t lanes, float* out) {
+    for (std::size_t b = 0; b < lanes; b += W) {
+      V m(-std::numeric_limits<float>::infinity());
+      for (std::size_t r = 0; r < rows; ++r) m = xsimd::max(m, load(s + r * lanes + b));
+      m.store_unaligned(out + b);
+    }
+  }
+
+  static void exp_columns(float* s, std::size_t rows, std::size_t lanes, const float* shift, float* sums) {
+    for (std::size_t b = 0; b < lanes; b += W) {
+      const V sh = load(shift + b);
+      V total(0.0f);
+      for (std::size_t r = 0; r < rows; ++r) {
+        const V e = xsimd::exp(load(s + r * lanes + b) - sh);
+        e.store_unaligned(s + r * lanes + b);
+        total += e;
       }
-      if (c < dv) {  // the last dv % (2W) columns, one row at a time
-        for (std::size_t j = 0; j < 4; ++j)
-          for (std::size_t r = 0; r < rows; ++r) {
-            const float wr = w0[j * ld + r];
-            for (std::size_t cc = c; cc < dv; ++cc) a[j * dv + cc] += wr * v[r * dv + cc];
-          }
+      total.store_unaligned(sums + b);
+    }
+  }
+
+  // Q accumulators x CV vectors of columns, over all rows: acc[q][c..] += w[r][q] * v[r][c..].
+  template <std::size_t Q, std::size_t CV>
+  static void blend_tile(const float* w, std::size_t lanes, const float* v, std::size_t rows, std::size_t dv,
+                         float* acc) {
+    V a[Q][CV];
+    for (std::size_t q = 0; q < Q; ++q)
+      for (std::size_t j = 0; j < CV; ++j) a[q][j] = load(acc + q * dv + j * W);
+    for (std::size_t r = 0; r < rows; ++r) {
+      V x[CV];
+      for (std::size_t j = 0; j < CV; ++j) x[j] = load(v + r * dv + j * W);
+      for (std::size_t q = 0; q < Q; ++q) {
+        const V y(w[r * lanes + q]);
+        for (std::size_t j = 0; j < CV; ++j) a[q][j] = xsimd::fma(y, x[j], a[q][j]);
       }
     }
-    for (; b < nq; ++b)
-      for (std::size_t r = 0; r < rows; ++r) axpy(acc + b * dv, w[b * ld + r], v + r * dv, dv);
+    for (std::size_t q = 0; q < Q; ++q)
+      for (std::size_t j = 0; j < CV; ++j) a[q][j].store_unaligned(acc + q * dv + j * W);
+  }
+
+  // Q accumulators across all dv columns: whole tiles, single vectors, then a scalar tail.
+  template <std::size_t Q>
+  static void blend_queries(const float* w, std::size_t lanes, const float* v, std::size_t rows, std::size_t dv,
+                            float* acc) {
+    std::size_t c = 0;
+    for (; c + kTileVecs * W <= dv; c += kTileVecs * W) blend_tile<Q, kTileVecs>(w, lanes, v + c, rows, dv, acc + c);
+    for (; c + W <= dv; c += W) blend_tile<Q, 1>(w, lanes, v + c, rows, dv, acc + c);
+    for (; c < dv; ++c)
+      for (std::size_t q = 0; q < Q; ++q) {
+        float t = acc[q * dv + c];
+        for (std::size_t r = 0; r < rows; ++r) t += w[r * lanes + q] * v[r * dv + c];
+        acc[q * dv + c] = t;
+      }
+  }
+
+  static void blend_block(const float* w, std::size_t lanes, std::size_t nq, const float* v, std::size_t rows,
+                          std::size_t dv, float* acc) {
+    constexpr std::size_t Q = kTileRows;
+    std::size_t b = 0;
+    for (; b + Q <= nq; b += Q) blend_queries<Q>(w + b, lanes, v, rows, dv, acc + b * dv);
+    for (; b < nq; ++b) blend_queries<1>(w + b, lanes, v, rows, dv, acc + b * dv);
   }
 };
 

@@ -1,7 +1,8 @@
 // The scan algorithms, written once over a primitives policy P and instantiated per instruction set.
 //
-// P provides: dot, max, exp_shifted, scale, axpy, scores_block, blend_block (see
-// primitives_scalar.hpp for the reference semantics). Include this only from a kernels_*.cpp.
+// P provides: dot, max, exp_shifted, scale, axpy, and for the batched scans scores_block,
+// column_max, exp_columns, blend_block over lane-major blocks (see primitives_scalar.hpp for the
+// reference semantics). Include this only from a kernels_*.cpp.
 #pragma once
 
 #include <cmath>
@@ -44,25 +45,42 @@ void soft_scan(const float* q, float scale, const RowSpan& span, float& max, flo
   }
 }
 
-// nq queries: each block of keys and values is read once for all of them (compute-bound).
+// qt[i * lanes + b] = factor * q_b[i]: queries side by side in lanes; lanes past nq are zero.
+inline void transpose_queries(const float* q, std::size_t nq, std::size_t d, float factor, float* qt,
+                              std::size_t lanes) {
+  for (std::size_t i = 0; i < d; ++i) {
+    float* row = qt + i * lanes;
+    for (std::size_t b = 0; b < nq; ++b) row[b] = factor * q[b * d + i];
+    for (std::size_t b = nq; b < lanes; ++b) row[b] = 0.0f;
+  }
+}
+
+// nq queries: each block of keys and values is read once for all of them (compute-bound). The
+// queries sit in lanes, so scores come out as rows x lanes: the scale is folded into the queries
+// once, and the block max, the exponentials and their sums run down the columns with whole vectors.
 template <class P>
 void soft_scan_batch(const float* queries, std::size_t nq, float scale, const RowSpan& span, float* max,
                      float* sum, float* acc, float* scratch) {
   const std::size_t d = span.dim;
   const std::size_t dv = span.value_dim;
-  const std::size_t ld = kScanBlockRows;
-  float* scores = scratch;             // nq x ld
-  float* weights = scratch + nq * ld;  // nq x ld
+  const std::size_t lanes = batch_lanes(nq);
+  float* qt = scratch;                                  // d x lanes
+  float* scores = qt + d * lanes;                       // kScanBlockRows x lanes; exponentiated in place
+  float* shift = scores + kScanBlockRows * lanes;       // per lane: the running max (0 on padding lanes)
+  float* block = shift + lanes;                         // per lane: this block's max, then its sum
+  transpose_queries(queries, nq, d, scale, qt, lanes);
+  for (std::size_t b = 0; b < lanes; ++b) shift[b] = 0.0f;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    P::scores_block(queries, nq, span.keys + start * d, rows, d, scores, ld);
+    P::scores_block(qt, lanes, span.keys + start * d, rows, d, scores);
+    P::column_max(scores, rows, lanes, block);
     for (std::size_t b = 0; b < nq; ++b) {
-      float* s = scores + b * ld;
-      for (std::size_t r = 0; r < rows; ++r) s[r] *= scale;
-      raise_max<P>(P::max(s, rows), max[b], sum[b], acc + b * dv, dv);
-      sum[b] += P::exp_shifted(s, rows, max[b], weights + b * ld);
+      raise_max<P>(block[b], max[b], sum[b], acc + b * dv, dv);
+      shift[b] = max[b];
     }
-    P::blend_block(weights, ld, nq, span.values + start * dv, rows, dv, acc);
+    P::exp_columns(scores, rows, lanes, shift, block);
+    for (std::size_t b = 0; b < nq; ++b) sum[b] += block[b];
+    P::blend_block(scores, lanes, nq, span.values + start * dv, rows, dv, acc);
   }
 }
 
@@ -83,14 +101,15 @@ void hard_scan(const float* q, const RowSpan& span, ArgMax& best) {
 template <class P>
 void hard_scan_batch(const float* queries, std::size_t nq, const RowSpan& span, ArgMax* best, float* scratch) {
   const std::size_t d = span.dim;
-  const std::size_t ld = kScanBlockRows;
+  const std::size_t lanes = batch_lanes(nq);
+  float* qt = scratch;
+  float* scores = qt + d * lanes;
+  transpose_queries(queries, nq, d, 1.0f, qt, lanes);
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    P::scores_block(queries, nq, span.keys + start * d, rows, d, scratch, ld);
-    for (std::size_t b = 0; b < nq; ++b) {
-      const float* s = scratch + b * ld;
-      for (std::size_t r = 0; r < rows; ++r) offer_argmax(s[r], start + r, span.ids, best[b]);
-    }
+    P::scores_block(qt, lanes, span.keys + start * d, rows, d, scores);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t b = 0; b < nq; ++b) offer_argmax(scores[r * lanes + b], start + r, span.ids, best[b]);
   }
 }
 
