@@ -1,7 +1,9 @@
 // The Asio front end: one coroutine per connection on its own strand; requests run on a worker pool.
 //
 // A session reads top to bottom: wait (idle timeout) for a frame's first byte, read the rest under
-// the frame deadline, check the length before allocating, decode, answer. Hello, auth, ping, reads
+// the frame deadline, check the length before allocating, decode, answer (under the reply deadline).
+// The session's reads and writes carry no timers: it records what it is waiting for and since when,
+// and a watchdog on the same strand closes the socket once that wait is over its limit. Hello, auth, ping, reads
 // and small scans (Handler::is_cheap) are answered on the I/O thread; writes and large scans run on
 // the workers, so a long scan never delays another connection's ping.
 #include "server.hpp"
@@ -47,25 +49,10 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-// Reads whatever has arrived (at least one byte) unless `until` passes first; 0 on timeout, error or close.
-awaitable<std::size_t> read_some_until(tcp::socket& socket, asio::mutable_buffer buffer, Clock::time_point until) {
+// Writes all of bytes unless `until` passes first (for the one-shot refusal, which has no session).
+awaitable<void> write_until(tcp::socket& socket, std::span<const std::byte> bytes, Clock::time_point until) {
   asio::steady_timer timer(socket.get_executor(), until);
-  auto result = co_await (socket.async_read_some(buffer, kNoThrow) || timer.async_wait(kNoThrow));
-  if (result.index() == 1) co_return 0;
-  const auto [ec, n] = std::get<0>(result);
-  co_return ec ? 0 : n;
-}
-
-enum class Written { all, failed, timed_out };
-
-// Writes all of bytes unless `until` passes first. After anything but `all` the caller closes: a
-// cancelled write leaves the stream in an unknown state.
-awaitable<Written> write_until(tcp::socket& socket, std::span<const std::byte> bytes, Clock::time_point until) {
-  asio::steady_timer timer(socket.get_executor(), until);
-  auto result = co_await (asio::async_write(socket, asio::buffer(bytes.data(), bytes.size()), kNoThrow) ||
-                          timer.async_wait(kNoThrow));
-  if (result.index() == 1) co_return Written::timed_out;
-  co_return std::get<0>(std::get<0>(result)) ? Written::failed : Written::all;
+  co_await (asio::async_write(socket, asio::buffer(bytes.data(), bytes.size()), kNoThrow) || timer.async_wait(kNoThrow));
 }
 
 // Receive buffers start small (many idle connections cost little) and grow only to hold a frame whose
@@ -120,12 +107,48 @@ class Server::Impl {
   }
 
  private:
-  // One connection's state, shared between its coroutine and stop().
+  // One connection's state, shared between its session, its watchdog and stop(), all on its strand.
   struct Connection {
-    explicit Connection(tcp::socket s) : socket(std::move(s)) {}
+    explicit Connection(tcp::socket s) : socket(std::move(s)), watchdog(socket.get_executor()) {}
+    // What the session waits for: each but `request` has a limit, counted from `since`.
+    enum class Wait { idle, frame, reply, request };
     tcp::socket socket;
-    std::atomic<bool> busy{false};  // a request is running on the workers
+    asio::steady_timer watchdog;
+    Wait wait = Wait::idle;
+    Clock::time_point since = Clock::now();
+
+    void waiting(Wait w, Clock::time_point from = Clock::now()) {
+      wait = w;
+      since = from;
+    }
   };
+
+  Clock::time_point deadline_of(const Connection& c) const {
+    switch (c.wait) {
+      case Connection::Wait::idle: return c.since + config_.idle_timeout;
+      case Connection::Wait::frame: return c.since + config_.frame_deadline;
+      case Connection::Wait::reply: return c.since + config_.reply_deadline;
+      case Connection::Wait::request: break;
+    }
+    return Clock::time_point::max();  // the server is working on a request: no client limit applies
+  }
+
+  // Wakes at the current wait's deadline, or after a tick (a quarter of the shortest limit, 10 ms to
+  // 1 s) if that is sooner, because the session moves between waits without touching the timer.
+  // So a limit is enforced within one tick of its deadline, at no cost per request.
+  awaitable<void> watch(std::shared_ptr<Connection> c) {
+    const auto shortest = std::min({config_.idle_timeout, config_.frame_deadline, config_.reply_deadline});
+    const auto tick = std::clamp<Clock::duration>(shortest / 4, std::chrono::milliseconds(10), std::chrono::seconds(1));
+    while (c->socket.is_open()) {
+      c->watchdog.expires_at(std::min(deadline_of(*c), Clock::now() + tick));
+      co_await c->watchdog.async_wait(kNoThrow);
+      if (!c->socket.is_open() || Clock::now() < deadline_of(*c)) continue;
+      if (c->wait == Connection::Wait::frame) log("cut off a connection that did not finish a frame within the deadline");
+      if (c->wait == Connection::Wait::reply) log("closing a connection that did not read its replies within the deadline");
+      boost::system::error_code ignored;
+      c->socket.close(ignored);  // the session's pending read or write fails, and it ends
+    }
+  }
 
   void log(const std::string& line) const {
     if (config_.log) config_.log(line);
@@ -138,7 +161,9 @@ class Server::Impl {
     std::lock_guard lock(registry_mutex_);
     for (const auto& c : connections_set_)
       asio::post(c->socket.get_executor(), [c] {
-        if (!c->busy) {  // idle: wake its read; a busy one finishes its request, answers, then leaves
+        // A connection waiting to read is woken by the close; one working on a request, or handing
+        // over its reply, finishes that first and then leaves (the session loop checks stopping_).
+        if (c->wait == Connection::Wait::idle || c->wait == Connection::Wait::frame) {
           boost::system::error_code ignored;
           c->socket.close(ignored);
         }
@@ -177,14 +202,15 @@ class Server::Impl {
     socket.close(ec);
   }
 
-  // Sends one reply; false if the client did not take it within the reply deadline (or the write failed).
+  // Sends one reply; false if the write failed (or the watchdog closed the socket at the reply deadline).
   awaitable<bool> send(Connection& c, std::span<const std::byte> bytes) {
-    const Written w = co_await write_until(c.socket, bytes, Clock::now() + config_.reply_deadline);
-    if (w == Written::timed_out) log("closing a connection that did not read its replies within the deadline");
-    co_return w == Written::all;
+    c.waiting(Connection::Wait::reply);
+    auto [ec, n] = co_await asio::async_write(c.socket, asio::buffer(bytes.data(), bytes.size()), kNoThrow);
+    co_return !ec;
   }
 
   awaitable<void> session(std::shared_ptr<Connection> c) {
+    asio::co_spawn(c->socket.get_executor(), watch(c), asio::detached);
     try {
       co_await serve(*c);
     } catch (const std::exception& e) {  // never let one connection take the server down
@@ -192,6 +218,7 @@ class Server::Impl {
     }
     boost::system::error_code ec;
     c->socket.close(ec);
+    c->watchdog.cancel();
     std::lock_guard lock(registry_mutex_);
     connections_set_.erase(c);
     --connections_;
@@ -231,12 +258,10 @@ class Server::Impl {
         if (buffer.size() < want) buffer.resize(want);
         if (end == buffer.size()) buffer.resize(buffer.size() * 2);
         // An empty buffer waits up to the idle timeout; a started frame must finish by its deadline.
-        const auto until = end == 0 ? Clock::now() + config_.idle_timeout : frame_started + config_.frame_deadline;
-        const std::size_t n = co_await read_some_until(c.socket, asio::buffer(buffer.data() + end, buffer.size() - end), until);
-        if (n == 0) {
-          if (end > 0) log("cut off a connection that did not finish a frame within the deadline");
-          co_return;
-        }
+        if (end == 0) c.waiting(Connection::Wait::idle);
+        else c.waiting(Connection::Wait::frame, frame_started);
+        auto [ec, n] = co_await c.socket.async_read_some(asio::buffer(buffer.data() + end, buffer.size() - end), kNoThrow);
+        if (ec || n == 0) co_return;  // closed by the client, or by the watchdog
         if (end == 0) frame_started = Clock::now();
         end += n;
         continue;
@@ -280,10 +305,9 @@ class Server::Impl {
       } else if (handler_.is_cheap(request)) {  // small scans and reads: no thread hop
         reply = handler_.handle(request);
       } else {
-        c.busy = true;
+        c.waiting(Connection::Wait::request);
         reply = co_await asio::co_spawn(
             workers_, [&]() -> awaitable<wire::Reply> { co_return handler_.handle(request); }, asio::use_awaitable);
-        c.busy = false;
       }
       const auto bytes = wire::encode_reply(op, id, reply);
       if (!co_await send(c, bytes) || close_after) co_return;

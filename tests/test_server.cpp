@@ -341,6 +341,23 @@ TEST_CASE("a client that stops reading its replies is disconnected at the reply 
   CHECK(client.stats().connections == 1);
 }
 
+TEST_CASE("an idle connection is closed at the idle timeout; activity keeps it open", "[server]") {
+  server::ServerConfig config;
+  config.idle_timeout = 300ms;
+  RunningServer s(config);
+  RawSocket silent(s.server->port());
+  RawSocket active(s.server->port());
+  const auto ping = wire::encode_request(wire::Ping{}, 1);
+  for (int i = 0; i < 10; ++i) {  // 1 s of pings 100 ms apart: never idle for 300 ms
+    active.send(ping);
+    REQUIRE(active.frame());
+    std::this_thread::sleep_for(100ms);
+  }
+  CHECK(silent.closed_within(1s));  // already closed (300 ms, plus at most one 75 ms watchdog tick)
+  active.send(ping);
+  CHECK(active.frame());
+}
+
 TEST_CASE("connections beyond the limit get an error frame", "[server]") {
   server::ServerConfig config;
   config.max_connections = 2;
