@@ -1,21 +1,63 @@
 // load_gen: closed-loop load on softkv-server over loopback — queries/s and p50/p99 latency.
 //
-// Each of --connections threads holds one connection and sends a hard query (the store's GET: one
-// key in, one value out) -- or with --op ping the bare round trip -- as soon as the previous answer
-// arrives, for --seconds.
+// One thread runs an epoll loop over --connections non-blocking connections, the same client model
+// as redis-benchmark, so the two are compared at equal client cost. Each connection sends a hard
+// query (the store's GET: one key in, one value out) -- or with --op ping the bare round trip -- as
+// soon as the previous answer has fully arrived, for --seconds.
 // --setup creates the collection first (N = 1,000, d = 128 by default).
 #include <CLI/CLI.hpp>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common.hpp"
 #include "softkv/softkv.hpp"
+#include "wire/protocol.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int connect_nonblocking(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw std::runtime_error("cannot connect");
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+// One connection's request in flight: when it was sent and how much of the reply has arrived.
+struct Conn {
+  int fd = -1;
+  Clock::time_point sent;
+  std::vector<std::byte> reply;  // the reply so far
+};
+
+void send_all(int fd, const std::vector<std::byte>& bytes) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {  // a small request fits the socket buffer: this never loops in practice
+    const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (n <= 0) throw std::runtime_error("send failed");
+    done += std::size_t(n);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"load_gen: closed-loop hard queries against softkv-server"};
@@ -33,33 +75,65 @@ int main(int argc, char** argv) {
   app.add_option("--op", op, "hard (a query) or ping (the round trip alone)")->check(CLI::IsMember({"hard", "ping"}));
   CLI11_PARSE(app, argc, argv);
   const softkv::ClientOptions options{"127.0.0.1", port};
-  if (setup) {
+  {
     softkv::Client c(options);
-    if (c.list_collections().empty()) c.create_collection("load", {d, d, softkv::Metric::dot, {}, {}});
-    c.add("load", softkv::bench::uniform_floats(n * d, 1), softkv::bench::uniform_floats(n * d, 2));
+    if (setup) {
+      if (c.list_collections().empty()) c.create_collection("load", {d, d, softkv::Metric::dot, {}, {}});
+      c.add("load", softkv::bench::uniform_floats(n * d, 1), softkv::bench::uniform_floats(n * d, 2));
+    }
+    if (op == "hard") d = c.describe("load").dim;
   }
-  std::vector<std::vector<double>> latencies(connections);
-  std::atomic<bool> go{false};
-  std::vector<std::thread> threads;
-  for (std::size_t t = 0; t < connections; ++t) {
-    threads.emplace_back([&, t] {
-      softkv::Client c(options);
-      const auto q = softkv::bench::uniform_floats(d, 100 + t);
-      while (!go) std::this_thread::yield();
-      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-      for (auto now = std::chrono::steady_clock::now(); now < until; now = std::chrono::steady_clock::now()) {
-        if (op == "ping") c.ping();
-        else (void)c.query_hard("load", q);
-        latencies[t].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - now).count());
-      }
-    });
+  softkv::wire::Request request = softkv::wire::Ping{};
+  if (op == "hard") request = softkv::wire::Query{"load", softkv::wire::QueryKind::hard, {}, softkv::bench::uniform_floats(d, 100)};
+  const std::vector<std::byte> frame = softkv::wire::encode_request(request, 1);
+
+  const int ep = ::epoll_create1(0);
+  std::vector<Conn> conns(connections);
+  for (std::size_t i = 0; i < connections; ++i) {
+    conns[i].fd = connect_nonblocking(port);
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.u64 = i;
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, conns[i].fd, &e);
   }
-  go = true;
-  for (auto& th : threads) th.join();
-  std::vector<double> all;
-  for (const auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
-  std::sort(all.begin(), all.end());
-  std::printf("softkv %s: connections %zu, %.0f requests/s, p50 %.1f us, p99 %.1f us\n", op == "ping" ? "ping" : "hard query", connections, all.size() / seconds,
-              all[all.size() / 2], all[std::min(all.size() - 1, all.size() * 99 / 100)]);
+  std::vector<double> latencies;
+  latencies.reserve(std::size_t(seconds * 200000));
+  std::size_t errors = 0;
+  const auto until = Clock::now() + std::chrono::duration<double>(seconds);
+  for (auto& c : conns) {
+    c.sent = Clock::now();
+    send_all(c.fd, frame);
+  }
+  std::vector<epoll_event> events(connections);
+  std::byte buf[65536];
+  while (Clock::now() < until) {
+    const int ready = ::epoll_wait(ep, events.data(), int(events.size()), 100);
+    for (int k = 0; k < ready; ++k) {
+      Conn& c = conns[events[k].data.u64];
+      const ssize_t got = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (got <= 0) throw std::runtime_error("the server closed a connection");
+      c.reply.insert(c.reply.end(), buf, buf + got);
+      if (c.reply.size() < softkv::wire::kLengthPrefix) continue;
+      std::uint32_t length;
+      std::memcpy(&length, c.reply.data(), 4);
+      if (c.reply.size() < softkv::wire::kLengthPrefix + length) continue;
+      const auto now = Clock::now();  // one reply is whole (closed loop: never more than one)
+      latencies.push_back(std::chrono::duration<double, std::micro>(now - c.sent).count());
+      errors += static_cast<std::uint8_t>(c.reply[4]) == softkv::wire::kErrorOpcode;
+      c.reply.clear();
+      c.sent = now;
+      send_all(c.fd, frame);
+    }
+  }
+  for (auto& c : conns) ::close(c.fd);
+  ::close(ep);
+  if (latencies.empty() || errors > 0) {
+    std::fprintf(stderr, "load_gen: %zu replies, %zu of them errors\n", latencies.size(), errors);
+    return 1;
+  }
+  std::sort(latencies.begin(), latencies.end());
+  std::printf("softkv %s: connections %zu, %.0f requests/s, p50 %.1f us, p99 %.1f us\n", op == "ping" ? "ping" : "hard query", connections,
+              double(latencies.size()) / seconds, latencies[latencies.size() / 2],
+              latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)]);
   return 0;
 }
