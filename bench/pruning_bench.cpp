@@ -1,7 +1,7 @@
 // pruning_bench: pruned soft retrieval (flat, IVF, HNSW) against the exact scan on clustered data,
 // and the crossover size from which IVF beats the scan (the default of IndexConfig::auto_threshold).
 //
-// Usage: pruning_bench [--n 1000000] [--hnsw-n 100000] [--d 128] [--queries 200] [--nlist 4096] [--nprobe 8] [--crossover]
+// Usage: pruning_bench [--n 1000000] [--hnsw-n 100000] [--d 128] [--queries 200] [--nlist 4096] [--nprobe 8] [--kinds ivf flat hnsw] [--crossover]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -173,6 +173,7 @@ int main(int argc, char** argv) {
   float temperature = 0.1f;
   std::size_t nlist = 4096, nprobe = 8;
   bool only_crossover = false;
+  std::vector<std::string> kinds{"ivf", "flat", "hnsw"};
   app.add_option("--n", n, "entries for the exact, flat and IVF tables");
   app.add_option("--hnsw-n", hnsw_n, "entries for the HNSW table (HNSW builds slowly on 2 cores)");
   app.add_option("--d", d, "key and value dimension");
@@ -181,16 +182,20 @@ int main(int argc, char** argv) {
   app.add_option("--nlist", nlist, "IVF lists");
   app.add_option("--nprobe", nprobe, "IVF lists probed per query");
   app.add_flag("--crossover", only_crossover, "only measure the exact-vs-IVF crossover");
+  app.add_option("--kinds", kinds, "index kinds to measure")->check(CLI::IsMember({"ivf", "flat", "hnsw"}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::printf("softkv %s pruning bench, kernel path %s; clustered keys (clusters of 20), queries near stored keys\n",
               softkv::kVersion, std::string(softkv::simd_path()).c_str());
+  auto wanted = [&](const char* kind) { return std::find(kinds.begin(), kinds.end(), kind) != kinds.end(); };
   if (!only_crossover) {
     const std::string ivf = "ivf (nlist " + std::to_string(nlist) + ", nprobe " + std::to_string(nprobe) + ")";
-    pruned_table(ivf.c_str(), softkv::IndexKind::ivf, n, d, nq, temperature, nlist, nprobe);
-    pruned_table("flat (FAISS brute force)", softkv::IndexKind::flat, n, d, std::min<std::size_t>(nq, 50), temperature, nlist, nprobe);
-    pruned_table("hnsw (M 32, efConstruction 80, efSearch max(128, k))", softkv::IndexKind::hnsw, hnsw_n, d, nq, temperature,
-                 nlist, nprobe);
+    if (wanted("ivf")) pruned_table(ivf.c_str(), softkv::IndexKind::ivf, n, d, nq, temperature, nlist, nprobe);
+    if (wanted("flat"))
+      pruned_table("flat (FAISS brute force)", softkv::IndexKind::flat, n, d, std::min<std::size_t>(nq, 50), temperature, nlist, nprobe);
+    if (wanted("hnsw"))
+      pruned_table("hnsw (M 32, efConstruction 80, efSearch max(128, k))", softkv::IndexKind::hnsw, hnsw_n, d, nq, temperature,
+                   nlist, nprobe);
   }
-  crossover(d, 100);
+  if (only_crossover || kinds.size() == 3) crossover(d, 100);
   return 0;
 }

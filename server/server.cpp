@@ -3,9 +3,9 @@
 // A session reads top to bottom: wait (idle timeout) for a frame's first byte, read the rest under
 // the frame deadline, check the length before allocating, decode, answer (under the reply deadline).
 // The session's reads and writes carry no timers: it records what it is waiting for and since when,
-// and a watchdog on the same strand closes the socket once that wait is over its limit. Hello, auth, ping, reads
-// and small scans (Handler::is_cheap) are answered on the I/O thread; writes and large scans run on
-// the workers, so a long scan never delays another connection's ping.
+// and a watchdog on the same strand closes the socket once that wait is over its limit.
+// Hello, auth, ping, reads and small scans (Handler::is_cheap) are answered on the I/O thread;
+// writes and large scans run on the workers, so a long scan never delays another connection's ping.
 #include "server.hpp"
 
 #include <boost/asio.hpp>

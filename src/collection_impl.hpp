@@ -183,7 +183,7 @@ class Collection::Impl {
 
   // Rows of the index's candidates for query (live entries only).
   [[nodiscard]] std::vector<std::size_t> index_rows(const float* query, std::size_t k, const QueryOptions& options) const {
-    const std::vector<std::uint64_t> ids = index_->search(query, span(), {k, options.ef_search, options.nprobe});
+    const std::vector<std::uint64_t> ids = index_->search(query, span(), {k, options.ef_search, options.nprobe, parts_for(options, dim())});
     std::vector<std::size_t> rows;
     rows.reserve(ids.size());
     for (std::uint64_t id : ids) rows.push_back(slot_of_.at(id));

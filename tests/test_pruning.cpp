@@ -76,8 +76,9 @@ TEST_CASE("flat pruning equals the softmax over the true top-k and its bound cov
       if (clusters) for (std::size_t j = 0; j < d; ++j) q[j] += keys[(seed * 37 % n) * d + j];
       const float t = std::array<float, 3>{0.5f, 1.0f, 4.0f}[seed % 3];
       const std::size_t k = std::array<std::size_t, 4>{1, 16, 100, 333}[seed % 4];
-      INFO("clusters " << clusters << ", query " << seed << ", T = " << t << ", k = " << k);
-      const SoftResult r = c.query_soft(q, {.temperature = t, .top_m = k, .top_k = k});
+      const std::size_t threads = std::array<std::size_t, 3>{1, 2, 5}[(seed / 4) % 3];  // row slices the search is cut into
+      INFO("clusters " << clusters << ", query " << seed << ", T = " << t << ", k = " << k << ", threads " << threads);
+      const SoftResult r = c.query_soft(q, {.temperature = t, .top_m = k, .threads = threads, .top_k = k});
       const double scale = 1.0 / (std::sqrt(static_cast<double>(d)) * t);
       const TopKReference ref = top_k_reference(q, keys, values, n, d, dv, scale, k);
       CHECK(r.candidates == k);

@@ -2,8 +2,10 @@
 #include <faiss/utils/distances.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "index/pruning_index.hpp"
+#include "thread_pool.hpp"
 
 namespace softkv::detail {
 namespace {
@@ -17,17 +19,30 @@ class FlatIndex final : public PruningIndex {
   void put(std::span<const std::uint64_t>, const float*, const RowSpan&) override {}
   void erase(std::uint64_t, const RowSpan&) override {}
 
+  // The rows are cut into p.parts slices searched on the scan pool (each FAISS call on one OpenMP
+  // thread); the true top k is among the slices' top k, so merging them keeps the search exact.
   [[nodiscard]] std::vector<std::uint64_t> search(const float* query, const RowSpan& all,
                                                   const IndexSearch& p) const override {
     const std::size_t k = std::min(p.k, all.rows);
-    std::vector<float> scores(k);
-    std::vector<std::int64_t> rows(k);
-    OmpThreads one(1);  // one query, one thread: the scan pool owns the other cores
-    faiss::knn_inner_product(query, all.keys, all.dim, 1, all.rows, k, scores.data(), rows.data());
+    const std::size_t parts = std::clamp<std::size_t>(p.parts, 1, all.rows);
+    std::vector<float> scores(parts * k, -std::numeric_limits<float>::infinity());
+    std::vector<std::int64_t> rows(parts * k, -1);
+    ThreadPool::shared().run(parts, [&](std::size_t part) {
+      const std::size_t begin = all.rows * part / parts, end = all.rows * (part + 1) / parts;
+      const std::size_t kp = std::min(k, end - begin);
+      OmpThreads one(1);
+      faiss::knn_inner_product(query, all.keys + begin * all.dim, all.dim, 1, end - begin, kp, &scores[part * k], &rows[part * k]);
+      for (std::size_t j = 0; j < kp; ++j)
+        if (rows[part * k + j] >= 0) rows[part * k + j] += static_cast<std::int64_t>(begin);
+    });
+    std::vector<std::size_t> order(parts * k);
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                      [&](std::size_t a, std::size_t b) { return scores[a] > scores[b]; });
     std::vector<std::uint64_t> ids;
     ids.reserve(k);
-    for (std::int64_t r : rows)
-      if (r >= 0) ids.push_back(all.ids[r]);
+    for (std::size_t i = 0; i < k; ++i)
+      if (rows[order[i]] >= 0) ids.push_back(all.ids[rows[order[i]]]);
     return ids;
   }
 };

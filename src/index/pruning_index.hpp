@@ -17,6 +17,7 @@ struct IndexSearch {
   std::size_t k = 0;          ///< candidates wanted
   std::size_t ef_search = 64; ///< HNSW candidate list
   std::size_t nprobe = 16;    ///< IVF lists visited
+  std::size_t parts = 1;      ///< row slices an exhaustive (flat) search runs in parallel
 };
 
 /// A (re)build prepared under the collection's lock and run without it.

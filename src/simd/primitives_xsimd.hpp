@@ -7,12 +7,15 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "kernel_table.hpp"
+
 namespace softkv::detail {
 
 template <class Arch>
 struct XsimdPrimitives {
   using V = xsimd::batch<float, Arch>;
   static constexpr std::size_t W = V::size;
+  static_assert(kBatchLanes % W == 0, "batched kernels step through the lanes a whole vector at a time");
 
   static V load(const float* p) { return V::load_unaligned(p); }
 
