@@ -204,28 +204,42 @@ class Database::Impl {
   }
 
   // ---- snapshots ----
+  // Writers wait only while the image is copied and the log is rotated; the image is encoded, written
+  // and fsynced while writes go on into the new segment (queries never wait). The old segments are
+  // deleted once the snapshot covering them is durable; a crash before that finds the previous
+  // snapshot and every segment, and replays them.
   void snapshot() {
-    std::lock_guard lock(write_mutex_);  // writers wait; queries do not
+    std::lock_guard one_at_a_time(snapshot_mutex_);
     detail::SnapshotImage image;
-    image.sequence = sequence_;
     std::map<std::string, std::vector<std::byte>> indexes;  // name -> saved FAISS index
+    std::uint64_t next = 0;
     {
-      std::shared_lock map_lock(map_mutex_);
-      for (const auto& [name, c] : collections_) {
-        detail::CollectionImage ci;
-        ci.name = name;
-        ci.config = c->config();
-        const Collection::Impl& s = *c->impl_;
-        std::shared_lock entries_lock(s.mutex_);
-        ci.next_id = s.next_id_;
-        ci.ids = s.ids_;
-        ci.keys.assign(s.keys_.begin(), s.keys_.end());
-        ci.values.assign(s.values_.begin(), s.values_.end());
-        if (s.index_) {
-          if (auto saved = s.index_->save(); !saved.empty()) indexes[name] = std::move(saved);
+      std::lock_guard lock(write_mutex_);
+      image.sequence = sequence_;
+      {
+        std::shared_lock map_lock(map_mutex_);
+        for (const auto& [name, c] : collections_) {
+          detail::CollectionImage ci;
+          ci.name = name;
+          ci.config = c->config();
+          const Collection::Impl& s = *c->impl_;
+          std::shared_lock entries_lock(s.mutex_);
+          ci.next_id = s.next_id_;
+          ci.ids = s.ids_;
+          ci.keys.assign(s.keys_.begin(), s.keys_.end());
+          ci.values.assign(s.values_.begin(), s.values_.end());
+          if (s.index_) {
+            if (auto saved = s.index_->save(); !saved.empty()) indexes[name] = std::move(saved);
+          }
+          image.collections.push_back(std::move(ci));
         }
-        image.collections.push_back(std::move(ci));
       }
+      // Records after the image go to a new segment, so the old ones hold nothing the snapshot lacks.
+      log_->wait_durable(log_->appended());
+      next = sequence_ + 1;
+      log_ = std::make_shared<detail::LogWriter>(dir_ / segment_name(next), 0);
+      detail::sync_directory(dir_);
+      bytes_since_snapshot_ = 0;
     }
     // Index files first: a crash before the snapshot's rename leaves them marked with a sequence the
     // old snapshot does not have, so they are treated as stale and rebuilt, never trusted.
@@ -239,17 +253,9 @@ class Database::Impl {
         std::filesystem::remove(e.path());
     }
     snapshot_sizes(image);
-    // The snapshot covers every record so far: start a new segment and delete the old ones.
-    log_->wait_durable(log_->appended());
-    const std::uint64_t next = sequence_ + 1;
-    auto fresh = std::make_shared<detail::LogWriter>(dir_ / segment_name(next), 0);
+    for (const auto& [first, path] : segments())
+      if (first < next) std::filesystem::remove(path);  // wholly covered by the snapshot
     detail::sync_directory(dir_);
-    const std::filesystem::path keep = fresh->path();
-    log_ = std::move(fresh);
-    for (const auto& seg : segments())
-      if (seg.second != keep) std::filesystem::remove(seg.second);
-    detail::sync_directory(dir_);
-    bytes_since_snapshot_ = 0;
     options_.log("snapshot at sequence " + std::to_string(image.sequence) + ": " + std::to_string(bytes.size()) + " bytes");
   }
 
@@ -422,6 +428,7 @@ class Database::Impl {
   std::uint64_t sequence_ = 0;           // last logged sequence number
   std::shared_ptr<detail::LogWriter> log_;
   std::uint64_t bytes_since_snapshot_ = 0;
+  std::mutex snapshot_mutex_;  // one snapshot at a time (taken before write_mutex_, never after)
   std::atomic<bool> failed_{false};
   mutable std::mutex sizes_mutex_;
   std::map<std::string, std::uint64_t, std::less<>> disk_bytes_;

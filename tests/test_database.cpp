@@ -332,6 +332,43 @@ TEST_CASE("background snapshots bound the log and lose nothing", "[database]") {
   CHECK(observe(db, "dots") == before);
 }
 
+TEST_CASE("a snapshot holds writers only while it copies, and what they wrote meanwhile survives", "[database][timing]") {
+  TempDir dir;
+  const std::size_t n = 100000, d = 128;  // ~100 MB of keys and values to encode, write and fsync
+  std::uint64_t written = 0;
+  double snapshot_ms = 0, longest_write_ms = 0;
+  {
+    Database db(dir.path, quiet());
+    db.create_collection("big", {d, d, Metric::dot, {}, {}});
+    db.add("big", test::normal_floats(n * d, 1), test::normal_floats(n * d, 2));
+    db.create_collection("small", {2, 1, Metric::dot, {}, {}});
+    std::atomic<bool> started{false}, done{false};
+    std::thread writer([&] {
+      while (!done) {
+        const auto t0 = std::chrono::steady_clock::now();
+        db.add("small", std::vector<float>{1, float(written)}, std::vector<float>{float(written)});
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (started) longest_write_ms = std::max(longest_write_ms, ms);
+        ++written;
+        started = true;
+      }
+    });
+    while (!started) std::this_thread::yield();
+    const auto t0 = std::chrono::steady_clock::now();
+    db.snapshot();
+    snapshot_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    done = true;
+    writer.join();
+    INFO("snapshot " << snapshot_ms << " ms; longest write meanwhile " << longest_write_ms << " ms; " << written << " writes");
+    CHECK(snapshot_ms > 100);                       // long enough for the comparison to mean something
+    CHECK(longest_write_ms < 0.5 * snapshot_ms);   // writers waited for the copy, not the encoding and the disk
+    CHECK(written > 10);
+  }
+  Database db(dir.path, quiet());  // the snapshot plus the new segment: every write is there
+  CHECK(db.collection("big")->size() == n);
+  CHECK(db.collection("small")->size() == written);
+}
+
 TEST_CASE("concurrent writers with fsync=always all land", "[database][concurrency]") {
   TempDir dir;
   {

@@ -82,7 +82,8 @@ class Database {
   /// Removes entries by id; throws Error(unknown_id) (removing nothing) if any id is absent.
   void remove(std::string_view name, std::span<const std::uint64_t> ids);
 
-  /// Writes a snapshot of every collection now and truncates the log it covers.
+  /// Writes a snapshot of every collection now and deletes the log it covers. Queries never wait for
+  /// it; writers wait only while the collections are copied, not while the copy is encoded and written.
   void snapshot();
   /// Forces everything logged so far to stable storage (useful with everysec or never).
   void sync();
