@@ -254,7 +254,7 @@ TEST_CASE("a long scan on one connection does not delay pings on another", "[ser
   CHECK(ms[45] < 25.0);          // p90 of pings stays far below one scan
 }
 
-TEST_CASE("bad input gets a typed error; the connection survives unless the frame itself is bad", "[server]") {
+TEST_CASE("bad input gets a typed error, and the connection survives unless the frame itself is bad", "[server]") {
   server::ServerConfig config;
   config.max_frame = 1 << 20;
   config.frame_deadline = 300ms;
@@ -341,7 +341,7 @@ TEST_CASE("a client that stops reading its replies is disconnected at the reply 
   CHECK(client.stats().connections == 1);
 }
 
-TEST_CASE("an idle connection is closed at the idle timeout; activity keeps it open", "[server]") {
+TEST_CASE("an idle connection is closed at the idle timeout while activity keeps one open", "[server]") {
   server::ServerConfig config;
   config.idle_timeout = 300ms;
   RunningServer s(config);
