@@ -108,11 +108,7 @@ void Collection::upsert_batch(std::span<const std::uint64_t> ids, std::span<cons
   std::vector<float> buffer;
   std::size_t n = 0;
   const std::span<const float> prepared = impl_->validate_rows(keys, values, &ids, buffer, n);
-  std::unique_lock lock(impl_->mutex_);
-  impl_->reserve_more(n);
-  for (std::size_t r = 0; r < n; ++r)
-    impl_->put(ids[r], prepared.data() + r * impl_->dim(), values.data() + r * impl_->value_dim());
-  impl_->index_put(ids, prepared.data());
+  impl_->store_rows(ids, prepared.data(), values.data());
 }
 
 void Collection::remove(std::uint64_t id) {

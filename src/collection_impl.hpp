@@ -105,13 +105,12 @@ class Collection::Impl {
     return prepare_keys(keys, buffer, "key");
   }
 
-  // The same checks for callers that only need to know the batch is valid (the database, before logging).
-  std::size_t validate_rows(std::span<const float> keys, std::span<const float> values,
-                            std::span<const std::uint64_t> ids = {}, bool with_ids = false) const {
-    std::vector<float> buffer;
-    std::size_t n = 0;
-    validate_rows(keys, values, with_ids ? &ids : nullptr, buffer, n);
-    return n;
+  // Stores rows that validate_rows accepted (keys as it prepared them): inserts or replaces each id.
+  void store_rows(std::span<const std::uint64_t> ids, const float* keys, const float* values) {
+    std::unique_lock lock(mutex_);
+    reserve_more(ids.size());
+    for (std::size_t r = 0; r < ids.size(); ++r) put(ids[r], keys + r * dim(), values + r * value_dim());
+    index_put(ids, keys);
   }
 
   // The id add() assigns next.

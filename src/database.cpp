@@ -517,7 +517,9 @@ std::vector<std::byte> upsert_payload(std::string_view name, std::span<const std
 
 std::vector<std::uint64_t> Database::add(std::string_view name, std::span<const float> keys, std::span<const float> values) {
   const auto c = impl_->find(name);
-  const std::size_t n = c->impl_->validate_rows(keys, values);
+  std::vector<float> buffer;  // the keys as stored (normalised for cosine); the log keeps them as given
+  std::size_t n = 0;
+  const std::span<const float> prepared = c->impl_->validate_rows(keys, values, nullptr, buffer, n);
   std::vector<std::uint64_t> ids(n);
   impl_->commit(
       RecordType::upsert,
@@ -527,17 +529,19 @@ std::vector<std::uint64_t> Database::add(std::string_view name, std::span<const 
         for (std::size_t i = 0; i < n; ++i) ids[i] = first + i;
         return upsert_payload(name, ids, keys, values);
       },
-      [&] { c->upsert_batch(ids, keys, values); });
+      [&] { c->impl_->store_rows(ids, prepared.data(), values.data()); });
   return ids;
 }
 
 void Database::upsert(std::string_view name, std::span<const std::uint64_t> ids, std::span<const float> keys,
                       std::span<const float> values) {
   const auto c = impl_->find(name);
-  c->impl_->validate_rows(keys, values, ids, true);
+  std::vector<float> buffer;
+  std::size_t n = 0;
+  const std::span<const float> prepared = c->impl_->validate_rows(keys, values, &ids, buffer, n);
   impl_->commit(
       RecordType::upsert, [&] { return upsert_payload(name, ids, keys, values); },
-      [&] { c->upsert_batch(ids, keys, values); });
+      [&] { c->impl_->store_rows(ids, prepared.data(), values.data()); });
 }
 
 void Database::remove(std::string_view name, std::span<const std::uint64_t> ids) {
