@@ -93,6 +93,17 @@ def server_section(build, seconds):
     return results
 
 
+def finish_plot(fig, ax, xlabel, ylabel, title, path):
+    """Labels a log-log figure the way both plots are labelled, and writes it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def plot(path_n, path_prune, sizes, soft, py, prune_text):
     import matplotlib
     matplotlib.use("Agg")
@@ -107,13 +118,7 @@ def plot(path_n, path_prune, sizes, soft, py, prune_text):
             series[name] = vals
     for name, vals in series.items():
         ax.loglog(sizes, vals, marker="o", label=name)
-    ax.set_xlabel("entries N (d = dv = 128)")
-    ax.set_ylabel("exact soft query latency, ms")
-    ax.set_title("Exact soft retrieval, one query")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path_n, dpi=120)
+    finish_plot(fig, ax, "entries N (d = dv = 128)", "exact soft query latency, ms", "Exact soft retrieval, one query", path_n)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     curves, current = {}, None
     for line in prune_text.splitlines():
@@ -127,13 +132,8 @@ def plot(path_n, path_prune, sizes, soft, py, prune_text):
         ax.loglog([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
         for speed, err, k in points:
             ax.annotate(f"k={k}", (speed, err), fontsize=7)
-    ax.set_xlabel("speed-up over the exact scan")
-    ax.set_ylabel("relative L2 error of the output")
-    ax.set_title("Pruned soft retrieval: error vs speed-up (clustered data)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path_prune, dpi=120)
+    finish_plot(fig, ax, "speed-up over the exact scan", "relative L2 error of the output",
+                "Pruned soft retrieval: error vs speed-up (clustered data)", path_prune)
 
 
 def main():

@@ -224,17 +224,17 @@ TEST_CASE("abuse: slow senders are cut off without hurting a normal client", "[s
     return a;
   };
   auto within = [](const Attempt& a) { return a.loaded <= 2 * a.unloaded + 0.2; };  // 0.2 ms: timer resolution
-  Attempt best{};
+  Attempt last{};  // the attempt that met the bound, or the third
   for (int i = 0; i < 3; ++i) {
     const Attempt a = attempt();
     WARN("200 slow senders, attempt " << i + 1 << ": ping p99 " << a.unloaded << " ms unloaded, " << a.loaded
                                       << " ms loaded; " << a.closed << " cut off");
     CHECK(a.closed == 200);
     CHECK(a.loaded < 100);  // never stalled anywhere near the frame deadline, in any build
-    best = a;
+    last = a;
     if (within(a)) break;
   }
-  CHECK(within(best));
+  CHECK(within(last));
   normal.ping();
 }
 
