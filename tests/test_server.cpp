@@ -423,7 +423,8 @@ TEST_CASE("a frame over the limit: the error reaches the C++ client, locally or 
   RunningServer s(config);
   Client setup(s.client());
   setup.create_collection("c", {4, 4, Metric::dot, {}, {}});
-  const auto keys = test::normal_floats(4 * 100000, 1), values = test::normal_floats(4 * 100000, 2);  // a 3.2 MB add
+  // A 32 MB add: far more than the socket buffers hold, so a server that closed without reading would reset the connection.
+  const std::vector<float> keys(4 * 1000000, 1.0f), values(4 * 1000000, 2.0f);
 
   // A client that knows the limit refuses before sending anything, and stays usable.
   ClientOptions knows = s.client();

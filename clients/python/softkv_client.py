@@ -35,6 +35,7 @@ ERROR_NAMES = {
     1: "dimension_mismatch", 2: "empty_collection", 3: "non_finite", 4: "unknown_id", 5: "invalid_argument",
     6: "unknown_collection", 7: "collection_exists", 8: "corrupt_file", 9: "io_error", 10: "frame_too_large",
     11: "protocol_error", 12: "unsupported", 13: "numeric_overflow", 14: "unauthenticated", 15: "server_busy",
+    16: "resource_exhausted", 17: "internal_error",
 }
 
 
@@ -172,10 +173,15 @@ class Client:
     def _call(self, op: str, payload: _Writer) -> _Reader:
         self.next_id += 1
         body = payload.bytes()
+        if 9 + len(body) > self.max_frame:  # the server's own check, made before sending: the connection stays usable
+            raise SoftkvError(10, f"request frame of {9 + len(body)} bytes exceeds the limit of {self.max_frame} "
+                                  "(max_frame; the server's --max-frame)")
         self.sock.sendall(struct.pack("<IBQ", 9 + len(body), _OP[op], self.next_id) + body)
         (length,) = struct.unpack("<I", self._recv_exact(4))
-        if length < 9 or length > self.max_frame:
-            raise SoftkvError(10, f"reply frame of {length} bytes")
+        if length > self.max_frame:
+            raise SoftkvError(10, f"reply frame of {length} bytes exceeds the limit of {self.max_frame}")
+        if length < 9:
+            raise SoftkvError(11, f"reply frame length {length} is shorter than a frame header")
         frame = self._recv_exact(length)
         opcode, request_id = struct.unpack_from("<BQ", frame)
         r = _Reader(frame[9:])
