@@ -113,12 +113,22 @@ wire::Reply Handler::handle(const wire::Request& request) {
             },
         },
         request);
+  } catch (...) {
+    return current_error_reply();
+  }
+}
+
+wire::ErrorReply current_error_reply() {
+  try {
+    throw;
   } catch (const Error& e) {
     return wire::ErrorReply{e.code(), e.what()};
   } catch (const std::bad_alloc&) {  // a resource limit, not the caller's mistake
     return wire::ErrorReply{ErrorCode::resource_exhausted, "the request needs more memory than the server could allocate"};
   } catch (const std::exception& e) {  // anything else escaping the engine is a bug: say so, and keep serving
     return wire::ErrorReply{ErrorCode::internal_error, std::string("internal error (please report): ") + e.what()};
+  } catch (...) {
+    return wire::ErrorReply{ErrorCode::internal_error, "internal error (please report): an exception of unknown type"};
   }
 }
 

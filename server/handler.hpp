@@ -38,4 +38,9 @@ class Handler {
   std::atomic<std::uint64_t> requests_{0};
 };
 
+/// The error reply for the exception being handled (call only inside a catch block): a softkv::Error
+/// keeps its code, std::bad_alloc is resource_exhausted, anything else is a broken invariant
+/// (internal_error, the message saying so).
+wire::ErrorReply current_error_reply();
+
 }  // namespace softkv::server

@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "handler.hpp"
 #include "reference.hpp"
 #include "server.hpp"
 #include "softkv/softkv.hpp"
@@ -543,4 +544,26 @@ TEST_CASE("error messages are valid UTF-8 even when they echo invalid request by
   const auto f = raw.frame();
   REQUIRE(f);
   CHECK(error_in(*f).message.find("'f\\xE3'") != std::string::npos);
+}
+
+TEST_CASE("error tiers on the wire: caller mistakes keep their code, bad_alloc is a resource error, the rest internal", "[server]") {
+  auto reply_for = [](auto thrower) {
+    try {
+      thrower();
+    } catch (...) {
+      return server::current_error_reply();
+    }
+    FAIL("nothing thrown");
+    return wire::ErrorReply{};
+  };
+  const auto caller = reply_for([] { throw Error(ErrorCode::unknown_id, "no entry 7"); });
+  CHECK(caller.code == ErrorCode::unknown_id);
+  CHECK(caller.message.find("no entry 7") != std::string::npos);
+  CHECK(reply_for([] { throw std::bad_alloc(); }).code == ErrorCode::resource_exhausted);
+  const auto invariant = reply_for([] { (void)std::vector<int>{}.at(3); });  // what a broken slot map would throw
+  CHECK(invariant.code == ErrorCode::internal_error);
+  CHECK(invariant.message.find("internal error") != std::string::npos);
+  CHECK(reply_for([] { throw 42; }).code == ErrorCode::internal_error);
+  CHECK(to_string(ErrorCode::resource_exhausted) == "resource_exhausted");
+  CHECK(to_string(ErrorCode::internal_error) == "internal_error");
 }

@@ -500,3 +500,61 @@ TEST_CASE("under a low ulimit -n the connection limit is sized to fit, leaving d
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(text.find("soft limit 64 -> 64 (hard 64); max connections 32") != std::string::npos);
 }
+
+TEST_CASE("softkv-server --repair starts past a corrupt log record that otherwise refuses the start", "[server][crash]") {
+  test::TempDir dir;
+  const auto data = dir.path / "data";
+  {
+    ServerProcess server(data, {"--fsync", "always"});
+    Client c(server.client());
+    c.create_collection("c", {3, 1, Metric::dot, {}, {}});
+    for (std::uint64_t id = 0; id < 20; ++id) c.upsert("c", std::vector<std::uint64_t>{id}, key_of(id), value_of(id));  // a record each
+    server.stop(SIGKILL);  // no snapshot at exit: everything is in the log
+  }
+  std::vector<std::filesystem::path> segments;
+  for (const auto& e : std::filesystem::directory_iterator(data))
+    if (e.path().filename().string().rfind("wal-", 0) == 0) segments.push_back(e.path());
+  REQUIRE(segments.size() == 1);
+  {  // flip a byte 40% into the log: a damaged record with intact records after it (not a torn tail)
+    std::fstream f(segments[0], std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = std::streamoff(std::filesystem::file_size(segments[0]) * 2 / 5);
+    f.seekg(at);
+    char b = 0;
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x5A);
+    f.seekp(at);
+    f.write(&b, 1);
+  }
+  // Without --repair the server refuses to start, with a non-zero exit.
+  {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, STDOUT_FILENO);
+      ::dup2(null, STDERR_FILENO);
+      const std::string data_arg = data.string();
+      const char* argv[] = {SOFTKV_SERVER_BIN, "--data", data_arg.c_str(), "--port", "0", nullptr};
+      ::execve(SOFTKV_SERVER_BIN, const_cast<char**>(argv), environ);
+      ::_exit(127);
+    }
+    int status = 0;
+    for (int i = 0; i < 400 && ::waitpid(pid, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(25ms);
+    if (!WIFEXITED(status)) ::kill(pid, SIGKILL), ::waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 1);
+  }
+  // With --repair it starts, keeps the records before the damage, and says what it did.
+  const auto log = dir.path / "repair.log";
+  ServerProcess server(data, {"--repair"}, 0, log);
+  Client c(server.client());
+  const std::uint64_t kept = c.describe("c").size;
+  CHECK(kept >= 1);
+  CHECK(kept < 20);
+  for (std::uint64_t id = 0; id < kept; ++id) CHECK(c.get("c", id).value == value_of(id));  // the valid prefix, intact
+  CHECK(server.stop(SIGTERM) == 0);
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("--repair") != std::string::npos);
+  CHECK(text.find("repair: keeping the valid prefix") != std::string::npos);
+}
