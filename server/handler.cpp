@@ -15,7 +15,7 @@ namespace {
 using detail::Overloaded;
 
 // Hello, auth and ping are answered by the session (server.cpp) before a request reaches the handler.
-Error session_request() { return Error(ErrorCode::internal_error, "hello, auth and ping are the session's, not the handler's"); }
+Error session_request() { return Error(ErrorCode::internal, "hello, auth and ping are the session's, not the handler's"); }
 
 bool uses_index_or_contributors(const QueryOptions& o) { return o.top_m > 0 || o.top_k || o.epsilon; }
 
@@ -126,9 +126,9 @@ wire::ErrorReply current_error_reply() {
   } catch (const std::bad_alloc&) {  // a resource limit, not the caller's mistake
     return wire::ErrorReply{ErrorCode::resource_exhausted, "the request needs more memory than the server could allocate"};
   } catch (const std::exception& e) {  // anything else escaping the engine is a bug: say so, and keep serving
-    return wire::ErrorReply{ErrorCode::internal_error, std::string("internal error (please report): ") + e.what()};
+    return wire::ErrorReply{ErrorCode::internal, std::string("internal error (please report): ") + e.what()};
   } catch (...) {
-    return wire::ErrorReply{ErrorCode::internal_error, "internal error (please report): an exception of unknown type"};
+    return wire::ErrorReply{ErrorCode::internal, "internal error (please report): an exception of unknown type"};
   }
 }
 

@@ -18,7 +18,7 @@ class Handler {
 
   /// The reply to one engine request (not hello, auth or ping: the session answers those). Every
   /// softkv::Error becomes an ErrorReply with its code, std::bad_alloc resource_exhausted, and any
-  /// other exception (a broken invariant) internal_error.
+  /// other exception (a broken invariant) internal.
   wire::Reply handle(const wire::Request& request);
 
   /// Whether a request is cheap enough to answer on an I/O thread without ever waiting long: list,
@@ -40,7 +40,7 @@ class Handler {
 
 /// The error reply for the exception being handled (call only inside a catch block): a softkv::Error
 /// keeps its code, std::bad_alloc is resource_exhausted, anything else is a broken invariant
-/// (internal_error, the message saying so).
+/// (internal, the message saying so).
 wire::ErrorReply current_error_reply();
 
 }  // namespace softkv::server

@@ -21,7 +21,7 @@ std::string_view to_string(ErrorCode code) noexcept {
     case ErrorCode::unauthenticated: return "unauthenticated";
     case ErrorCode::server_busy: return "server_busy";
     case ErrorCode::resource_exhausted: return "resource_exhausted";
-    case ErrorCode::internal_error: return "internal_error";
+    case ErrorCode::internal: return "internal";
   }
   return "unknown_error";
 }
