@@ -102,8 +102,7 @@ class Server::Impl {
         budget_(config_.max_pending_bytes),
         handler_(db, connections_),
         workers_(config_.workers > 0 ? config_.workers : std::max(1u, std::thread::hardware_concurrency())),
-        acceptor_(io_),
-        spare_descriptor_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {
+        acceptor_(io_) {
     if (!is_loopback(config_.host) && config_.auth_token.empty() && !config_.insecure)
       throw Error(ErrorCode::invalid_argument, "binding " + config_.host +
                                                    " (not loopback) needs an auth token; pass --insecure to serve it without one");
@@ -117,6 +116,7 @@ class Server::Impl {
     if (!ec) acceptor_.bind(endpoint, ec);
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) throw Error(ErrorCode::io_error, "cannot listen on " + config_.host + ":" + std::to_string(config_.port) + ": " + ec.message());
+    spare_descriptor_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
 
   ~Impl() {
@@ -387,7 +387,7 @@ class Server::Impl {
   asio::io_context io_;
   asio::thread_pool workers_;
   tcp::acceptor acceptor_;
-  int spare_descriptor_;  // given up when accept runs out of descriptors (refuse_without_descriptors)
+  int spare_descriptor_ = -1;  // given up when accept runs out of descriptors (refuse_without_descriptors)
   std::atomic<bool> stopping_{false};
   std::mutex registry_mutex_;
   std::set<std::shared_ptr<Connection>> connections_set_;
