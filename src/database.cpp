@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "codec/records.hpp"
+#include "config_limits.hpp"
 #include "overloaded.hpp"
 #include "softkv/error.hpp"
 #include "storage/directory.hpp"
@@ -139,7 +140,10 @@ class Database::Impl {
   void apply(const detail::Mutation& m) {
     std::visit(detail::Overloaded{
                    [&](const detail::mutation::Create& c) {
-                     auto collection = std::make_shared<Collection>(c.config);
+                     // Live creates were checked; a record from before ConfigLimits may need fitting.
+                     std::string changed;
+                     auto collection = std::make_shared<Collection>(detail::fit_index_limits(c.config, &changed));
+                     if (!changed.empty()) options_.log("'" + c.name + "': index settings brought into range: " + changed);
                      std::unique_lock lock(map_mutex_);
                      collections_[c.name] = std::move(collection);
                    },

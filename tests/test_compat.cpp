@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "codec/records.hpp"
 #include "softkv/softkv.hpp"
+#include "storage/wal.hpp"
 #include "temp_dir.hpp"
 
 using namespace softkv;
@@ -84,4 +86,34 @@ TEST_CASE("a data directory written by format 1 opens bit for bit, and again aft
     CHECK(dump(db) == expected);
     CHECK(logged("'ivf.idx': loaded its index"));
   }
+}
+
+TEST_CASE("a log written before the config limits, with index settings now out of range, still opens", "[compat]") {
+  test::TempDir dir;
+  fs::create_directories(dir.path);
+  CollectionConfig config{2, 1, Metric::dot, {}, {}};
+  config.index = {.kind = IndexKind::hnsw, .hnsw_m = 1000, .hnsw_ef_construction = 1u << 20};
+  CollectionConfig ivf{2, 1, Metric::dot, {}, {}};
+  ivf.index = {.kind = IndexKind::ivf, .ivf_nlist = 100000, .ivf_train_size = 10, .rebuild_fraction = INFINITY};
+  std::vector<std::byte> log;
+  std::uint64_t sequence = 0;
+  for (const detail::Mutation& m : {detail::Mutation{detail::mutation::Create{"h", config}}, detail::Mutation{detail::mutation::Create{"i", ivf}},
+                                     detail::Mutation{detail::mutation::Upsert{"i", Rows{{0, 1}, {1, 2, 3, 4}, {5, 6}}}}}) {
+    const auto e = detail::encode_mutation(m);
+    const auto record = detail::encode_record(++sequence, e.type, e.payload);
+    log.insert(log.end(), record.begin(), record.end());
+  }
+  std::ofstream(dir.path / detail::segment_name(1), std::ios::binary).write(reinterpret_cast<const char*>(log.data()), std::streamsize(log.size()));
+  std::vector<std::string> lines;
+  DatabaseOptions options;
+  options.log = [&](std::string_view line) { lines.emplace_back(line); };
+  Database db(dir.path, options);
+  CHECK(db.collection("h")->config().index.hnsw_m == ConfigLimits::kMaxHnswM);
+  CHECK(db.collection("h")->config().index.hnsw_ef_construction == ConfigLimits::kMaxHnswEfConstruction);
+  CHECK(db.collection("i")->config().index.ivf_nlist == ConfigLimits::kMaxIvfNlist);
+  CHECK(db.collection("i")->config().index.ivf_train_size == ConfigLimits::kMaxIvfNlist);
+  CHECK(db.collection("i")->config().index.rebuild_fraction == 0.25f);
+  CHECK(db.collection("i")->size() == 2);
+  CHECK(std::count_if(lines.begin(), lines.end(), [](const std::string& l) { return l.find("brought into range") != std::string::npos; }) == 2);
+  db.snapshot();
 }

@@ -385,3 +385,72 @@ TEST_CASE("configurations at their limits are accepted and reopen, or are refuse
   Database reopened(dir.path, quiet());  // ... and every later start must open it
   CHECK(reopened.list_collections().size() == created.size());
 }
+
+TEST_CASE("random accepted request sequences with extreme fields reopen to the same state after every snapshot and restart", "[faults]") {
+  using L = ConfigLimits;
+  const std::uint64_t extreme_ids[] = {0, 1, (std::uint64_t{1} << 31) - 1, std::uint64_t{1} << 31, (std::uint64_t{1} << 32) - 1,
+                                       std::uint64_t{1} << 32, std::uint64_t{1} << 63, kReservedId - 1, kReservedId};
+  const std::size_t extreme_sizes[] = {0, 1, 2, 255, 256, 257, 65535, 65536, L::kMaxDimension, L::kMaxDimension + 1,
+                                       (std::size_t{1} << 31), (std::size_t{1} << 32), ~std::size_t{0}};
+  for (unsigned seed = 1; seed <= 4; ++seed) {
+    std::mt19937_64 rng(seed);
+    auto pick = [&](const auto& options) { return options[rng() % std::size(options)]; };
+    TempDir dir;
+    std::string live;
+    int accepted = 0;
+    for (int round = 0; round < 5; ++round) {
+      {
+        Database db(dir.path, quiet(FsyncPolicy::never));
+        if (round > 0) REQUIRE(dump(db) == live);  // what the last process left
+        for (int i = 0; i < 60; ++i) {
+          const std::string name = "c" + std::to_string(rng() % 3);
+          const ErrorCode code = error_of([&] {
+            switch (rng() % 7) {
+              case 0: {
+                CollectionConfig config{1 + rng() % 4, 1 + rng() % 3, rng() % 2 ? Metric::dot : Metric::cosine, {}, {}};
+                switch (rng() % 6) {  // one field at an extreme
+                  case 0: config.index = {.kind = IndexKind::hnsw, .hnsw_m = pick(extreme_sizes)}; break;
+                  case 1: config.index = {.kind = IndexKind::ivf, .ivf_nlist = pick(extreme_sizes), .ivf_train_size = pick(extreme_sizes)}; break;
+                  case 2: config.index = {.kind = IndexKind::automatic, .auto_threshold = pick(extreme_sizes)}; break;
+                  case 3: config.index = {.kind = IndexKind::hnsw, .hnsw_ef_construction = pick(extreme_sizes)}; break;
+                  case 4: config.index.kind = IndexKind::flat; break;
+                  default: config.value_dim = pick(extreme_sizes) % 100 + 1; break;
+                }
+                db.create_collection(name, config);
+                break;
+              }
+              case 1: db.drop_collection(name); break;
+              case 2: {
+                const std::uint64_t id = pick(extreme_ids);
+                const auto c = db.collection(name);
+                db.upsert(name, std::span<const std::uint64_t>(&id, 1), floats(c->config().dim, float(i) + 1),
+                          floats(c->config().value_dim, float(i)));
+                break;
+              }
+              case 3: {
+                const std::uint64_t id = pick(extreme_ids);
+                db.remove(name, std::span<const std::uint64_t>(&id, 1));
+                break;
+              }
+              case 4: db.snapshot(); break;
+              default: {
+                const auto c = db.collection(name);
+                const std::size_t n = 1 + rng() % 40;
+                db.add(name, floats(n * c->config().dim, float(i) + 1), floats(n * c->config().value_dim, float(i)));
+              }
+            }
+          });
+          if (code == ErrorCode{}) ++accepted;
+          else
+            REQUIRE((code == ErrorCode::invalid_argument || code == ErrorCode::unknown_collection ||
+                     code == ErrorCode::collection_exists || code == ErrorCode::unknown_id));
+        }
+        if (rng() % 2) db.snapshot();
+        live = dump(db);
+      }
+      Database reopened(dir.path, quiet(FsyncPolicy::never));
+      REQUIRE(dump(reopened) == live);
+    }
+    CHECK(accepted > 50);
+  }
+}
