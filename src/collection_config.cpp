@@ -2,6 +2,7 @@
 #include <cmath>
 #include <string>
 
+#include "config_limits.hpp"
 #include "softkv/collection.hpp"
 #include "softkv/error.hpp"
 
@@ -42,4 +43,32 @@ void check_config(const CollectionConfig& c) {
           "rebuild_fraction must lie in (0, 1000], got " + std::to_string(i.rebuild_fraction));
 }
 
+namespace detail {
+
+CollectionConfig fit_index_limits(CollectionConfig c, std::string* changed) {
+  using L = ConfigLimits;
+  std::string note;
+  auto fit = [&](auto& field, auto lo, auto hi, const char* name) {
+    const auto was = field;
+    if (field < lo) field = lo;
+    if (field > hi) field = hi;
+    if (field != was) note += std::string(note.empty() ? "" : ", ") + name + " " + std::to_string(was) + " -> " + std::to_string(field);
+  };
+  IndexConfig& i = c.index;
+  const bool hnsw = i.kind == IndexKind::hnsw;
+  fit(i.hnsw_m, std::size_t{hnsw ? 2u : 0u}, L::kMaxHnswM, "hnsw_m");
+  fit(i.hnsw_ef_construction, std::size_t{hnsw ? 1u : 0u}, L::kMaxHnswEfConstruction, "hnsw_ef_construction");
+  fit(i.ivf_nlist, std::size_t{0}, L::kMaxIvfNlist, "ivf_nlist");
+  fit(i.ivf_train_size, std::size_t{0}, L::kMaxIvfTrainSize, "ivf_train_size");
+  if (i.ivf_train_size != 0 && i.ivf_train_size < i.ivf_nlist) fit(i.ivf_train_size, i.ivf_nlist, L::kMaxIvfTrainSize, "ivf_train_size");
+  if (!(std::isfinite(i.rebuild_fraction) && i.rebuild_fraction > 0.0f)) {
+    note += std::string(note.empty() ? "" : ", ") + "rebuild_fraction " + std::to_string(i.rebuild_fraction) + " -> 0.25";
+    i.rebuild_fraction = 0.25f;
+  }
+  fit(i.rebuild_fraction, 0.0f, L::kMaxRebuildFraction, "rebuild_fraction");
+  if (changed != nullptr) *changed = std::move(note);
+  return c;
+}
+
+}  // namespace detail
 }  // namespace softkv

@@ -14,6 +14,7 @@
 #include "codec/checked_blob.hpp"
 #include "codec/config.hpp"
 #include "codec/crc32.hpp"
+#include "config_limits.hpp"
 #include "softkv/error.hpp"
 
 namespace softkv::detail {
@@ -113,6 +114,7 @@ SnapshotImage decode_snapshot(std::span<const std::byte> bytes, const std::strin
         config = get_config(r);
         if (r.remaining() != 0) corrupt(file, at(), "unexpected bytes after the configuration");
       }
+      config = fit_index_limits(config);  // index settings from before ConfigLimits (recovery logs them at replay)
       try {
         check_config(config);  // the limits of creation: anything else was never accepted
       } catch (const Error& e) {
