@@ -362,6 +362,15 @@ std::size_t open_descriptors(pid_t pid) {
 
 }  // namespace
 
+// Under AddressSanitizer (scripts/sanitize.sh asan builds the server the same way) freed blocks stay
+// in its quarantine, so the server's RSS no longer follows what it holds: the memory bounds are
+// checked in the plain build only; every other check runs in both.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssMeasuresTheServer = false;
+#else
+constexpr bool kRssMeasuresTheServer = true;
+#endif
+
 TEST_CASE("abuse: connections announcing maximal frames hold no more memory than the server-wide cap", "[server][abuse]") {
   test::TempDir dir;
   const long cap_mib = 32;
@@ -418,14 +427,14 @@ TEST_CASE("abuse: connections announcing maximal frames hold no more memory than
   }
   WARN(connections << " connections announcing 64 MiB frames, " << body / 1024 << " KiB sent each, cap " << cap_mib
                    << " MiB: server RSS " << before << " KiB -> peak " << peak << " KiB; " << busy << " refused with server_busy");
-  CHECK(peak - before < (cap_mib + 16) * 1024);  // the cap, plus room for the drains and the allocator
+  if (kRssMeasuresTheServer) CHECK(peak - before < (cap_mib + 16) * 1024);  // the cap, plus room for the drains and the allocator
   CHECK(busy >= connections - int(cap_mib / 4));  // most were over the cap (each held 4 MiB, so at most cap/4 fit)
   normal.ping();  // and the server kept serving
   for (int fd : fds) ::close(fd);
   std::this_thread::sleep_for(500ms);
   const long after = server.rss_kib();
   WARN("after the connections closed: " << after << " KiB");
-  CHECK(after - before < 8 * 1024);  // the buffers went back to the system
+  if (kRssMeasuresTheServer) CHECK(after - before < 8 * 1024);  // the buffers went back to the system
 }
 
 TEST_CASE("abuse: out of file descriptors, accept backs off and waiting clients are refused, not left hanging", "[server][abuse]") {
