@@ -110,16 +110,30 @@ int main(int argc, char** argv) {
       if (sig != 0) spdlog::info("signal {}: finishing in-flight requests", int(sig));
       server.stop();
     });
-    server.run();
-    spdlog::info("writing a snapshot before exit");
-    db.snapshot();
+    // Nothing below may leave this scope by an exception while the waiter runs (a joinable thread's
+    // destructor aborts): a failure is logged and becomes the exit status.
+    int status = 0;
+    try {
+      server.run();
+    } catch (const std::exception& e) {
+      spdlog::error("the server stopped on an error: {}", e.what());
+      status = 1;
+    }
+    try {
+      spdlog::info("writing a snapshot before exit");
+      db.snapshot();
+    } catch (const std::exception& e) {
+      spdlog::error("the snapshot before exit failed: {}; the log is intact and the next start replays it", e.what());
+      status = 1;
+    }
     const char wake = 0;  // ends the waiter if the server stopped for another reason
     [[maybe_unused]] const auto n = ::write(signal_pipe[1], &wake, 1);
     waiter.join();
-    spdlog::info("stopped");
-  } catch (const softkv::Error& e) {
+    if (status == 0) spdlog::info("stopped");
+    else spdlog::info("stopped with errors (exit status {})", status);
+    return status;
+  } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;
   }
-  return 0;
 }

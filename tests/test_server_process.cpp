@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -566,4 +567,48 @@ TEST_CASE("softkv-server --repair starts past a corrupt log record that otherwis
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(text.find("--repair") != std::string::npos);
   CHECK(text.find("repair: keeping the valid prefix") != std::string::npos);
+}
+
+TEST_CASE("a full disk at shutdown: the failed snapshot is logged, the exit is clean and non-zero, the restart keeps every write", "[server][crash][tmpfs]") {
+  test::TempDir mount_point;
+  std::filesystem::create_directories(mount_point.path);
+  if (::mount("tmpfs", mount_point.path.c_str(), "tmpfs", 0, "size=16m") != 0) {
+    WARN("skipped: cannot mount a tmpfs here (" << std::strerror(errno) << "); CI runs as root and can");
+    return;
+  }
+  struct Unmount {
+    std::filesystem::path path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mount_point.path};
+  const auto data = mount_point.path / "data";
+  test::TempDir logs;
+  std::filesystem::create_directories(logs.path);
+  constexpr std::size_t d = 64, batch = 512;  // 256 KiB per add
+  std::size_t acknowledged = 0;
+  {
+    ServerProcess server(data, {"--snapshot-after-mb", "0"}, 0, logs.path / "server.log");
+    Client client(server.client());
+    client.create_collection("c", {d, d, Metric::dot, {}, {}});
+    ErrorCode code{};
+    for (int i = 0; i < 200 && code == ErrorCode{}; ++i) {
+      try {
+        client.add("c", std::vector<float>(batch * d, float(i)), std::vector<float>(batch * d, 1.0f));
+        acknowledged += batch;
+      } catch (const Error& e) {
+        code = e.code();
+      }
+    }
+    REQUIRE(code == ErrorCode::io_error);  // the disk filled up
+    REQUIRE(acknowledged > 0);
+    const int status = server.stop(SIGTERM);
+    REQUIRE(WIFEXITED(status));  // not killed by SIGABRT (an exception leaving main with a live thread)
+    CHECK(WEXITSTATUS(status) == 1);
+  }
+  std::ifstream log(logs.path / "server.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  CHECK(text.find("the snapshot before exit failed") != std::string::npos);
+  CHECK(!std::filesystem::exists(data / "snapshot.skv.tmp"));
+  ServerProcess again(data);  // no space was freed: the log alone is enough to start
+  Client client(again.client());
+  CHECK(client.describe("c").size == acknowledged);
 }
