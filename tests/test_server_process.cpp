@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "errors.hpp"
 #include "reference.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
@@ -611,4 +612,126 @@ TEST_CASE("a full disk at shutdown: the failed snapshot is logged, the exit is c
   ServerProcess again(data);  // no space was freed: the log alone is enough to start
   Client client(again.client());
   CHECK(client.describe("c").size == acknowledged);
+}
+
+TEST_CASE("field extremes over the wire: every integer field at its limits is answered or refused with a typed error", "[server][abuse]") {
+  // For each integer field a client can set in a request: 0, 1, 2^31-1, 2^31, 2^32-2, 2^32-1 (u32)
+  // and up to 2^64-1 (u64). Each request must get a reply or a typed caller-side error (never
+  // `internal`, never a dropped connection), the server's memory stays bounded, and the data
+  // directory reopens afterwards with what was written.
+  test::TempDir dir;
+  ServerProcess server(dir.path, {"--fsync", "never"});
+  Client c(server.client());
+  const std::size_t d = 8, dv = 2, n = 300;
+  std::vector<std::string> names;
+  for (const IndexKind kind : {IndexKind::exact, IndexKind::flat, IndexKind::hnsw, IndexKind::ivf}) {
+    CollectionConfig config{d, dv, Metric::dot, {}, {}};
+    config.index.kind = kind;
+    config.index.ivf_train_size = n;
+    config.index.ivf_nlist = 4;
+    names.push_back("c" + std::to_string(int(kind)));
+    c.create_collection(names.back(), config);
+    c.add(names.back(), test::normal_floats(n * d, 1), test::normal_floats(n * dv, 2));
+  }
+  for (int i = 0; i < 200 && (c.query_hard(names[2], test::normal_floats(d, 3)).searched_with != IndexKind::hnsw ||
+                              c.query_hard(names[3], test::normal_floats(d, 3)).searched_with != IndexKind::ivf);
+       ++i)
+    std::this_thread::sleep_for(25ms);  // the indexes build in the background: wait so their paths are the ones tried
+  const long before = server.rss_kib();
+
+  const std::vector<std::uint64_t> u32s = {0, 1, 2, 0x7FFFFFFFull, 0x80000000ull, 0xFFFFFFFEull, 0xFFFFFFFFull};
+  std::vector<std::uint64_t> u64s = u32s;
+  for (const std::uint64_t v : {0x100000000ull, 0x7FFFFFFFFFFFFFFFull, 0x8000000000000000ull, 0xFFFFFFFFFFFFFFFEull, 0xFFFFFFFFFFFFFFFFull})
+    u64s.push_back(v);
+  std::map<ErrorCode, int> refused;
+  int answered = 0;
+  auto attempt = [&](const std::string& what, auto&& request) {
+    INFO(what);
+    try {
+      request();
+      ++answered;
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(e.code() != ErrorCode::internal);
+      CHECK(e.code() != ErrorCode::protocol_error);
+      CHECK(e.code() != ErrorCode::io_error);  // the connection was not dropped
+      ++refused[e.code()];
+    }
+  };
+  const auto q = test::normal_floats(d, 4);
+  for (const auto& name : names) {
+    for (const std::uint64_t v : u32s) {
+      const std::string at = name + " = " + std::to_string(v);
+      QueryOptions top_m, top_k, ef, nprobe;
+      top_m.top_m = v;
+      top_k.top_k = v;
+      ef.top_k = 5, ef.ef_search = v;
+      nprobe.top_k = 5, nprobe.nprobe = v;
+      attempt("top_m on " + at, [&] {
+        const SoftResult r = c.query_soft(name, q, top_m);
+        CHECK(r.top.size() == std::min<std::uint64_t>(v, n));
+      });
+      // (Calls stay outside CHECK, which would catch the typed refusals as unexpected exceptions.)
+      attempt("top_k on " + at, [&] {
+        const SoftResult r = c.query_soft(name, q, top_k);
+        CHECK(r.candidates <= n);
+      });
+      attempt("ef_search on " + at, [&] {
+        const SoftResult r = c.query_soft(name, q, ef);
+        CHECK(r.candidates <= n);
+      });
+      attempt("nprobe on " + at, [&] {
+        const SoftResult r = c.query_soft(name, q, nprobe);
+        CHECK(r.candidates <= n);
+      });
+      attempt("hard ef_search on " + at, [&] {
+        const HardResult r = c.query_hard(name, q, ef);
+        CHECK(r.id < n);
+      });
+    }
+    for (const std::uint64_t id : u64s) {
+      attempt("get " + std::to_string(id), [&] { (void)c.get(name, id); });
+      attempt("remove " + std::to_string(id), [&] { c.remove(name, std::vector<std::uint64_t>{id}); });
+    }
+  }
+  // Ids at every extreme are stored and read back, except 2^64-1, which no entry may have.
+  CHECK(test::error_of([&] { c.upsert(names[0], std::vector<std::uint64_t>{kReservedId}, test::normal_floats(d, 5), std::vector<float>{1, 1}); }) ==
+        ErrorCode::invalid_argument);
+  std::erase(u64s, kReservedId);
+  for (const std::uint64_t id : u64s)
+    attempt("upsert " + std::to_string(id), [&] {
+      c.upsert(names[0], std::vector<std::uint64_t>{id}, test::normal_floats(d, id % 97), std::vector<float>{float(id % 1000), 1.0f});
+      const Entry e = c.get(names[0], id);
+      CHECK(e.value == std::vector<float>{float(id % 1000), 1.0f});
+    });
+  for (const std::uint16_t version : {0, 1, 0xFFFE, 0xFFFF}) {  // hello: answered with the server's version
+    const int fd = connect_raw(server.port);
+    const auto hello = wire::encode_request(wire::Hello{version}, 1);
+    ::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL);
+    CHECK(greeting_of(fd) == Greeting::hello);
+    ::close(fd);
+  }
+  const long after = server.rss_kib();
+  std::string kinds;
+  for (const auto& [code, count] : refused) kinds += " " + std::string(to_string(code)) + " x" + std::to_string(count);
+  WARN("field extremes: " << answered << " answered; refused:" << kinds << "; server RSS " << before << " KiB -> " << after << " KiB");
+  if (kRssMeasuresTheServer) CHECK(after - before < 256 * 1024);
+  c.ping();
+  c.snapshot();
+  std::vector<std::uint64_t> sizes;
+  for (const auto& name : names) sizes.push_back(c.describe(name).size);
+  CHECK(server.stop(SIGTERM) == 0);
+  ServerProcess again(dir.path);
+  Client reopened(again.client());
+  for (std::size_t i = 0; i < names.size(); ++i) CHECK(reopened.describe(names[i]).size == sizes[i]);
+  for (const std::uint64_t id : u64s) {
+    INFO("id " << id << " after the restart");
+    try {
+      const Entry e = reopened.get(names[0], id);
+      CHECK(e.value == std::vector<float>{float(id % 1000), 1.0f});
+    } catch (const Error& e) {
+      FAIL_CHECK(e.what());
+    }
+  }
+  CHECK(refused.count(ErrorCode::invalid_argument) == 1);  // e.g. top_k = 0, and pruning without an index
 }
