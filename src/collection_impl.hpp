@@ -64,17 +64,7 @@ class Collection::Impl {
   std::span<const float> prepare_keys(std::span<const float> keys, std::vector<float>& buffer, std::string_view what) const {
     if (config_.metric != Metric::cosine) return keys;
     buffer.assign(keys.begin(), keys.end());
-    const std::size_t d = dim();
-    for (std::size_t r = 0; r * d < buffer.size(); ++r) {
-      float* k = buffer.data() + r * d;
-      double norm2 = 0.0;
-      for (std::size_t i = 0; i < d; ++i) norm2 += static_cast<double>(k[i]) * k[i];
-      if (!(norm2 > 0.0))
-        throw Error(ErrorCode::invalid_argument,
-                    std::string(what) + " row " + std::to_string(r) + " is a zero vector: it has no direction for cosine");
-      const auto inv = static_cast<float>(1.0 / std::sqrt(norm2));
-      for (std::size_t i = 0; i < d; ++i) k[i] *= inv;
-    }
+    detail::normalise_rows(buffer, dim(), what);
     return buffer;
   }
 

@@ -20,6 +20,7 @@ std::string_view to_string(ErrorCode code) noexcept {
     case ErrorCode::numeric_overflow: return "numeric_overflow";
     case ErrorCode::unauthenticated: return "unauthenticated";
     case ErrorCode::server_busy: return "server_busy";
+    case ErrorCode::out_of_memory: return "out_of_memory";
   }
   return "unknown_error";
 }

@@ -9,8 +9,9 @@
 namespace softkv::detail {
 namespace {
 
-// Slack on the k-th score so that float rounding (the index and our kernel sum in different orders)
-// cannot let an omitted key score above the value the bound assumes.
+// Slack on the k-th score. The flat index ranks by the very scores used here, so no omitted score
+// exceeds the k-th and the bound holds without it; it covers the float rounding of lse_k, and for
+// the approximate indexes (whose bound is an estimate anyway) their own rounding of the ranking.
 double with_rounding_slack(double score) { return score + 1e-5 * std::max(1.0, std::fabs(score)); }
 
 }  // namespace
@@ -25,7 +26,9 @@ double tail_bound(std::size_t n, std::size_t k, double kth_score, double lse_k) 
 
 PrunedSoft exact_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                       std::size_t top_m, std::size_t parts) {
-  return {soft_scan_split(kernels, query, scale, span, parts, top_m), span.rows, 0.0};
+  PrunedSoft result{soft_scan_split(kernels, query, scale, span, parts, top_m), {}, span.rows, 0.0};
+  result.value = blended_value(kernels, query, scale, span, result.scan.state);
+  return result;
 }
 
 PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
@@ -37,15 +40,19 @@ PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float sca
   const std::size_t d = span.dim, dv = span.value_dim;
   std::vector<float> keys(rows.size() * d), values(rows.size() * dv);
   std::vector<std::uint64_t> ids(rows.size());
-  double kth = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::copy_n(span.keys + rows[i] * d, d, keys.begin() + static_cast<std::ptrdiff_t>(i * d));
     std::copy_n(span.values + rows[i] * dv, dv, values.begin() + static_cast<std::ptrdiff_t>(i * dv));
     ids[i] = span.ids[rows[i]];
-    kth = std::min(kth, static_cast<double>(scale * kernels.dot(query, keys.data() + i * d, d)));
   }
   const RowSpan candidates{keys.data(), values.data(), ids.data(), rows.size(), d, dv};
-  PrunedSoft result{soft_scan_split(kernels, query, scale, candidates, 1, top_m), rows.size(), 0.0};
+  // The candidates' scores come from the kernel's one scoring routine, bit-identical to the exact
+  // scan's and (flat) to the top-k pass that chose them: the k-th of them bounds every omitted score.
+  std::vector<float> scores(rows.size());
+  kernels.scores(query, scale, candidates, scores.data());
+  const double kth = *std::min_element(scores.begin(), scores.end());
+  PrunedSoft result{soft_scan_split(kernels, query, scale, candidates, 1, top_m), {}, rows.size(), 0.0};
+  result.value = blended_value(kernels, query, scale, candidates, result.scan.state);
   result.tail_bound = tail_bound(span.rows, rows.size(), with_rounding_slack(kth), result.scan.state.lse());
   return result;
 }

@@ -19,6 +19,7 @@ using CandidateFinder = std::function<std::vector<std::size_t>(std::size_t k)>;
 /// A soft answer over a candidate set.
 struct PrunedSoft {
   SoftScan scan;             ///< softmax state over the candidates (and their top_m rows)
+  std::vector<float> value;  ///< the blended value over the candidates (blended_value)
   std::size_t k = 0;         ///< number of candidates (span.rows when the exact scan ran)
   double tail_bound = 0;     ///< bound on the mass outside the candidates (0 for the exact scan)
 };

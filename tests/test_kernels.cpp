@@ -103,10 +103,10 @@ TEST_CASE("split-and-merge equals the single pass to float rounding", "[kernels]
       // The contributors are a property of the scores, not of the split.
       REQUIRE(split.top.size() == one.top.size());
       for (std::size_t i = 0; i < one.top.size(); ++i) CHECK(split.top[i].id == one.top[i].id);
-      const ArgMax hs = hard_scan_split(*k, q.data(), rows.span(), parts);
-      const ArgMax h1 = hard_scan_split(*k, q.data(), rows.span(), 1);
+      const ArgMax hs = hard_scan_split(*k, q.data(), 1.0f, rows.span(), parts);
+      const ArgMax h1 = hard_scan_split(*k, q.data(), 1.0f, rows.span(), 1);
       CHECK(hs.row == h1.row);
-      CHECK(hs.dot == h1.dot);
+      CHECK(hs.score == h1.score);
     }
   }
 }
@@ -158,7 +158,8 @@ TEST_CASE("batched kernels equal looped single queries", "[kernels]") {
         Rows rows(700, d, dv, d + nq);
         const auto qs = test::normal_floats(nq * d, 99 + nq);
         const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-        const auto batch = soft_scan_batch_split(*k, qs.data(), nq, scale, rows.span(), 2);
+        const std::vector<float> scales(nq, scale);
+        const auto batch = soft_scan_batch_split(*k, qs.data(), nq, scales.data(), rows.span(), 2);
         for (std::size_t b = 0; b < nq; ++b) {
           const SoftScan one = soft_scan_split(*k, qs.data() + b * d, scale, rows.span(), 1, 0);
           CHECK(std::fabs(batch[b].lse() - one.state.lse()) <= 1e-5 * std::max(1.0, std::fabs(one.state.lse())));
@@ -171,11 +172,12 @@ TEST_CASE("batched kernels equal looped single queries", "[kernels]") {
         Rows ints(700, d, dv, 3 * d + nq);
         ints.keys = test::integer_floats(700 * d, d);
         const auto iq = test::integer_floats(nq * d, nq);
-        const auto hard = hard_scan_batch_split(*k, iq.data(), nq, ints.span(), 3);
+        const std::vector<float> ones(nq, 1.0f);
+        const auto hard = hard_scan_batch_split(*k, iq.data(), nq, ones.data(), ints.span(), 3);
         for (std::size_t b = 0; b < nq; ++b) {
-          const ArgMax one = hard_scan_split(*k, iq.data() + b * d, ints.span(), 1);
+          const ArgMax one = hard_scan_split(*k, iq.data() + b * d, 1.0f, ints.span(), 1);
           CHECK(hard[b].row == one.row);
-          CHECK(hard[b].dot == one.dot);
+          CHECK(hard[b].score == one.score);
         }
       }
     }
@@ -194,9 +196,10 @@ TEST_CASE("hard scan breaks ties by the smallest id, wherever the row sits", "[k
   for (const KernelTable* k : all_paths()) {
     for (std::size_t parts : {1u, 2u, 5u}) {
       INFO("path " << k->name << ", parts " << parts);
-      const ArgMax best = hard_scan_split(*k, q.data(), rows.span(), parts);
+      const ArgMax best = hard_scan_split(*k, q.data(), 1.0f, rows.span(), parts);
       CHECK(best.row == 900);  // id 4100, the smallest of 4990, 4500, 4100
-      const auto batch = hard_scan_batch_split(*k, q.data(), 1, rows.span(), parts);
+      const float one = 1.0f;
+      const auto batch = hard_scan_batch_split(*k, q.data(), 1, &one, rows.span(), parts);
       CHECK(batch[0].row == 900);
     }
   }

@@ -25,6 +25,7 @@ enum class ErrorCode : std::uint16_t {
   numeric_overflow = 13,    ///< scores left the float range (lower the scale)
   unauthenticated = 14,     ///< the server requires an auth token first, or the token was wrong
   server_busy = 15,         ///< the server is at its connection limit or shutting down
+  out_of_memory = 16,       ///< an allocation failed: the request needs more memory than is available
 };
 
 /// The stable lower-case name of a code, e.g. "dimension_mismatch".

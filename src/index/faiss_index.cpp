@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 
 #include "index/pruning_index.hpp"
@@ -269,14 +270,19 @@ class PositionalIndex final : public PruningIndex {
     return std::max<std::size_t>(1, std::min(by_size, n / 39));
   }
 
+  // FAISS takes int efSearch and size_t nprobe: ef_search is clamped to [k, positions] (a longer
+  // list than the graph has nodes visits nothing more, and anything past INT_MAX would wrap), nprobe
+  // to [1, nlist].
   void run_search(const float* query, std::size_t k, const IndexSearch& p, float* scores, Label* labels) const {
+    const auto total = static_cast<std::size_t>(current_.index->ntotal);
     if (is_hnsw()) {
       faiss::SearchParametersHNSW params;  // its efSearch default (16) would override the index's: always set it
-      params.efSearch = static_cast<int>(std::max(p.ef_search, k));
+      const std::size_t ef = std::clamp(p.ef_search, k, std::max(k, total));
+      params.efSearch = static_cast<int>(std::min<std::size_t>(ef, std::numeric_limits<int>::max()));
       current_.index->search(1, query, static_cast<Label>(k), scores, labels, &params);
     } else {
       faiss::SearchParametersIVF params;
-      params.nprobe = std::max<std::size_t>(1, p.nprobe);
+      params.nprobe = std::clamp<std::size_t>(p.nprobe, 1, static_cast<const faiss::IndexIVF&>(*current_.index).nlist);
       current_.index->search(1, query, static_cast<Label>(k), scores, labels, &params);
     }
   }
