@@ -110,10 +110,11 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
     const detail::KernelTable& kernels = detail::kernels();
     const bool prune = (options.top_k || options.epsilon) && impl_->use_index(options);
     const detail::CandidateFinder find = [&](std::size_t k) { return index_rows(*impl_, q.data(), f, k, options); };
+    const std::size_t check = prune && !impl_->index_->exact_top_k() ? options.check_sample : 0;
     detail::PrunedSoft pruned =
         !prune          ? detail::exact_soft(kernels, q.data(), f, span, options.top_m, parts)
-        : options.top_k ? detail::pruned_soft(kernels, q.data(), f, span, *options.top_k, options.top_m, parts, find)
-                        : detail::adaptive_soft(kernels, q.data(), f, span, *options.epsilon, options.top_m, parts, find);
+        : options.top_k ? detail::pruned_soft(kernels, q.data(), f, span, *options.top_k, options.top_m, parts, find, check)
+                        : detail::adaptive_soft(kernels, q.data(), f, span, *options.epsilon, options.top_m, parts, find, check);
     detail::SoftScan& scan = pruned.scan;
 
     SoftResult result;

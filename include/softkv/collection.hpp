@@ -62,10 +62,15 @@ struct QueryOptions {
   /// Adaptive pruning: k doubles from 16 until tail_bound <= epsilon, in (0, 1); exclusive with top_k.
   /// Past a quarter of the collection the query falls back to the exact scan.
   std::optional<float> epsilon;
-  /// HNSW: candidate list size of the graph search (>= top_k is useful; 64 at least is advised).
+  /// HNSW: candidate list size of the graph search (>= top_k is useful; 64 at least is advised);
+  /// any value is accepted and clamped to [k, index size].
   std::size_t ef_search = 64;
-  /// IVF: inverted lists visited per query.
+  /// IVF: inverted lists visited per query; any value is accepted and clamped to [1, nlist].
   std::size_t nprobe = 16;
+  /// HNSW/IVF pruning: rows sampled outside the candidates and scored exactly to check the tail
+  /// estimate (README, "Sampled check"); with epsilon, k grows until the checked value meets it.
+  /// 0: no check. Ignored for flat, whose bound is already a guarantee.
+  std::size_t check_sample = 0;
   /// Hard retrieval: scan every key even when the collection has an index.
   bool exact = false;
 };
