@@ -113,7 +113,7 @@ wire::Reply Handler::handle(const wire::Request& request) {
   } catch (const Error& e) {
     return wire::ErrorReply{e.code(), e.what()};
   } catch (const std::bad_alloc&) {
-    return wire::ErrorReply{ErrorCode::out_of_memory, "the request needs more memory than the server has"};
+    return wire::ErrorReply{ErrorCode::resource_exhausted, "the request needs more memory than the server has"};
   }
 }
 

@@ -1,16 +1,20 @@
-// Collection: dense row-major storage with an id map and validated writes (queries: collection_query.cpp).
+// Collection: the state side (validated writes in two doors, images for snapshots, background index
+// builds); the queries over its rows are in collection_query.cpp.
 #include "softkv/collection.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <shared_mutex>  // std::shared_lock
 #include <string>
 #include <unordered_map>
 
 #include "collection_impl.hpp"
+#include "pruning.hpp"
 #include "scan.hpp"
+#include "simd/kernel_table.hpp"
 #include "softkv/error.hpp"
 #include "thread_pool.hpp"
 #include "validate.hpp"
@@ -18,19 +22,281 @@
 
 namespace softkv {
 
+// ---------------------------------------------------------------------------------------------
+// Collection::Impl: writes and images
+
+Collection::Impl::Impl(const CollectionConfig& config) : config_(config), index_(detail::make_pruning_index(config)) {}
+
+Collection::Impl::~Impl() {
+  if (builder_.joinable()) builder_.join();
+}
+
+std::optional<std::size_t> Collection::Impl::row_of(std::uint64_t id) const {
+  const auto it = slot_of_.find(id);
+  if (it == slot_of_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::span<const float> Collection::Impl::prepare_keys(std::span<const float> keys, std::vector<float>& buffer,
+                                                      std::string_view what) const {
+  if (config_.metric != Metric::cosine) return keys;
+  buffer.assign(keys.begin(), keys.end());
+  detail::normalise_rows(buffer, dim(), what);
+  return buffer;
+}
+
+Rows Collection::Impl::prepare(std::span<const std::uint64_t> ids, std::span<const float> keys,
+                               std::span<const float> values) const {
+  const std::size_t n = detail::row_count(keys.size(), dim(), "keys");
+  const std::size_t nv = detail::row_count(values.size(), value_dim(), "values");
+  if (n != nv) throw Error(ErrorCode::dimension_mismatch, std::to_string(n) + " keys but " + std::to_string(nv) + " values");
+  if (!ids.empty() && ids.size() != n)
+    throw Error(ErrorCode::dimension_mismatch, std::to_string(ids.size()) + " ids but " + std::to_string(n) + " keys");
+  for (std::uint64_t id : ids)
+    if (id == kReservedId) throw Error(ErrorCode::invalid_argument, "id 2^64-1 is reserved");
+  detail::check_finite(keys, "keys", dim());
+  detail::check_finite(values, "values", value_dim());
+  Rows rows;
+  rows.ids.assign(ids.begin(), ids.end());
+  std::vector<float> buffer;
+  const std::span<const float> stored = prepare_keys(keys, buffer, "key");
+  if (stored.data() == buffer.data()) rows.keys = std::move(buffer);
+  else rows.keys.assign(stored.begin(), stored.end());
+  rows.values.assign(values.begin(), values.end());
+  return rows;
+}
+
+void Collection::Impl::put(std::uint64_t id, const float* key, const float* value) {
+  std::size_t slot;
+  if (auto it = slot_of_.find(id); it != slot_of_.end()) {
+    slot = it->second;
+  } else {
+    slot = ids_.size();
+    ids_.push_back(id);
+    keys_.resize(keys_.size() + dim());
+    values_.resize(values_.size() + value_dim());
+    slot_of_.emplace(id, slot);
+  }
+  std::copy_n(key, dim(), keys_.begin() + static_cast<std::ptrdiff_t>(slot * dim()));
+  std::copy_n(value, value_dim(), values_.begin() + static_cast<std::ptrdiff_t>(slot * value_dim()));
+  next_id_ = std::max(next_id_, id + 1);
+}
+
+void Collection::Impl::store(std::span<const std::uint64_t> ids, const float* keys, const float* values) {
+  const std::size_t n = ids.size();
+  ids_.reserve(ids_.size() + n);
+  keys_.reserve(keys_.size() + n * dim());
+  values_.reserve(values_.size() + n * value_dim());
+  slot_of_.reserve(slot_of_.size() + n);
+  for (std::size_t r = 0; r < n; ++r) put(ids[r], keys + r * dim(), values + r * value_dim());
+  size_hint_.store(ids_.size(), std::memory_order_relaxed);
+  if (!index_) return;
+  index_->put(ids, keys, span());
+  start_build_if_due();
+}
+
+void Collection::Impl::apply(const Rows& rows) {
+  const std::size_t n = rows.ids.size();
+  if (rows.keys.size() != n * dim() || rows.values.size() != n * value_dim())
+    throw Error(ErrorCode::internal, "rows of " + std::to_string(rows.keys.size()) + " key and " +
+                                         std::to_string(rows.values.size()) + " value floats for " + std::to_string(n) +
+                                         " ids do not fit d = " + std::to_string(dim()) + ", dv = " + std::to_string(value_dim()));
+  std::unique_lock lock(mutex_);
+  store(rows.ids, rows.keys.data(), rows.values.data());
+}
+
+std::vector<std::uint64_t> Collection::Impl::add(Rows rows) {
+  const std::size_t n = rows.keys.size() / dim();
+  std::unique_lock lock(mutex_);
+  if (n > kReservedId - next_id_) throw Error(ErrorCode::invalid_argument, "the id space is exhausted");
+  rows.ids.resize(n);
+  for (std::size_t r = 0; r < n; ++r) rows.ids[r] = next_id_ + r;
+  store(rows.ids, rows.keys.data(), rows.values.data());
+  return std::move(rows.ids);
+}
+
+void Collection::Impl::remove(std::span<const std::uint64_t> ids) {
+  std::unique_lock lock(mutex_);
+  if (ids.size() > 1) {  // all or nothing: every id present, once
+    std::vector<std::uint64_t> sorted(ids.begin(), ids.end());
+    std::sort(sorted.begin(), sorted.end());
+    if (const auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end())
+      throw Error(ErrorCode::invalid_argument, "id " + std::to_string(*dup) + " appears twice in one remove");
+  }
+  for (std::uint64_t id : ids)
+    if (!slot_of_.contains(id)) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
+  const std::size_t d = dim(), dv = value_dim();
+  for (std::uint64_t id : ids) {
+    const auto it = slot_of_.find(id);
+    const std::size_t slot = it->second;
+    const std::size_t last = ids_.size() - 1;
+    if (slot != last) {
+      std::copy_n(keys_.begin() + static_cast<std::ptrdiff_t>(last * d), d, keys_.begin() + static_cast<std::ptrdiff_t>(slot * d));
+      std::copy_n(values_.begin() + static_cast<std::ptrdiff_t>(last * dv), dv,
+                  values_.begin() + static_cast<std::ptrdiff_t>(slot * dv));
+      ids_[slot] = ids_[last];
+      slot_of_[ids_[slot]] = slot;
+    }
+    ids_.pop_back();
+    keys_.resize(last * d);
+    values_.resize(last * dv);
+    slot_of_.erase(it);
+    if (index_) index_->erase(id, span());
+  }
+  size_hint_.store(ids_.size(), std::memory_order_relaxed);
+  start_build_if_due();
+}
+
+std::uint64_t Collection::Impl::next_id() const {
+  std::shared_lock lock(mutex_);
+  return next_id_;
+}
+
+CollectionImage Collection::Impl::image() const {
+  CollectionImage image;
+  image.config = config_;
+  std::shared_lock lock(mutex_);
+  image.next_id = next_id_;
+  image.rows.ids = ids_;
+  image.rows.keys.assign(keys_.begin(), keys_.end());
+  image.rows.values.assign(values_.begin(), values_.end());
+  if (index_) image.index = index_->save();
+  return image;
+}
+
+std::string Collection::Impl::restore(CollectionImage image) {
+  Rows& rows = image.rows;
+  const std::size_t n = rows.ids.size();
+  if (rows.keys.size() != n * dim() || rows.values.size() != n * value_dim())
+    throw Error(ErrorCode::corrupt_file, "the image's rows do not fit its dimensions");
+  std::unique_lock lock(mutex_);
+  slot_of_.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (rows.ids[i] >= image.next_id)
+      throw Error(ErrorCode::corrupt_file, "id " + std::to_string(rows.ids[i]) + " is at or above the id counter " +
+                                               std::to_string(image.next_id));
+    if (!slot_of_.emplace(rows.ids[i], i).second)
+      throw Error(ErrorCode::corrupt_file, "id " + std::to_string(rows.ids[i]) + " appears twice");
+  }
+  ids_ = std::move(rows.ids);
+  keys_.assign(rows.keys.begin(), rows.keys.end());
+  values_.assign(rows.values.begin(), rows.values.end());
+  next_id_ = image.next_id;
+  size_hint_.store(n, std::memory_order_relaxed);
+  if (!index_) return {};
+  if (!image.index.empty() && index_->load(image.index, span())) return "loaded its index";
+  const std::string why = image.index.empty() ? "no saved index" : "the saved index does not match the entries";
+  try {
+    index_->build_now(span());
+  } catch (const std::exception& e) {  // FAISS or allocation failure: queries scan until a later build succeeds
+    return why + "; the index could not be built (" + e.what() + "): queries scan every entry";
+  }
+  if (!index_->ready()) return {};  // too few entries to build yet (flat needs no build)
+  return why + "; rebuilt its index";
+}
+
+void Collection::Impl::start_build_if_due() {
+  if (!index_ || !index_->build_due()) return;
+  std::lock_guard lock(build_mutex_);
+  if (building_) return;
+  building_ = true;
+  if (builder_.joinable()) builder_.join();  // the previous job already finished (building_ was false)
+  builder_ = std::thread([this] { run_builds(); });
+}
+
+void Collection::Impl::run_builds() {
+  for (;;) {
+    std::unique_ptr<detail::IndexBuild> build;
+    {
+      std::shared_lock lock(mutex_);
+      build = index_->start_build(span());
+    }
+    if (!build) break;
+    bool ok = true;
+    try {
+      build->run();
+    } catch (...) {  // e.g. out of memory: keep the current index and stop trying until the next write
+      ok = false;
+    }
+    std::unique_lock lock(mutex_);
+    index_->finish_build(ok ? std::move(build) : nullptr);
+    if (!ok) break;
+  }
+  {
+    std::lock_guard lock(build_mutex_);
+    building_ = false;
+  }
+  build_done_.notify_all();
+}
+
+void Collection::Impl::wait_until_indexed() const {
+  std::unique_lock lock(build_mutex_);
+  build_done_.wait(lock, [&] { return !building_; });
+}
+
+bool Collection::Impl::index_building() const {
+  std::lock_guard lock(build_mutex_);
+  return building_;
+}
+
+// ---- query helpers ----
+
+std::vector<float> Collection::Impl::prepare_queries(std::span<const float> queries, std::size_t& count) const {
+  count = detail::row_count(queries.size(), dim(), "queries");
+  if (count == 0) throw Error(ErrorCode::dimension_mismatch, "queries is empty: give at least one row of d floats");
+  detail::check_finite(queries, "query", dim());
+  std::vector<float> buffer;
+  const std::span<const float> prepared = prepare_keys(queries, buffer, "query");
+  if (prepared.data() != buffer.data()) buffer.assign(prepared.begin(), prepared.end());
+  return buffer;
+}
+
+void Collection::Impl::require_entries() const {
+  if (ids_.empty()) throw Error(ErrorCode::empty_collection, "the collection has no entries to query");
+}
+
+std::size_t Collection::Impl::parts_for(const QueryOptions& options, std::size_t floats_per_row) const {
+  return detail::choose_parts(ids_.size(), floats_per_row, options.threads, detail::ThreadPool::shared().concurrency());
+}
+
+void Collection::Impl::check_pruning(const QueryOptions& options) const {
+  if (!options.top_k && !options.epsilon) return;
+  if (options.top_k && options.epsilon) throw Error(ErrorCode::invalid_argument, "give top_k or epsilon, not both");
+  if (options.top_k && *options.top_k == 0) throw Error(ErrorCode::invalid_argument, "top_k must be >= 1");
+  if (options.epsilon && !(*options.epsilon > 0.0f && *options.epsilon < 1.0f))
+    throw Error(ErrorCode::invalid_argument, "epsilon must lie in (0, 1), got " + std::to_string(*options.epsilon));
+  if (!index_)
+    throw Error(ErrorCode::invalid_argument,
+                "top_k and epsilon need a pruning index; create the collection with index.kind flat, hnsw, ivf or automatic");
+  if (options.ef_search == 0 || options.nprobe == 0) throw Error(ErrorCode::invalid_argument, "ef_search and nprobe must be >= 1");
+}
+
+std::vector<std::size_t> Collection::Impl::index_rows(const float* query, float scale, std::size_t k,
+                                                     const QueryOptions& options) const {
+  const detail::IndexSearch search{.k = k, .scale = scale, .ef_search = options.ef_search, .nprobe = options.nprobe,
+                                   .parts = parts_for(options, dim())};
+  const std::vector<std::uint64_t> ids = index_->search(query, span(), search);
+  std::vector<std::size_t> rows;
+  rows.reserve(ids.size());
+  for (std::uint64_t id : ids) {
+    const auto it = slot_of_.find(id);
+    if (it == slot_of_.end())
+      throw Error(ErrorCode::internal, "the pruning index returned id " + std::to_string(id) + ", which the collection does not hold");
+    rows.push_back(it->second);
+  }
+  return rows;
+}
+
+void Collection::Impl::check_lse(double lse) {
+  if (!std::isfinite(lse))
+    throw Error(ErrorCode::numeric_overflow, "scores left the float range; use a smaller scale or a larger temperature");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collection: the public doors
 
 Collection::Collection(const CollectionConfig& config) {
-  if (config.dim == 0 || config.value_dim == 0)
-    throw Error(ErrorCode::invalid_argument, "a collection needs dim >= 1 and value_dim >= 1");
-  if (config.metric != Metric::dot && config.metric != Metric::cosine)
-    throw Error(ErrorCode::invalid_argument, "unknown metric");
-  if (config.index.kind > IndexKind::automatic) throw Error(ErrorCode::invalid_argument, "unknown index kind");
-  if (config.index.kind == IndexKind::hnsw && (config.index.hnsw_m < 2 || config.index.hnsw_ef_construction == 0))
-    throw Error(ErrorCode::invalid_argument, "HNSW needs hnsw_m >= 2 and hnsw_ef_construction >= 1");
-  if (!(config.index.rebuild_fraction > 0.0f))
-    throw Error(ErrorCode::invalid_argument, "rebuild_fraction must be > 0");
-  if (config.scale && !(std::isfinite(*config.scale) && *config.scale > 0.0f))
-    throw Error(ErrorCode::invalid_argument, "the default scale must be finite and > 0");
+  check_config(config);
   impl_ = std::make_unique<Impl>(config);
 }
 
@@ -38,39 +304,36 @@ Collection::~Collection() = default;
 Collection::Collection(Collection&&) noexcept = default;
 Collection& Collection::operator=(Collection&&) noexcept = default;
 
-const CollectionConfig& Collection::config() const noexcept { return impl_->config_; }
+const CollectionConfig& Collection::config() const noexcept { return impl_->config(); }
 
-std::size_t Collection::size_hint() const noexcept { return impl_->size_hint_.load(std::memory_order_relaxed); }
+std::size_t Collection::size_hint() const noexcept { return impl_->size_hint(); }
 
 std::size_t Collection::size() const {
-  std::shared_lock lock(impl_->mutex_);
-  return impl_->ids_.size();
+  const auto lock = impl_->read_lock();
+  return impl_->rows();
 }
 
 bool Collection::contains(std::uint64_t id) const {
-  std::shared_lock lock(impl_->mutex_);
-  return impl_->slot_of_.contains(id);
+  const auto lock = impl_->read_lock();
+  return impl_->row_of(id).has_value();
 }
 
 Entry Collection::get(std::uint64_t id) const {
-  std::shared_lock lock(impl_->mutex_);
-  auto it = impl_->slot_of_.find(id);
-  if (it == impl_->slot_of_.end()) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
-  const std::size_t slot = it->second;
-  const std::size_t d = impl_->dim();
-  const std::size_t dv = impl_->value_dim();
+  const auto lock = impl_->read_lock();
+  const auto row = impl_->row_of(id);
+  if (!row) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
+  const detail::RowSpan s = impl_->span();
   Entry e;
   e.id = id;
-  e.key.assign(impl_->keys_.begin() + static_cast<std::ptrdiff_t>(slot * d),
-               impl_->keys_.begin() + static_cast<std::ptrdiff_t>((slot + 1) * d));
-  e.value.assign(impl_->values_.begin() + static_cast<std::ptrdiff_t>(slot * dv),
-                 impl_->values_.begin() + static_cast<std::ptrdiff_t>((slot + 1) * dv));
+  e.key.assign(s.keys + *row * s.dim, s.keys + (*row + 1) * s.dim);
+  e.value.assign(s.values + *row * s.value_dim, s.values + (*row + 1) * s.value_dim);
   return e;
 }
 
 std::vector<std::uint64_t> Collection::ids() const {
-  std::shared_lock lock(impl_->mutex_);
-  return impl_->ids_;
+  const auto lock = impl_->read_lock();
+  const detail::RowSpan s = impl_->span();
+  return {s.ids, s.ids + s.rows};
 }
 
 std::uint64_t Collection::add(std::span<const float> key, std::span<const float> value) {
@@ -80,19 +343,7 @@ std::uint64_t Collection::add(std::span<const float> key, std::span<const float>
 }
 
 std::vector<std::uint64_t> Collection::add_batch(std::span<const float> keys, std::span<const float> values) {
-  std::vector<float> buffer;
-  std::size_t n = 0;
-  const std::span<const float> prepared = impl_->validate_rows(keys, values, nullptr, buffer, n);
-  std::vector<std::uint64_t> ids(n);
-  std::unique_lock lock(impl_->mutex_);
-  if (n > kReservedId - impl_->next_id_) throw Error(ErrorCode::invalid_argument, "the id space is exhausted");
-  impl_->reserve_more(n);
-  for (std::size_t r = 0; r < n; ++r) {
-    ids[r] = impl_->next_id_;
-    impl_->put(ids[r], prepared.data() + r * impl_->dim(), values.data() + r * impl_->value_dim());
-  }
-  impl_->index_put(ids, prepared.data());
-  return ids;
+  return impl_->add(impl_->prepare({}, keys, values));
 }
 
 void Collection::upsert(std::uint64_t id, std::span<const float> key, std::span<const float> value) {
@@ -101,49 +352,36 @@ void Collection::upsert(std::uint64_t id, std::span<const float> key, std::span<
   upsert_batch(std::span<const std::uint64_t>(&id, 1), key, value);
 }
 
-void Collection::upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys,
-                              std::span<const float> values) {
-  std::vector<float> buffer;
-  std::size_t n = 0;
-  const std::span<const float> prepared = impl_->validate_rows(keys, values, &ids, buffer, n);
-  impl_->store_rows(ids, prepared.data(), values.data());
+void Collection::upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values) {
+  const std::size_t n = detail::row_count(keys.size(), impl_->dim(), "keys");
+  if (ids.size() != n)  // prepare() reads empty ids as an add
+    throw Error(ErrorCode::dimension_mismatch, std::to_string(ids.size()) + " ids but " + std::to_string(n) + " keys");
+  impl_->apply(impl_->prepare(ids, keys, values));
 }
 
-void Collection::remove(std::uint64_t id) {
-  std::unique_lock lock(impl_->mutex_);
-  Impl& s = *impl_;
-  auto it = s.slot_of_.find(id);
-  if (it == s.slot_of_.end()) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
-  const std::size_t slot = it->second;
-  const std::size_t last = s.ids_.size() - 1;
-  const std::size_t d = s.dim();
-  const std::size_t dv = s.value_dim();
-  if (slot != last) {
-    std::copy_n(s.keys_.begin() + static_cast<std::ptrdiff_t>(last * d), d, s.keys_.begin() + static_cast<std::ptrdiff_t>(slot * d));
-    std::copy_n(s.values_.begin() + static_cast<std::ptrdiff_t>(last * dv), dv,
-                s.values_.begin() + static_cast<std::ptrdiff_t>(slot * dv));
-    s.ids_[slot] = s.ids_[last];
-    s.slot_of_[s.ids_[slot]] = slot;
-  }
-  s.ids_.pop_back();
-  s.keys_.resize(last * d);
-  s.values_.resize(last * dv);
-  s.slot_of_.erase(it);
-  s.size_hint_.store(s.ids_.size(), std::memory_order_relaxed);
-  if (s.index_) {
-    s.index_->erase(id, s.span());
-    s.start_build_if_due();
-  }
+void Collection::remove(std::uint64_t id) { impl_->remove(std::span<const std::uint64_t>(&id, 1)); }
+
+void Collection::remove_batch(std::span<const std::uint64_t> ids) { impl_->remove(ids); }
+
+Rows Collection::prepare(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values) const {
+  return impl_->prepare(ids, keys, values);
 }
 
-void Collection::wait_until_indexed() const {
-  std::unique_lock lock(impl_->build_mutex_);
-  impl_->build_done_.wait(lock, [&] { return !impl_->building_; });
+void Collection::apply(const Rows& rows) { impl_->apply(rows); }
+
+std::uint64_t Collection::next_id() const { return impl_->next_id(); }
+
+CollectionImage Collection::image() const { return impl_->image(); }
+
+Collection Collection::restore(CollectionImage image, std::string* note) {
+  Collection c(image.config);
+  std::string line = c.impl_->restore(std::move(image));
+  if (note != nullptr) *note = std::move(line);
+  return c;
 }
 
-bool Collection::index_building() const {
-  std::lock_guard lock(impl_->build_mutex_);
-  return impl_->building_;
-}
+void Collection::wait_until_indexed() const { impl_->wait_until_indexed(); }
+
+bool Collection::index_building() const { return impl_->index_building(); }
 
 }  // namespace softkv

@@ -13,6 +13,7 @@
 #include "simd/kernel_table.hpp"
 #include "softkv/collection.hpp"
 #include "softkv/error.hpp"
+#include "validate.hpp"
 
 namespace softkv {
 namespace {
@@ -26,10 +27,6 @@ constexpr std::size_t kHardCandidates = 64;
               std::string(what) + " left the float range; use a smaller scale or a larger temperature");
 }
 
-void check_lse(double lse) {
-  if (!std::isfinite(lse)) overflow("scores");
-}
-
 void check_best(const detail::ArgMax& best) {
   if (best.overflow) overflow("a score");
   if (best.row == detail::ArgMax::kNoRow) overflow("every score is below -FLT_MAX: the scores");
@@ -41,7 +38,7 @@ auto guard_memory(F&& body) {
   try {
     return body();
   } catch (const std::bad_alloc&) {
-    throw Error(ErrorCode::out_of_memory, "the query needs more memory than is available");
+    throw Error(ErrorCode::resource_exhausted, "the query needs more memory than is available");
   }
 }
 
@@ -57,18 +54,6 @@ std::vector<float> scaled_queries(const Impl& impl, std::span<const float> queri
   scales.resize(count);
   for (std::size_t b = 0; b < count; ++b) scales[b] = detail::split_scale(std::span<float>(q.data() + b * d, d), scale);
   return q;
-}
-
-// Rows of the index's candidates for one split query (live entries only).
-template <class Impl>
-std::vector<std::size_t> index_rows(const Impl& impl, const float* query, float scale, std::size_t k,
-                                    const QueryOptions& options) {
-  const detail::IndexSearch search{k, scale, options.ef_search, options.nprobe, impl.parts_for(options, impl.dim())};
-  const std::vector<std::uint64_t> ids = impl.index_->search(query, impl.span(), search);
-  std::vector<std::size_t> rows;
-  rows.reserve(ids.size());
-  for (std::uint64_t id : ids) rows.push_back(impl.slot_of_.at(id));
-  return rows;
 }
 
 }  // namespace
@@ -90,7 +75,7 @@ float Collection::resolve_scale(const QueryOptions& options) const {
       throw Error(ErrorCode::invalid_argument, "temperature " + std::to_string(t) + " is too small: the scale overflows a float");
     return static_cast<float>(s);
   }
-  if (impl_->config_.scale) return *impl_->config_.scale;
+  if (impl_->config().scale) return *impl_->config().scale;
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(impl_->dim())));
 }
 
@@ -103,14 +88,14 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
     const float f = factor[0];
     impl_->check_pruning(options);
 
-    std::shared_lock lock(impl_->mutex_);
+    const auto lock = impl_->read_lock();
     impl_->require_entries();
     const detail::RowSpan span = impl_->span();
     const std::size_t parts = impl_->parts_for(options, impl_->dim() + impl_->value_dim());
     const detail::KernelTable& kernels = detail::kernels();
     const bool prune = (options.top_k || options.epsilon) && impl_->use_index(options);
-    const detail::CandidateFinder find = [&](std::size_t k) { return index_rows(*impl_, q.data(), f, k, options); };
-    const std::size_t check = prune && !impl_->index_->exact_top_k() ? options.check_sample : 0;
+    const detail::CandidateFinder find = [&](std::size_t k) { return impl_->index_rows(q.data(), f, k, options); };
+    const std::size_t check = prune && !impl_->index()->exact_top_k() ? options.check_sample : 0;
     detail::PrunedSoft pruned =
         !prune          ? detail::exact_soft(kernels, q.data(), f, span, options.top_m, parts)
         : options.top_k ? detail::pruned_soft(kernels, q.data(), f, span, *options.top_k, options.top_m, parts, find, check)
@@ -119,13 +104,13 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
 
     SoftResult result;
     result.lse = scan.state.lse();
-    check_lse(result.lse);
+    Collection::Impl::check_lse(result.lse);
     result.max_score = scan.state.max;
     result.candidates = pruned.k;
     result.tail_bound = pruned.tail_bound;
     const bool scanned_all = pruned.k == span.rows;
-    result.searched_with = scanned_all ? IndexKind::exact : impl_->index_->kind();
-    result.tail_bound_guaranteed = scanned_all || impl_->index_->exact_top_k();
+    result.searched_with = scanned_all ? IndexKind::exact : impl_->index()->kind();
+    result.tail_bound_guaranteed = scanned_all || impl_->index()->exact_top_k();
     result.value = std::move(pruned.value);
     result.top.reserve(scan.top.size());
     for (const auto& item : scan.top)
@@ -142,17 +127,17 @@ HardResult Collection::query_hard(std::span<const float> query, const QueryOptio
     const std::vector<float> q = scaled_queries(*impl_, query, scale, factor);
     const float f = factor[0];
 
-    std::shared_lock lock(impl_->mutex_);
+    const auto lock = impl_->read_lock();
     impl_->require_entries();
     const detail::RowSpan span = impl_->span();
     const detail::KernelTable& kernels = detail::kernels();
     detail::ArgMax best;
     HardResult result;
-    const IndexKind index_kind = impl_->use_index(options) ? impl_->index_->kind() : IndexKind::exact;
+    const IndexKind index_kind = impl_->use_index(options) ? impl_->index()->kind() : IndexKind::exact;
     if (index_kind == IndexKind::hnsw || index_kind == IndexKind::ivf) {
       // The index's best candidates, rescored with our kernel (ties to the smallest id); flat would
       // read every key like the scan below, so it gains nothing here.
-      for (std::size_t row : index_rows(*impl_, q.data(), f, kHardCandidates, options)) {
+      for (std::size_t row : impl_->index_rows(q.data(), f, kHardCandidates, options)) {
         detail::RowSpan one = span;
         one.keys = span.keys + row * span.dim;
         one.rows = 1;
@@ -184,7 +169,7 @@ SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, con
     const std::vector<float> q = scaled_queries(*impl_, queries, scale, factor);
     const std::size_t nq = factor.size();
 
-    std::shared_lock lock(impl_->mutex_);
+    const auto lock = impl_->read_lock();
     impl_->require_entries();
     const detail::RowSpan span = impl_->span();
     const std::size_t parts = impl_->parts_for(options, (impl_->dim() + impl_->value_dim()) * nq);
@@ -199,7 +184,7 @@ SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, con
     result.max_score.resize(nq);
     for (std::size_t b = 0; b < nq; ++b) {
       result.lse[b] = states[b].lse();
-      check_lse(result.lse[b]);
+      Collection::Impl::check_lse(result.lse[b]);
       result.max_score[b] = states[b].max;
       const std::vector<float> value = detail::blended_value(kernels, q.data() + b * d, factor[b], span, states[b]);
       std::copy(value.begin(), value.end(), result.values.begin() + static_cast<std::ptrdiff_t>(b * dv));
@@ -215,7 +200,7 @@ HardBatchResult Collection::query_hard_batch(std::span<const float> queries, con
     const std::vector<float> q = scaled_queries(*impl_, queries, scale, factor);
     const std::size_t nq = factor.size();
 
-    std::shared_lock lock(impl_->mutex_);
+    const auto lock = impl_->read_lock();
     impl_->require_entries();
     const detail::RowSpan span = impl_->span();
     const std::size_t parts = impl_->parts_for(options, impl_->dim() * nq);

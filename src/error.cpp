@@ -20,7 +20,8 @@ std::string_view to_string(ErrorCode code) noexcept {
     case ErrorCode::numeric_overflow: return "numeric_overflow";
     case ErrorCode::unauthenticated: return "unauthenticated";
     case ErrorCode::server_busy: return "server_busy";
-    case ErrorCode::out_of_memory: return "out_of_memory";
+    case ErrorCode::resource_exhausted: return "resource_exhausted";
+    case ErrorCode::internal: return "internal";
   }
   return "unknown_error";
 }

@@ -20,6 +20,7 @@
 #include "errors.hpp"
 #include "temp_dir.hpp"
 #include "softkv/softkv.hpp"
+#include "codec/crc32.hpp"
 #include "storage/file.hpp"
 #include "storage/snapshot.hpp"
 #include "storage/wal.hpp"
@@ -278,22 +279,22 @@ TEST_CASE("a flipped byte in the log or a snapshot is detected, never loaded", "
 TEST_CASE("a snapshot claiming huge counts is refused before allocating", "[database]") {
   detail::SnapshotImage image;
   image.sequence = 3;
-  detail::CollectionImage c;
+  detail::NamedImage c;
   c.name = "c";
-  c.config = {4, 4, Metric::dot, {}, {}};
-  c.ids = {1, 2};
-  c.keys.assign(8, 1.0f);
-  c.values.assign(8, 2.0f);
+  c.image.config = {4, 4, Metric::dot, {}, {}};
+  c.image.rows.ids = {1, 2};
+  c.image.rows.keys.assign(8, 1.0f);
+  c.image.rows.values.assign(8, 2.0f);
   image.collections.push_back(c);
   // An empty collection last in the file is valid (a regression: a bound once rejected it).
-  detail::CollectionImage empty;
+  detail::NamedImage empty;
   empty.name = "empty";
-  empty.config = {2, 1, Metric::dot, {}, {}};
+  empty.image.config = {2, 1, Metric::dot, {}, {}};
   image.collections.push_back(empty);
-  REQUIRE(detail::decode_snapshot(detail::encode_snapshot(image), "s").collections.at(1).ids.empty());
+  REQUIRE(detail::decode_snapshot(detail::encode_snapshot(image), "s").collections.at(1).image.rows.ids.empty());
   image.collections.pop_back();
   std::vector<std::byte> bytes = detail::encode_snapshot(image);
-  REQUIRE(detail::decode_snapshot(bytes, "s").collections.at(0).ids == c.ids);
+  REQUIRE(detail::decode_snapshot(bytes, "s").collections.at(0).image.rows.ids == c.image.rows.ids);
   // Find the entry count (2) after the name and config, set it to 2^40, and fix the checksum so
   // only the size checks stand between the loader and a terabyte allocation.
   bool patched = false;
@@ -489,7 +490,7 @@ TEST_CASE("FAISS index files are loaded when valid and rebuilt when missing, sta
   {
     lines.clear();
     Database db(dir.path, options());
-    CHECK(logged("loaded the index of 'h'"));
+    CHECK(logged("'h': loaded its index"));
     CHECK(candidates(db) == before);  // the same graph, not a rebuilt one
   }
   const auto saved = detail::read_file(file);
@@ -519,7 +520,7 @@ TEST_CASE("FAISS index files are loaded when valid and rebuilt when missing, sta
     fs::remove(file);
     lines.clear();
     Database db(dir.path, options());
-    CHECK(logged("no index file for 'h'"));
+    CHECK(logged("'h': no saved index; rebuilt its index"));
     (void)candidates(db);
   }
 }

@@ -368,7 +368,7 @@ TEST_CASE("ef_search, nprobe, top_k and top_m at the ends of their range are cla
   }
 }
 
-TEST_CASE("an allocation failure during a query is out_of_memory", "[numerics][errors]") {
+TEST_CASE("an allocation failure during a query is resource_exhausted", "[numerics][errors]") {
   Collection c({64, 1, Metric::dot, {}});
   c.add(std::vector<float>(64, 1.0f), std::vector<float>{1});
   const std::vector<float> queries(std::size_t{64} << 20, 0.5f);  // 256 MiB of queries: the copy cannot fit
@@ -391,7 +391,7 @@ TEST_CASE("an allocation failure during a query is out_of_memory", "[numerics][e
   const auto code = error_of([&] { (void)c.query_soft_batch(queries); });
   const auto hard = error_of([&] { (void)c.query_hard_batch(queries); });
   setrlimit(RLIMIT_AS, &old);
-  CHECK(code == ErrorCode::out_of_memory);
-  CHECK(hard == ErrorCode::out_of_memory);
-  CHECK(to_string(ErrorCode::out_of_memory) == "out_of_memory");
+  CHECK(code == ErrorCode::resource_exhausted);
+  CHECK(hard == ErrorCode::resource_exhausted);
+  CHECK(to_string(ErrorCode::resource_exhausted) == "resource_exhausted");
 }

@@ -35,7 +35,7 @@ ERROR_NAMES = {
     1: "dimension_mismatch", 2: "empty_collection", 3: "non_finite", 4: "unknown_id", 5: "invalid_argument",
     6: "unknown_collection", 7: "collection_exists", 8: "corrupt_file", 9: "io_error", 10: "frame_too_large",
     11: "protocol_error", 12: "unsupported", 13: "numeric_overflow", 14: "unauthenticated", 15: "server_busy",
-    16: "out_of_memory",
+    16: "resource_exhausted", 17: "internal",
 }
 
 

@@ -6,11 +6,13 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace softkv {
 
-class Database;
+/// The one id no entry may have: it keeps "next id = largest id + 1" from wrapping.
+inline constexpr std::uint64_t kReservedId = ~std::uint64_t{0};
 
 /// How a query is compared with a key.
 enum class Metric : std::uint8_t {
@@ -46,6 +48,22 @@ struct CollectionConfig {
   std::optional<float> scale;       ///< default score scale; unset means 1 / sqrt(d)
   IndexConfig index;                ///< pruning index used by queries with top_k or epsilon
 };
+
+/// The accepted range of every CollectionConfig field. check_config enforces it at creation, and every
+/// loader (log replay, snapshots, the wire) checks through the same function, so a configuration that
+/// was accepted once always loads again.
+struct ConfigLimits {
+  static constexpr std::size_t kMaxDimension = std::size_t{1} << 24;       ///< dim and value_dim: 1 .. 2^24
+  static constexpr std::size_t kMaxHnswM = 256;                           ///< hnsw_m: at most 256 (memory grows with m per row), >= 2 for hnsw
+  static constexpr std::size_t kMaxHnswEfConstruction = std::size_t{1} << 16;  ///< hnsw_ef_construction: at most 65536, >= 1 for hnsw
+  static constexpr std::size_t kMaxIvfNlist = std::size_t{1} << 16;      ///< ivf_nlist: 0 (automatic) .. 65536
+  static constexpr std::size_t kMaxIvfTrainSize = std::size_t{1} << 32;  ///< ivf_train_size: 0 (automatic), or ivf_nlist .. 2^32
+  static constexpr float kMaxRebuildFraction = 1000.0f;                    ///< rebuild_fraction: (0, 1000]
+};
+
+/// Throws Error(invalid_argument) naming the first field of config outside ConfigLimits (or an unknown
+/// metric or index kind, or a scale that is not finite and > 0); returns normally otherwise.
+void check_config(const CollectionConfig& config);
 
 /// Per-query knobs. Scores are s_i = scale * sim(q, k_i).
 struct QueryOptions {
@@ -123,6 +141,21 @@ struct Entry {
   std::vector<float> value;      ///< its value
 };
 
+/// n entries, row-major: the unit of a write (see Collection::prepare and Collection::apply).
+struct Rows {
+  std::vector<std::uint64_t> ids;  ///< n ids
+  std::vector<float> keys;         ///< n x d keys
+  std::vector<float> values;       ///< n x dv values
+};
+
+/// A collection's entries at one moment, keys as stored: what a snapshot keeps (Collection::image).
+struct CollectionImage {
+  CollectionConfig config;        ///< its configuration
+  std::uint64_t next_id = 0;      ///< the id add() assigns next
+  Rows rows;                      ///< every entry, in storage order
+  std::vector<std::byte> index;   ///< the pruning index's saved form; empty when there is none worth keeping
+};
+
 /// A set of (id, key, value) entries with fixed dimensions, queried by soft or hard retrieval.
 ///
 /// Thread safety: any number of threads may query concurrently (const methods take a shared
@@ -133,7 +166,7 @@ struct Entry {
 /// the collection as it was.
 class Collection {
  public:
-  /// Creates an empty collection; throws Error(invalid_argument) for a zero dimension or bad scale.
+  /// Creates an empty collection; throws Error(invalid_argument) for a configuration check_config refuses.
   explicit Collection(const CollectionConfig& config);
   ~Collection();
   Collection(Collection&&) noexcept;             ///< moves the entries; the source becomes unusable
@@ -165,6 +198,28 @@ class Collection {
                     std::span<const float> values);
   /// Removes the entry with this id; throws Error(unknown_id) if there is none.
   void remove(std::uint64_t id);
+  /// Removes n distinct ids, all or nothing: throws Error(unknown_id) or Error(invalid_argument) (an id
+  /// given twice) before removing any.
+  void remove_batch(std::span<const std::uint64_t> ids);
+
+  /// The first door of a write in two steps: checks rows exactly as upsert_batch would (as add_batch
+  /// would when ids is empty) and returns them as they will be stored, keys normalised for cosine.
+  /// Changes nothing; a Database logs the result before it applies it.
+  [[nodiscard]] Rows prepare(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values) const;
+  /// The second door: stores rows that prepare() returned, with one id per row (inserting or replacing
+  /// each). It does not validate again; rows whose shape does not fit are Error(internal).
+  void apply(const Rows& rows);
+  /// The id add() assigns next: one above the largest id ever stored.
+  [[nodiscard]] std::uint64_t next_id() const;
+
+  /// A consistent copy of every entry, the id counter and the saved pruning index: what a snapshot keeps.
+  [[nodiscard]] CollectionImage image() const;
+  /// A collection holding exactly the image (same entries, storage order and id counter). Its index is
+  /// loaded from image.index when that matches the entries and rebuilt otherwise; an index that cannot
+  /// be built leaves queries on the exact scan. `note`, when given, receives one line saying which.
+  /// Throws Error(invalid_argument) for a configuration outside ConfigLimits and Error(corrupt_file)
+  /// for an inconsistent image (row sizes, an id twice, an id at or above next_id).
+  [[nodiscard]] static Collection restore(CollectionImage image, std::string* note = nullptr);
 
   /// Soft retrieval: softmax(s) . V over every entry. Throws on empty collection or bad query.
   [[nodiscard]] SoftResult query_soft(std::span<const float> query, const QueryOptions& options = {}) const;
@@ -189,7 +244,6 @@ class Collection {
   [[nodiscard]] float resolve_scale(const QueryOptions& options) const;
 
  private:
-  friend class Database;  // restores entries exactly as they were stored
   class Impl;
   std::unique_ptr<Impl> impl_;
 };

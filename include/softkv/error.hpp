@@ -25,7 +25,8 @@ enum class ErrorCode : std::uint16_t {
   numeric_overflow = 13,    ///< scores left the float range (lower the scale)
   unauthenticated = 14,     ///< the server requires an auth token first, or the token was wrong
   server_busy = 15,         ///< the server is at its connection limit or shutting down
-  out_of_memory = 16,       ///< an allocation failed: the request needs more memory than is available
+  resource_exhausted = 16,  ///< a request needs more memory (or another resource) than is available
+  internal = 17,            ///< a broken internal invariant (a bug in softkv: please report it)
 };
 
 /// The stable lower-case name of a code, e.g. "dimension_mismatch".

@@ -19,7 +19,7 @@
 #include <unordered_map>
 
 #include "index/pruning_index.hpp"
-#include "storage/bytes.hpp"
+#include "codec/bytes.hpp"
 
 namespace softkv::detail {
 

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -17,7 +18,36 @@ void throw_io_error(const std::string& what, const std::filesystem::path& path) 
   throw Error(ErrorCode::io_error, what + " " + path.string() + ": " + std::strerror(errno));
 }
 
+namespace {
+
+std::atomic<unsigned> g_fault_ops{0};
+std::atomic<std::uint64_t> g_fault_at{0};
+std::atomic<std::uint64_t> g_fault_seen{0};
+std::atomic<int> g_fault_errno{0};
+
+// Whether this operation is the one the hook fails; sets errno if so. One relaxed load when disarmed.
+bool injected(unsigned op) {
+  if ((g_fault_ops.load(std::memory_order_relaxed) & op) == 0) return false;
+  const std::uint64_t seen = g_fault_seen.fetch_add(1) + 1;
+  if (seen != g_fault_at.load()) return false;
+  errno = g_fault_errno.load();
+  return true;
+}
+
+}  // namespace
+
+void inject_fault(unsigned ops, std::uint64_t n, int error) {
+  g_fault_ops.store(0);
+  g_fault_seen.store(0);
+  g_fault_at.store(n);
+  g_fault_errno.store(error);
+  g_fault_ops.store(n == 0 ? 0 : ops);
+}
+
+std::uint64_t fault_operations_seen() { return g_fault_seen.load(); }
+
 File::File(const std::filesystem::path& path, int flags, int mode) : path_(path) {
+  if ((flags & O_CREAT) != 0 && injected(kFaultCreate)) throw_io_error("cannot open", path);
   do fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
   while (fd_ < 0 && errno == EINTR);
   if (fd_ < 0) throw_io_error("cannot open", path);
@@ -40,6 +70,13 @@ File& File::operator=(File&& other) noexcept {
 }
 
 void File::write_all(std::span<const std::byte> bytes) {
+  if (!bytes.empty() && injected(kFaultWrite)) {
+    const int error = errno;
+    const std::size_t half = bytes.size() / 2;
+    if (half > 0 && ::write(fd_, bytes.data(), half) < 0) {}  // a full disk takes part of a write
+    errno = error;
+    throw_io_error("cannot write", path_);
+  }
   while (!bytes.empty()) {
     const ssize_t n = ::write(fd_, bytes.data(), bytes.size());
     if (n < 0) {
@@ -51,7 +88,7 @@ void File::write_all(std::span<const std::byte> bytes) {
 }
 
 void File::sync_data() {
-  if (::fdatasync(fd_) != 0) throw_io_error("cannot fsync", path_);
+  if (injected(kFaultSync) || ::fdatasync(fd_) != 0) throw_io_error("cannot fsync", path_);
 }
 
 std::uint64_t File::size() const {
@@ -74,7 +111,7 @@ void File::lock_exclusive() {
 }
 
 void File::sync_all() {
-  if (::fsync(fd_) != 0) throw_io_error("cannot fsync", path_);
+  if (injected(kFaultSync) || ::fsync(fd_) != 0) throw_io_error("cannot fsync", path_);
 }
 
 std::size_t File::read_at(std::uint64_t offset, std::span<std::byte> out) const {
@@ -102,12 +139,16 @@ void sync_directory(const std::filesystem::path& dir) { File(dir, O_RDONLY | O_D
 void write_file_atomically(const std::filesystem::path& path, std::span<const std::byte> bytes) {
   std::filesystem::path tmp = path;
   tmp += ".tmp";
-  {
+  try {
     File f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
     f.write_all(bytes);
     f.sync_data();
+    if (injected(kFaultRename) || ::rename(tmp.c_str(), path.c_str()) != 0) throw_io_error("cannot rename into", path);
+  } catch (...) {
+    std::error_code ignored;  // a failed write must not leave its partial copy taking the space
+    std::filesystem::remove(tmp, ignored);
+    throw;
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) throw_io_error("cannot rename into", path);
   sync_directory(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
 }
 

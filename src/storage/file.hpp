@@ -54,4 +54,19 @@ void sync_directory(const std::filesystem::path& dir);
 /// Throws Error(io_error) with the operation, the path and strerror(errno).
 [[noreturn]] void throw_io_error(const std::string& what, const std::filesystem::path& path);
 
+/// Kinds of file operation the fault hook can fail (a bit mask).
+enum FaultOp : unsigned {
+  kFaultWrite = 1,   ///< File::write_all (fails after writing half its bytes, as a full disk does)
+  kFaultSync = 2,    ///< File::sync_data / sync_all
+  kFaultRename = 4,  ///< the rename of write_file_atomically
+  kFaultCreate = 8,  ///< opening with O_CREAT
+};
+
+/// Test hook (SQLite's I/O-error loop is the model): from now on, the n-th (1-based) file operation
+/// of a kind in `ops` fails with errno `error`, once; n = 0 disarms it. Process-wide.
+void inject_fault(unsigned ops, std::uint64_t n, int error);
+
+/// Operations of the armed kinds seen since inject_fault (a fault loop runs n up to this count).
+std::uint64_t fault_operations_seen();
+
 }  // namespace softkv::detail

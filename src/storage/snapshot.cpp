@@ -1,5 +1,5 @@
-// Snapshot codec: a fixed header checked by hand, then a cereal binary payload whose arrays are read
-// with binary_data into buffers sized from counts already checked against the payload length.
+// Snapshot codec: a checked-blob header, then a cereal binary payload whose arrays are read with
+// binary_data into buffers sized from counts already checked against the payload length.
 #include "storage/snapshot.hpp"
 
 #include <cereal/archives/binary.hpp>
@@ -10,15 +10,20 @@
 #include <sstream>
 #include <streambuf>
 
+#include "codec/bytes.hpp"
+#include "codec/checked_blob.hpp"
+#include "codec/config.hpp"
+#include "codec/crc32.hpp"
+#include "config_limits.hpp"
 #include "softkv/error.hpp"
-#include "storage/wal.hpp"
 
 namespace softkv::detail {
 namespace {
 
-constexpr char kMagic[8] = {'S', 'K', 'V', 'S', 'N', 'A', 'P', '1'};
-constexpr std::size_t kHeaderSize = 8 + 4 + 8 + 4;
-constexpr std::uint64_t kMaxDimension = 1u << 24;  // far above any embedding; keeps size arithmetic exact
+constexpr std::string_view kSnapshotMagic = "SKVSNAP1";
+constexpr std::string_view kIndexMagic = "SKVINDEX";
+constexpr std::string_view kLegacyIndexMagic = "SKVINDX1";  // before format 2: magic, u64 sequence, u64 length, u32 CRC
+constexpr std::uint32_t kIndexVersion = 2;
 
 // Reads from a byte span without copying it (cereal wants an istream).
 struct SpanBuf : std::streambuf {
@@ -29,18 +34,9 @@ struct SpanBuf : std::streambuf {
   [[nodiscard]] std::size_t consumed() const { return static_cast<std::size_t>(gptr() - eback()); }
 };
 
+// Version 1 stored the configuration as cereal u64 fields.
 template <class Archive>
-void save_config(Archive& ar, const CollectionConfig& c) {
-  const std::uint8_t has_scale = c.scale.has_value();
-  const float scale = c.scale.value_or(0.0f);
-  ar(std::uint64_t{c.dim}, std::uint64_t{c.value_dim}, static_cast<std::uint8_t>(c.metric), has_scale, scale);
-  const IndexConfig& i = c.index;
-  ar(static_cast<std::uint8_t>(i.kind), std::uint64_t{i.hnsw_m}, std::uint64_t{i.hnsw_ef_construction}, std::uint64_t{i.ivf_nlist},
-     std::uint64_t{i.ivf_train_size}, std::uint64_t{i.auto_threshold}, i.rebuild_fraction);
-}
-
-template <class Archive>
-CollectionConfig load_config(Archive& ar) {
+CollectionConfig load_config_v1(Archive& ar) {
   CollectionConfig c;
   std::uint64_t dim = 0, value_dim = 0;
   std::uint8_t metric = 0, has_scale = 0, kind = 0;
@@ -63,83 +59,141 @@ CollectionConfig load_config(Archive& ar) {
 
 }  // namespace
 
-std::vector<std::byte> encode_snapshot(const SnapshotImage& image) {
+std::vector<std::byte> encode_snapshot(const SnapshotImage& snapshot) {
   std::ostringstream payload_stream(std::ios::binary);
   {
     cereal::BinaryOutputArchive ar(payload_stream);
-    ar(image.sequence, std::uint64_t{image.collections.size()});
-    for (const CollectionImage& c : image.collections) {
+    ar(snapshot.sequence, std::uint64_t{snapshot.collections.size()});
+    for (const NamedImage& c : snapshot.collections) {
       ar(std::uint16_t(c.name.size()), cereal::binary_data(c.name.data(), c.name.size()));
-      save_config(ar, c.config);
-      ar(c.next_id, std::uint64_t{c.ids.size()});
-      ar(cereal::binary_data(c.ids.data(), c.ids.size() * sizeof(std::uint64_t)),
-         cereal::binary_data(c.keys.data(), c.keys.size() * sizeof(float)),
-         cereal::binary_data(c.values.data(), c.values.size() * sizeof(float)));
+      ByteWriter config;
+      put_config(config, c.image.config);
+      ar(std::uint16_t(config.bytes().size()), cereal::binary_data(config.bytes().data(), config.bytes().size()));
+      const Rows& rows = c.image.rows;
+      ar(c.image.next_id, std::uint64_t{rows.ids.size()});
+      ar(cereal::binary_data(rows.ids.data(), rows.ids.size() * sizeof(std::uint64_t)),
+         cereal::binary_data(rows.keys.data(), rows.keys.size() * sizeof(float)),
+         cereal::binary_data(rows.values.data(), rows.values.size() * sizeof(float)));
     }
   }
   const std::string payload = std::move(payload_stream).str();
-  const std::span<const std::byte> pb(reinterpret_cast<const std::byte*>(payload.data()), payload.size());
-  std::vector<std::byte> out(kHeaderSize);
-  const std::uint64_t length = payload.size();
-  const std::uint32_t crc = crc32_of(pb);
-  std::memcpy(out.data(), kMagic, 8);
-  std::memcpy(out.data() + 8, &kSnapshotVersion, 4);
-  std::memcpy(out.data() + 12, &length, 8);
-  std::memcpy(out.data() + 20, &crc, 4);
-  out.insert(out.end(), pb.begin(), pb.end());
-  return out;
+  return seal_blob(kSnapshotMagic, kSnapshotVersion,
+                   std::span(reinterpret_cast<const std::byte*>(payload.data()), payload.size()));
 }
 
 SnapshotImage decode_snapshot(std::span<const std::byte> bytes, const std::string& file) {
-  if (bytes.size() < kHeaderSize) corrupt(file, 0, "shorter than the snapshot header");
-  if (std::memcmp(bytes.data(), kMagic, 8) != 0) corrupt(file, 0, "not a softkv snapshot (bad magic)");
-  std::uint32_t version = 0, crc = 0;
-  std::uint64_t length = 0;
-  std::memcpy(&version, bytes.data() + 8, 4);
-  std::memcpy(&length, bytes.data() + 12, 8);
-  std::memcpy(&crc, bytes.data() + 20, 4);
-  if (version != kSnapshotVersion) corrupt(file, 8, "unsupported format version " + std::to_string(version));
-  if (length != bytes.size() - kHeaderSize)
-    corrupt(file, 12, "payload length " + std::to_string(length) + " does not match the file size");
-  const std::span<const std::byte> payload = bytes.subspan(kHeaderSize);
-  if (crc32_of(payload) != crc) corrupt(file, kHeaderSize, "payload checksum mismatch");
-
+  const OpenedBlob blob = open_blob(bytes, kSnapshotMagic, file);
+  if (blob.version != 1 && blob.version != 2) corrupt(file, 8, "unsupported format version " + std::to_string(blob.version));
+  const std::span<const std::byte> payload = blob.payload;
   SpanBuf buf(payload);
   std::istream in(&buf);
   SnapshotImage image;
+  auto at = [&] { return kBlobHeaderSize + buf.consumed(); };
   try {
     cereal::BinaryInputArchive ar(in);
     std::uint64_t count = 0;
     ar(image.sequence, count);
-    if (count > payload.size()) corrupt(file, kHeaderSize + buf.consumed(), "implausible collection count");
+    if (count > payload.size()) corrupt(file, at(), "implausible collection count");
     for (std::uint64_t c = 0; c < count; ++c) {
-      CollectionImage col;
+      NamedImage col;
       std::uint16_t name_size = 0;
       ar(name_size);
-      if (name_size > payload.size() - buf.consumed()) corrupt(file, kHeaderSize + buf.consumed(), "name runs past the end");
+      if (name_size > payload.size() - buf.consumed()) corrupt(file, at(), "name runs past the end");
       col.name.resize(name_size);
       ar(cereal::binary_data(col.name.data(), name_size));
-      col.config = load_config(ar);
+      CollectionConfig& config = col.image.config;
+      if (blob.version == 1) {
+        config = load_config_v1(ar);
+      } else {
+        std::uint16_t config_size = 0;
+        ar(config_size);
+        if (config_size > payload.size() - buf.consumed()) corrupt(file, at(), "configuration runs past the end");
+        std::vector<std::byte> config_bytes(config_size);
+        ar(cereal::binary_data(config_bytes.data(), config_size));
+        ByteReader r(config_bytes);
+        config = get_config(r);
+        if (r.remaining() != 0) corrupt(file, at(), "unexpected bytes after the configuration");
+      }
+      config = fit_index_limits(config);  // index settings from before ConfigLimits (recovery logs them at replay)
+      try {
+        check_config(config);  // the limits of creation: anything else was never accepted
+      } catch (const Error& e) {
+        corrupt(file, at(), "collection '" + col.name + "': " + e.what());
+      }
       std::uint64_t n = 0;
-      ar(col.next_id, n);
+      ar(col.image.next_id, n);
       const std::uint64_t left = payload.size() - buf.consumed();
-      const std::uint64_t d = col.config.dim, dv = col.config.value_dim;
-      // Each entry takes 8 + 4 (d + dv) bytes: refuse counts the remaining payload cannot hold. Dimensions
-      // are bounded first so that 4 (d + dv) cannot overflow; an empty collection needs no bytes at all.
-      if (d == 0 || dv == 0 || d > kMaxDimension || dv > kMaxDimension || n > left / (8 + 4 * (d + dv)))
-        corrupt(file, kHeaderSize + buf.consumed(), "entry count or dimensions larger than the file");
-      col.ids.resize(n);
-      col.keys.resize(n * d);
-      col.values.resize(n * dv);
-      ar(cereal::binary_data(col.ids.data(), n * sizeof(std::uint64_t)), cereal::binary_data(col.keys.data(), n * d * sizeof(float)),
-         cereal::binary_data(col.values.data(), n * dv * sizeof(float)));
+      const std::uint64_t d = config.dim, dv = config.value_dim;  // bounded by check_config: 4 (d + dv) cannot overflow
+      if (n > left / (8 + 4 * (d + dv))) corrupt(file, at(), "entry count or dimensions larger than the file");
+      Rows& rows = col.image.rows;
+      rows.ids.resize(n);
+      rows.keys.resize(n * d);
+      rows.values.resize(n * dv);
+      ar(cereal::binary_data(rows.ids.data(), n * sizeof(std::uint64_t)), cereal::binary_data(rows.keys.data(), n * d * sizeof(float)),
+         cereal::binary_data(rows.values.data(), n * dv * sizeof(float)));
       image.collections.push_back(std::move(col));
     }
   } catch (const cereal::Exception& e) {
-    corrupt(file, kHeaderSize + buf.consumed(), std::string("payload ends early: ") + e.what());
+    corrupt(file, at(), std::string("payload ends early: ") + e.what());
   }
-  if (buf.consumed() != payload.size()) corrupt(file, kHeaderSize + buf.consumed(), "unexpected bytes after the last collection");
+  if (buf.consumed() != payload.size()) corrupt(file, at(), "unexpected bytes after the last collection");
   return image;
+}
+
+std::filesystem::path index_file_path(const std::filesystem::path& dir, std::string_view name) {
+  return dir / ("index-" + std::string(name) + ".faiss");
+}
+
+std::vector<std::byte> encode_index_file(std::uint64_t sequence, std::span<const std::byte> index) {
+  ByteWriter w;
+  w.put(sequence);
+  w.put_array(index);
+  return seal_blob(kIndexMagic, kIndexVersion, w.bytes());
+}
+
+std::vector<std::byte> decode_index_file(std::span<const std::byte> bytes, std::uint64_t sequence, std::string& why) {
+  std::uint64_t written_for = 0;
+  std::span<const std::byte> index;
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), kLegacyIndexMagic.data(), 8) == 0) {
+    constexpr std::size_t kLegacyHeader = 8 + 8 + 8 + 4;
+    std::uint64_t length = 0;
+    std::uint32_t crc = 0;
+    if (bytes.size() < kLegacyHeader) {
+      why = "corrupt (shorter than its header)";
+      return {};
+    }
+    std::memcpy(&written_for, bytes.data() + 8, 8);
+    std::memcpy(&length, bytes.data() + 16, 8);
+    std::memcpy(&crc, bytes.data() + 24, 4);
+    index = bytes.subspan(kLegacyHeader);
+    if (length != index.size() || crc32_of(index) != crc) {
+      why = "corrupt (size or checksum mismatch)";
+      return {};
+    }
+  } else {
+    try {
+      const OpenedBlob blob = open_blob(bytes, kIndexMagic, "index file");
+      if (blob.version != kIndexVersion) {
+        why = "of unsupported format version " + std::to_string(blob.version);
+        return {};
+      }
+      ByteReader r(blob.payload);
+      written_for = r.get<std::uint64_t>("snapshot sequence");
+      index = blob.payload.subspan(8);
+    } catch (const Error& e) {
+      why = std::string("corrupt (") + e.what() + ")";
+      return {};
+    }
+  }
+  if (written_for != sequence) {
+    why = "stale (written for snapshot sequence " + std::to_string(written_for) + ", the snapshot is at " + std::to_string(sequence) + ")";
+    return {};
+  }
+  if (index.empty()) {
+    why = "empty";
+    return {};
+  }
+  return {index.begin(), index.end()};
 }
 
 }  // namespace softkv::detail

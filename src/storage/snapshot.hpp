@@ -1,8 +1,9 @@
-// Snapshot files: every collection's entries at one log sequence number, in a checksummed cereal payload.
+// Snapshot files (every collection at one log sequence number) and the index files written beside them.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
@@ -11,30 +12,43 @@
 
 namespace softkv::detail {
 
-/// One collection as persisted: configuration, id counter and entries (keys as stored).
-struct CollectionImage {
-  std::string name;                  ///< collection name
-  CollectionConfig config;           ///< shape, metric, scale, index configuration
-  std::uint64_t next_id = 0;         ///< the id add() assigns next
-  std::vector<std::uint64_t> ids;    ///< n ids
-  std::vector<float> keys;           ///< n x d, as stored (unit length for cosine)
-  std::vector<float> values;         ///< n x dv
+/// One collection of a snapshot: its name and its image (CollectionImage::index is not part of the
+/// snapshot file: it goes to the collection's index file).
+struct NamedImage {
+  std::string name;        ///< collection name
+  CollectionImage image;   ///< configuration, id counter and rows as stored
 };
 
 /// A whole database at the moment every record up to `sequence` had been applied.
 struct SnapshotImage {
-  std::uint64_t sequence = 0;                   ///< last log sequence number the snapshot includes
-  std::vector<CollectionImage> collections;     ///< every collection
+  std::uint64_t sequence = 0;             ///< last log sequence number the snapshot includes
+  std::vector<NamedImage> collections;    ///< every collection
 };
 
-/// File format version written by encode_snapshot.
-inline constexpr std::uint32_t kSnapshotVersion = 1;
+/// Snapshot format version written by encode_snapshot (decode_snapshot reads 1 and 2).
+/// 1: configuration as cereal u64 fields. 2: configuration in the shared codec layout (codec/config.hpp).
+inline constexpr std::uint32_t kSnapshotVersion = 2;
 
-/// The file bytes: magic "SKVSNAP1", u32 version, u64 payload length, u32 payload CRC-32, payload.
+/// The snapshot file's name in a data directory.
+inline constexpr const char* kSnapshotFile = "snapshot.skv";
+
+/// The file bytes: a checked blob (codec/checked_blob.hpp, magic "SKVSNAP1") around a cereal payload.
 std::vector<std::byte> encode_snapshot(const SnapshotImage& image);
 
 /// Parses file bytes; throws Error(corrupt_file) naming `file` and the offset of the first problem.
-/// Sizes and counts are checked against the file's length before anything is allocated.
+/// Sizes and counts are checked against the file's length before anything is allocated, and each
+/// configuration against ConfigLimits (the same check as at creation).
 SnapshotImage decode_snapshot(std::span<const std::byte> bytes, const std::string& file);
+
+/// Where a collection's saved pruning index lives in a data directory.
+std::filesystem::path index_file_path(const std::filesystem::path& dir, std::string_view name);
+
+/// Index file bytes: a checked blob (magic "SKVINDEX") holding the snapshot sequence and the index's bytes.
+std::vector<std::byte> encode_index_file(std::uint64_t sequence, std::span<const std::byte> index);
+
+/// The index bytes of an index file if it is intact and was written with the snapshot at `sequence`;
+/// otherwise empty, with the reason in `why` (the index is then rebuilt, never trusted). Reads the
+/// format before version 2 (magic "SKVINDX1") too.
+std::vector<std::byte> decode_index_file(std::span<const std::byte> bytes, std::uint64_t sequence, std::string& why);
 
 }  // namespace softkv::detail

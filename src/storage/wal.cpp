@@ -2,12 +2,13 @@
 #include "storage/wal.hpp"
 
 #include <fcntl.h>
-#include <zlib.h>
-
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
 #include <cstring>
 
-#include "storage/bytes.hpp"
+#include "codec/bytes.hpp"
+#include "codec/crc32.hpp"
 
 namespace softkv::detail {
 namespace {
@@ -36,26 +37,20 @@ bool all_zero(std::span<const std::byte> bytes) {
 
 }  // namespace
 
-std::uint32_t crc32_of(std::span<const std::byte> bytes) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  // zlib takes uInt lengths: feed large buffers in pieces.
-  while (!bytes.empty()) {
-    const std::size_t n = std::min<std::size_t>(bytes.size(), 1u << 30);
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
-    bytes = bytes.subspan(n);
-  }
-  return static_cast<std::uint32_t>(crc);
-}
-
-std::vector<std::byte> encode_record(std::uint64_t sequence, RecordType type, std::span<const std::byte> payload) {
+std::vector<std::byte> record_header(std::uint64_t sequence, RecordType type, std::span<const std::byte> payload) {
   ByteWriter w;
   w.put(static_cast<std::uint32_t>(payload.size()));
   w.put(sequence);
   w.put(static_cast<std::uint8_t>(type));
   w.put(crc32_of(payload));
   w.put(crc32_of(w.bytes()));
-  w.put_array(payload);
   return std::move(w.bytes());
+}
+
+std::vector<std::byte> encode_record(std::uint64_t sequence, RecordType type, std::span<const std::byte> payload) {
+  std::vector<std::byte> record = record_header(sequence, type, payload);
+  record.insert(record.end(), payload.begin(), payload.end());
+  return record;
 }
 
 LogScan scan_log(std::span<const std::byte> bytes) {
@@ -76,7 +71,7 @@ LogScan scan_log(std::span<const std::byte> bytes) {
       if (all_zero(rest)) return stop(LogScan::End::torn, "zero-filled tail");
       return stop(LogScan::End::corrupt, "record header checksum mismatch");
     }
-    if (h.length > kMaxRecordPayload || h.type < 1 || h.type > 4)
+    if (h.length > kMaxRecordPayload || h.type < 1 || h.type > kMaxRecordType)
       return stop(LogScan::End::corrupt, "record header out of range");
     if (rest.size() - kRecordHeaderSize < h.length) return stop(LogScan::End::torn, "partial record payload");
     const std::span<const std::byte> payload = rest.subspan(kRecordHeaderSize, h.length);
@@ -99,12 +94,28 @@ LogWriter::LogWriter(const std::filesystem::path& path, std::uint64_t size)
   file_.truncate(size);  // drops a torn tail and positions the writes
 }
 
-std::uint64_t LogWriter::append(std::span<const std::byte> record) {
-  file_.write_all(record);
+std::uint64_t LogWriter::append(std::span<const std::byte> header, std::span<const std::byte> payload) {
+  // One appender at a time (the caller's contract), so appended_ only changes here: the write itself
+  // runs without the mutex, which wait_durable's waiters need.
+  if (broken_.load()) throw Error(ErrorCode::io_error, "the log " + file_.path().string() + " ends in a partial record it could not remove");
+  const std::uint64_t before = appended();
+  try {
+    file_.write_all(header);
+    file_.write_all(payload);
+  } catch (const Error&) {
+    try {
+      file_.truncate(before);  // a partial record must not stay behind the next one
+    } catch (const Error&) {
+      broken_.store(true);
+    }
+    throw;
+  }
   std::lock_guard lock(mutex_);
-  appended_ += record.size();
+  appended_ += header.size() + payload.size();
   return appended_;
 }
+
+bool LogWriter::broken() const { return broken_.load(); }
 
 std::uint64_t LogWriter::appended() const {
   std::lock_guard lock(mutex_);
@@ -134,6 +145,25 @@ void LogWriter::wait_durable(std::uint64_t offset) {
     syncing_ = false;
     synced_.notify_all();
   }
+}
+
+std::string segment_name(std::uint64_t first_sequence) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "wal-%020llu.log", static_cast<unsigned long long>(first_sequence));
+  return buf;
+}
+
+std::vector<std::pair<std::uint64_t, std::filesystem::path>> list_segments(const std::filesystem::path& dir) {
+  std::vector<std::pair<std::uint64_t, std::filesystem::path>> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string file = e.path().filename().string();
+    if (file.size() != 28 || file.rfind("wal-", 0) != 0 || file.substr(24) != ".log") continue;
+    std::uint64_t first = 0;
+    const auto [p, ec] = std::from_chars(file.data() + 4, file.data() + 24, first);
+    if (ec == std::errc() && p == file.data() + 24 && first > 0) out.emplace_back(first, e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace softkv::detail

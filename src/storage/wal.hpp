@@ -1,6 +1,8 @@
-// The write-ahead log: record framing with checksums, a tolerant parser, and a group-committing writer.
+// The write-ahead log: record framing with checksums, a tolerant parser, a group-committing writer, and
+// the naming of its segment files.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -8,14 +10,13 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "codec/records.hpp"
 #include "storage/file.hpp"
 
 namespace softkv::detail {
-
-/// What a log record does.
-enum class RecordType : std::uint8_t { create = 1, drop = 2, upsert = 3, remove = 4 };
 
 /// Record header: u32 payload length, u64 sequence, u8 type, u32 payload CRC-32, u32 CRC-32 of
 /// the previous 17 bytes. The header checksum means a damaged length reads as corruption, never as
@@ -42,6 +43,9 @@ struct LogScan {
   std::string problem;               ///< for torn/corrupt: what was wrong at valid_bytes
 };
 
+/// The header of one record (kRecordHeaderSize bytes); the payload follows it in the log.
+std::vector<std::byte> record_header(std::uint64_t sequence, RecordType type, std::span<const std::byte> payload);
+
 /// Frames one record (header + payload).
 std::vector<std::byte> encode_record(std::uint64_t sequence, RecordType type, std::span<const std::byte> payload);
 
@@ -51,13 +55,18 @@ LogScan scan_log(std::span<const std::byte> bytes);
 
 /// Appends records to one log segment. append() is called by one writer at a time; wait_durable()
 /// may be called by many threads at once and shares one fdatasync among them (group commit).
+/// A failed append cuts the file back to the last whole record, so the segment never keeps a partial
+/// record that a later one would follow; if even that fails the writer is broken() for good.
 class LogWriter {
  public:
   /// Opens (creating if needed) path for appending at byte offset `size`.
   LogWriter(const std::filesystem::path& path, std::uint64_t size);
 
-  /// Writes a framed record to the file (not yet durable); returns the byte offset after it.
-  std::uint64_t append(std::span<const std::byte> record);
+  /// Writes a framed record to the file (not yet durable); returns the byte offset after it. On an I/O
+  /// error it truncates back to the previous record and rethrows Error(io_error).
+  std::uint64_t append(std::span<const std::byte> header, std::span<const std::byte> payload);
+  /// Whether a failed append could not be cut back (the file may end in a partial record).
+  [[nodiscard]] bool broken() const;
   /// Returns once every byte up to offset is on stable storage.
   void wait_durable(std::uint64_t offset);
   /// Bytes written so far (appended, durable or not).
@@ -71,9 +80,13 @@ class LogWriter {
   std::uint64_t appended_ = 0;
   std::uint64_t durable_ = 0;
   bool syncing_ = false;
+  std::atomic<bool> broken_{false};
 };
 
-/// CRC-32 (zlib's polynomial) of bytes.
-std::uint32_t crc32_of(std::span<const std::byte> bytes);
+/// A segment's file name: "wal-" + its first sequence number in 20 digits + ".log".
+std::string segment_name(std::uint64_t first_sequence);
+
+/// The segments of a data directory as (first sequence number, path), sorted.
+std::vector<std::pair<std::uint64_t, std::filesystem::path>> list_segments(const std::filesystem::path& dir);
 
 }  // namespace softkv::detail

@@ -5,8 +5,8 @@
 #include <type_traits>
 
 #include "overloaded.hpp"
-#include "storage/bytes.hpp"
-#include "storage/config_codec.hpp"
+#include "codec/bytes.hpp"
+#include "codec/config.hpp"
 
 namespace softkv::wire {
 

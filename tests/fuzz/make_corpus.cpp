@@ -6,6 +6,7 @@
 #include <string>
 
 #include "softkv/database.hpp"
+#include "codec/records.hpp"
 #include "storage/file.hpp"
 #include "storage/snapshot.hpp"
 #include "wire/protocol.hpp"
@@ -58,6 +59,19 @@ int main(int argc, char** argv) {
     db.snapshot();
   }
   fs::copy_file(dir / "snapshot.skv", root / "snapshot" / "one-collection", fs::copy_options::overwrite_existing);
+
+  // One payload per record kind, prefixed with its type byte (fuzz_records).
+  namespace m = detail::mutation;
+  const detail::Mutation mutations[] = {m::Create{"c", config}, m::Drop{"c"},
+                                        m::Upsert{"c", Rows{{1, 2}, {1, 2, 3, 4, 5, 6}, {1, 2, 3, 4}}}, m::Remove{"c", {1, 2}}};
+  fs::create_directories(root / "records");
+  int k = 0;
+  for (const auto& mutation : mutations) {
+    const detail::EncodedMutation e = detail::encode_mutation(mutation);
+    std::vector<std::byte> bytes{std::byte(e.type)};
+    bytes.insert(bytes.end(), e.payload.begin(), e.payload.end());
+    write(root / "records" / ("record-" + std::to_string(k++)), bytes);
+  }
   fs::remove_all(dir);
   std::printf("corpus written to %s\n", root.c_str());
   return 0;

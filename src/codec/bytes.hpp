@@ -1,4 +1,4 @@
-// Little-endian encoding into and out of byte buffers, every read bounds-checked (for logs and snapshots).
+// Little-endian encoding into and out of byte buffers, every read bounds-checked (logs, snapshots, index files, frames).
 #pragma once
 
 #include <bit>

@@ -1,29 +1,36 @@
-// CollectionConfig in bytes: one layout (docs/PROTOCOL.md, "CollectionConfig") for the log and the wire.
-#pragma once
+// CollectionConfig codec: fixed-width little-endian fields, refusing values that do not fit rather than truncating.
+#include "codec/config.hpp"
 
-#include "softkv/collection.hpp"
-#include "storage/bytes.hpp"
+#include <limits>
+#include <string>
 
 namespace softkv::detail {
+namespace {
 
-/// Appends config in the documented layout.
-inline void put_config(ByteWriter& w, const CollectionConfig& c) {
-  w.put(static_cast<std::uint32_t>(c.dim));
-  w.put(static_cast<std::uint32_t>(c.value_dim));
+std::uint32_t narrow(std::size_t v, const char* field) {
+  if (v > std::numeric_limits<std::uint32_t>::max())
+    throw Error(ErrorCode::invalid_argument, std::string(field) + " = " + std::to_string(v) + " does not fit its 32-bit field");
+  return static_cast<std::uint32_t>(v);
+}
+
+}  // namespace
+
+void put_config(ByteWriter& w, const CollectionConfig& c) {
+  w.put(narrow(c.dim, "dim"));
+  w.put(narrow(c.value_dim, "value_dim"));
   w.put(static_cast<std::uint8_t>(c.metric));
   w.put(static_cast<std::uint8_t>(c.scale.has_value()));
   w.put(c.scale.value_or(0.0f));
   w.put(static_cast<std::uint8_t>(c.index.kind));
-  w.put(static_cast<std::uint32_t>(c.index.hnsw_m));
-  w.put(static_cast<std::uint32_t>(c.index.hnsw_ef_construction));
-  w.put(static_cast<std::uint32_t>(c.index.ivf_nlist));
+  w.put(narrow(c.index.hnsw_m, "hnsw_m"));
+  w.put(narrow(c.index.hnsw_ef_construction, "hnsw_ef_construction"));
+  w.put(narrow(c.index.ivf_nlist, "ivf_nlist"));
   w.put(static_cast<std::uint64_t>(c.index.ivf_train_size));
   w.put(static_cast<std::uint64_t>(c.index.auto_threshold));
   w.put(c.index.rebuild_fraction);
 }
 
-/// Reads a config written by put_config (the Collection constructor validates its values).
-inline CollectionConfig get_config(ByteReader& r) {
+CollectionConfig get_config(ByteReader& r) {
   CollectionConfig c;
   c.dim = r.get<std::uint32_t>("dim");
   c.value_dim = r.get<std::uint32_t>("value_dim");
