@@ -273,9 +273,9 @@ void Collection::Impl::check_pruning(const QueryOptions& options) const {
 
 std::vector<std::size_t> Collection::Impl::index_rows(const float* query, float scale, std::size_t k,
                                                      const QueryOptions& options) const {
-  const detail::IndexSearch search{.k = k, .scale = scale, .ef_search = options.ef_search, .nprobe = options.nprobe,
+  const detail::IndexSearch search{.k = k, .ef_search = options.ef_search, .nprobe = options.nprobe,
                                    .parts = parts_for(options, dim())};
-  const std::vector<std::uint64_t> ids = index_->search(query, span(), search);
+  const std::vector<std::uint64_t> ids = index_->search(query, &scale, 1, span(), search).front();
   std::vector<std::size_t> rows;
   rows.reserve(ids.size());
   for (std::uint64_t id : ids) {

@@ -56,7 +56,83 @@ std::vector<float> scaled_queries(const Impl& impl, std::span<const float> queri
   return q;
 }
 
+// The fused soft batch; rows receives the entry count the scan saw (under the same lock).
+template <class Impl>
+SoftBatchResult soft_batch(const Impl& impl, std::span<const float> queries, float scale, const QueryOptions& options,
+                           std::size_t& rows) {
+  std::vector<float> factor;
+  const std::vector<float> q = scaled_queries(impl, queries, scale, factor);
+  const std::size_t nq = factor.size();
+
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const detail::RowSpan span = impl.span();
+  rows = span.rows;
+  const std::size_t parts = impl.parts_for(options, (impl.dim() + impl.value_dim()) * nq);
+  const detail::KernelTable& kernels = detail::kernels();
+  const std::vector<detail::SoftmaxState> states = detail::soft_scan_batch_split(kernels, q.data(), nq, factor.data(), span, parts);
+
+  const std::size_t d = impl.dim(), dv = impl.value_dim();
+  SoftBatchResult result;
+  result.values.resize(nq * dv);
+  result.lse.resize(nq);
+  result.max_score.resize(nq);
+  for (std::size_t b = 0; b < nq; ++b) {
+    result.lse[b] = states[b].lse();
+    Impl::check_lse(result.lse[b]);
+    result.max_score[b] = states[b].max;
+    const std::vector<float> value = detail::blended_value(kernels, q.data() + b * d, factor[b], span, states[b]);
+    std::copy(value.begin(), value.end(), result.values.begin() + static_cast<std::ptrdiff_t>(b * dv));
+  }
+  return result;
+}
+
 }  // namespace
+
+QueryResults Collection::query(std::span<const float> queries, Retrieval kind, const QueryOptions& options) const {
+  const std::size_t d = impl_->dim(), dv = impl_->value_dim();
+  if (queries.empty() || queries.size() % d != 0)
+    throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) + " floats, not a multiple of d = " +
+                                                   std::to_string(d));
+  const std::size_t nq = queries.size() / d;
+  auto row = [&](std::size_t i) { return queries.subspan(i * d, d); };
+  QueryResults out;
+  if (kind == Retrieval::hard) {
+    // hnsw/ivf (and automatic, which becomes ivf) answer through the index, one query at a time;
+    // the fused batch kernel has no index.
+    const IndexKind index = impl_->config().index.kind;
+    const bool approximate = index == IndexKind::hnsw || index == IndexKind::ivf || index == IndexKind::automatic;
+    if (nq == 1 || (approximate && !options.exact)) {
+      for (std::size_t i = 0; i < nq; ++i) out.hard.push_back(query_hard(row(i), options));
+      return out;
+    }
+    const HardBatchResult b = query_hard_batch(queries, options);
+    return guard_memory([&] {
+      for (std::size_t i = 0; i < nq; ++i)
+        out.hard.push_back({b.ids[i], b.scores[i], {b.values.begin() + static_cast<std::ptrdiff_t>(i * dv),
+                                                    b.values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv)}, IndexKind::exact});
+      return std::move(out);
+    });
+  }
+  if (nq == 1 || options.top_m > 0 || options.top_k || options.epsilon) {  // contributors or pruning: one by one
+    for (std::size_t i = 0; i < nq; ++i) out.soft.push_back(query_soft(row(i), options));
+    return out;
+  }
+  const float scale = resolve_scale(options);
+  return guard_memory([&] {
+    std::size_t rows = 0;
+    const SoftBatchResult b = soft_batch(*impl_, queries, scale, options, rows);
+    for (std::size_t i = 0; i < nq; ++i) {
+      SoftResult s;
+      s.value.assign(b.values.begin() + static_cast<std::ptrdiff_t>(i * dv), b.values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv));
+      s.lse = b.lse[i];
+      s.max_score = b.max_score[i];
+      s.candidates = rows;
+      out.soft.push_back(std::move(s));
+    }
+    return std::move(out);
+  });
+}
 
 float Collection::resolve_scale(const QueryOptions& options) const {
   if (options.scale && options.temperature)
@@ -164,33 +240,8 @@ SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, con
   if (options.top_m != 0)
     throw Error(ErrorCode::invalid_argument, "batched queries do not report contributors: top_m must be 0");
   const float scale = resolve_scale(options);
-  return guard_memory([&] {
-    std::vector<float> factor;
-    const std::vector<float> q = scaled_queries(*impl_, queries, scale, factor);
-    const std::size_t nq = factor.size();
-
-    const auto lock = impl_->read_lock();
-    impl_->require_entries();
-    const detail::RowSpan span = impl_->span();
-    const std::size_t parts = impl_->parts_for(options, (impl_->dim() + impl_->value_dim()) * nq);
-    const detail::KernelTable& kernels = detail::kernels();
-    const std::vector<detail::SoftmaxState> states =
-        detail::soft_scan_batch_split(kernels, q.data(), nq, factor.data(), span, parts);
-
-    const std::size_t d = impl_->dim(), dv = impl_->value_dim();
-    SoftBatchResult result;
-    result.values.resize(nq * dv);
-    result.lse.resize(nq);
-    result.max_score.resize(nq);
-    for (std::size_t b = 0; b < nq; ++b) {
-      result.lse[b] = states[b].lse();
-      Collection::Impl::check_lse(result.lse[b]);
-      result.max_score[b] = states[b].max;
-      const std::vector<float> value = detail::blended_value(kernels, q.data() + b * d, factor[b], span, states[b]);
-      std::copy(value.begin(), value.end(), result.values.begin() + static_cast<std::ptrdiff_t>(b * dv));
-    }
-    return result;
-  });
+  std::size_t rows = 0;
+  return guard_memory([&] { return soft_batch(*impl_, queries, scale, options, rows); });
 }
 
 HardBatchResult Collection::query_hard_batch(std::span<const float> queries, const QueryOptions& options) const {

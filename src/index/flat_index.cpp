@@ -19,11 +19,16 @@ class FlatIndex final : public PruningIndex {
   void put(std::span<const std::uint64_t>, const float*, const RowSpan&) override {}
   void erase(std::uint64_t, const RowSpan&) override {}
 
-  [[nodiscard]] std::vector<std::uint64_t> search(const float* query, const RowSpan& all,
-                                                  const IndexSearch& p) const override {
-    const std::vector<TopScores::Item> top = top_k_scan(kernels(), query, p.scale, all, p.k, p.parts);
-    std::vector<std::uint64_t> ids(top.size());
-    std::transform(top.begin(), top.end(), ids.begin(), [](const TopScores::Item& item) { return item.id; });
+  // One fused pass per query (each spread over p.parts row slices): a pass is memory-bound, and
+  // the scores must be the single-query kernel's, bit for bit, for the bound to hold by construction.
+  [[nodiscard]] std::vector<std::vector<std::uint64_t>> search(const float* queries, const float* scales, std::size_t n,
+                                                               const RowSpan& all, const IndexSearch& p) const override {
+    std::vector<std::vector<std::uint64_t>> ids(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::vector<TopScores::Item> top = top_k_scan(kernels(), queries + i * all.dim, scales[i], all, p.k, p.parts);
+      ids[i].resize(top.size());
+      std::transform(top.begin(), top.end(), ids[i].begin(), [](const TopScores::Item& item) { return item.id; });
+    }
     return ids;
   }
 };
