@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 #include <new>
-#include <shared_mutex>  // std::shared_lock
 #include <string>
 
 #include "collection_impl.hpp"
@@ -22,14 +21,13 @@ namespace {
 // kernel, the best wins with ties to the smallest id, so up to this many tied keys are ordered right.
 constexpr std::size_t kHardCandidates = 64;
 
-[[noreturn]] void overflow(std::string_view what) {
-  throw Error(ErrorCode::numeric_overflow,
-              std::string(what) + " left the float range; use a smaller scale or a larger temperature");
-}
-
+// The hard-retrieval side of the rule soft queries follow through their lse: a score above FLT_MAX
+// (or NaN) anywhere, or no score above -FLT_MAX at all, is numeric_overflow.
 void check_best(const detail::ArgMax& best) {
-  if (best.overflow) overflow("a score");
-  if (best.row == detail::ArgMax::kNoRow) overflow("every score is below -FLT_MAX: the scores");
+  if (best.overflow)
+    throw Error(ErrorCode::numeric_overflow, "a score left the float range; use a smaller scale or a larger temperature");
+  if (best.row == detail::ArgMax::kNoRow)
+    throw Error(ErrorCode::numeric_overflow, "every score is below -FLT_MAX; use a smaller scale or a larger temperature");
 }
 
 // Runs a query body; an allocation failure (a huge batch, top_m or top_k) becomes a typed error.
