@@ -184,7 +184,7 @@ TEST_CASE("values near FLT_MAX / N blend to their representable answer, never in
 
 // ---- C, D, issue 10 item 9: one scoring rule for single, batch and hard -----------------------------
 
-TEST_CASE("q . k beyond the float range with a small scale answers; unrepresentable scores fail the same everywhere",
+TEST_CASE("q . k beyond the float range with a small scale answers, and unrepresentable scores fail the same everywhere",
           "[numerics]") {
   const ForcedPath path(any_path());
   Collection c({1, 1, Metric::dot, {}});
