@@ -168,7 +168,16 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
     const std::size_t parts = impl_->parts_for(options, impl_->dim() + impl_->value_dim());
     const detail::KernelTable& kernels = detail::kernels();
     const bool prune = (options.top_k || options.epsilon) && impl_->use_index(options);
-    const detail::CandidateFinder find = [&](std::size_t k) { return impl_->index_rows(q.data(), f, k, options); };
+    // flat with epsilon: every search reads all keys, so after a first cheap try (k = 16) one pass
+    // fetches everything the doubling could still ask for (a quarter of the rows, best first) and
+    // later k take its prefixes, which are exactly the top-k of a fresh pass (ties ordered by id).
+    std::vector<std::size_t> best_first;
+    const bool reuse = prune && options.epsilon && impl_->index()->exact_top_k();
+    const detail::CandidateFinder find = [&](std::size_t k) {
+      if (!reuse) return impl_->index_rows(q.data(), f, k, options);
+      if (best_first.size() < k) best_first = impl_->index_rows(q.data(), f, best_first.empty() ? k : std::max(k, span.rows / 4), options);
+      return std::vector<std::size_t>(best_first.begin(), best_first.begin() + static_cast<std::ptrdiff_t>(std::min(k, best_first.size())));
+    };
     const std::size_t check = prune && !impl_->index()->exact_top_k() ? options.check_sample : 0;
     detail::PrunedSoft pruned =
         !prune          ? detail::exact_soft(kernels, q.data(), f, span, options.top_m, parts)

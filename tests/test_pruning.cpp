@@ -123,6 +123,12 @@ TEST_CASE("adaptive epsilon meets its target with the flat index", "[pruning]") 
         INFO("clusters " << clusters << ", epsilon " << eps << ", query " << seed);
         const SoftResult r = c.query_soft(q, {.temperature = 0.5f, .epsilon = eps});
         CHECK(r.tail_bound <= eps);
+        if (r.candidates < n) {  // the prefix of one wide pass is exactly a fresh top-k pass
+          const SoftResult same_k = c.query_soft(q, {.temperature = 0.5f, .top_k = r.candidates});
+          CHECK(same_k.value == r.value);
+          CHECK(same_k.lse == r.lse);
+          CHECK(same_k.tail_bound == r.tail_bound);
+        }
         const double scale = 1.0 / (std::sqrt(static_cast<double>(d)) * 0.5);
         if (r.candidates < n) {
           const TopKReference ref = top_k_reference(q, keys, values, n, d, dv, scale, r.candidates);

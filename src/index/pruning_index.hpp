@@ -68,8 +68,9 @@ class PruningIndex {
 
   /// Batch-first, as FAISS is: for each of n row-major queries (n x d, query i split by split_scale
   /// with factor scales[i], so that its scores are scales[i] * (query . k)), the ids of up to p.k of
-  /// its best keys (live entries only; order unspecified). An approximate index may rank by query . k
-  /// alone (same order up to rounding).
+  /// its best keys (live entries only). An exact_top_k() index returns them best first (higher score,
+  /// then smaller id); for the others the order is unspecified, and they may rank by query . k alone
+  /// (the same order up to rounding).
   [[nodiscard]] virtual std::vector<std::vector<std::uint64_t>> search(const float* queries, const float* scales, std::size_t n,
                                                                        const RowSpan& all, const IndexSearch& p) const = 0;
 };
