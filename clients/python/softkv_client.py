@@ -135,7 +135,11 @@ class _Reader:
 
 
 class Client:
-    """One connection to softkv-server. Not thread safe: one Client per thread."""
+    """One connection to softkv-server. Not thread safe: one Client per thread.
+
+    max_frame is the largest frame sent or accepted (match the server's --max-frame): a request
+    that would exceed it raises SoftkvError frame_too_large before anything is sent.
+    """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 7878, token: str | None = None, timeout: float = 60.0,
                  max_frame: int = 64 << 20):
@@ -173,10 +177,15 @@ class Client:
     def _call(self, op: str, payload: _Writer) -> _Reader:
         self.next_id += 1
         body = payload.bytes()
+        if 9 + len(body) > self.max_frame:  # the server's own check, made before sending: the connection stays usable
+            raise SoftkvError(10, f"request frame of {9 + len(body)} bytes exceeds the limit of {self.max_frame} "
+                                  "(max_frame; the server's --max-frame)")
         self.sock.sendall(struct.pack("<IBQ", 9 + len(body), _OP[op], self.next_id) + body)
         (length,) = struct.unpack("<I", self._recv_exact(4))
-        if length < 9 or length > self.max_frame:
-            raise SoftkvError(10, f"reply frame of {length} bytes")
+        if length > self.max_frame:
+            raise SoftkvError(10, f"reply frame of {length} bytes exceeds the limit of {self.max_frame}")
+        if length < 9:
+            raise SoftkvError(11, f"reply frame length {length} is shorter than a frame header")
         frame = self._recv_exact(length)
         opcode, request_id = struct.unpack_from("<BQ", frame)
         r = _Reader(frame[9:])
