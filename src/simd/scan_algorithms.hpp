@@ -36,7 +36,7 @@ template <class P>
 }
 
 template <class P>
-void scores(const float* q, float scale, const RowSpan& span, float* out) {
+void score_span(const float* q, float scale, const RowSpan& span, float* out) {
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
     score_rows<P>(q, scale, span.keys + start * span.dim, rows, span.dim, out + start);
@@ -162,8 +162,8 @@ void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, 
 // The table for one primitives policy; each kernels_*.cpp calls this once with its own P.
 template <class P>
 KernelTable make_table(std::string_view name) {
-  return KernelTable{name,          &P::dot,      &scores<P>, &soft_scan<P>, &soft_scan_batch<P>, &hard_scan<P>,
-                     &hard_scan_batch<P>, &top_scan<P>};
+  return KernelTable{name,         &P::dot,           &score_span<P>,       &soft_scan<P>,
+                     &soft_scan_batch<P>, &hard_scan<P>, &hard_scan_batch<P>, &top_scan<P>};
 }
 
 }  // namespace softkv::detail::scan
