@@ -615,127 +615,199 @@ TEST_CASE("a full disk at shutdown: the failed snapshot is logged, the exit is c
   CHECK(client.describe("c").size == acknowledged);
 }
 
-TEST_CASE("field extremes over the wire: every integer field at its limits is answered or refused with a typed error", "[server][abuse]") {
-  // For each integer field a client can set in a request: 0, 1, 2^31-1, 2^31, 2^32-2, 2^32-1 (u32)
-  // and up to 2^64-1 (u64). Each request must get a reply or a typed caller-side error (never
-  // `internal`, never a dropped connection), the server's memory stays bounded, and the data
-  // directory reopens afterwards with what was written.
-  test::TempDir dir;
-  ServerProcess server(dir.path, {"--fsync", "never"});
-  Client c(server.client());
-  const std::size_t d = 8, dv = 2, n = 300;
-  std::vector<std::string> names;
-  for (const IndexKind kind : {IndexKind::exact, IndexKind::flat, IndexKind::hnsw, IndexKind::ivf}) {
-    CollectionConfig config{d, dv, Metric::dot, {}, {}};
-    config.index.kind = kind;
-    config.index.ivf_train_size = n;
-    config.index.ivf_nlist = 4;
-    names.push_back("c" + std::to_string(int(kind)));
-    c.create_collection(names.back(), config);
-    c.add(names.back(), test::normal_floats(n * d, 1), test::normal_floats(n * dv, 2));
-  }
-  for (int i = 0; i < 200 && (c.query_hard(names[2], test::normal_floats(d, 3)).searched_with != IndexKind::hnsw ||
-                              c.query_hard(names[3], test::normal_floats(d, 3)).searched_with != IndexKind::ivf);
-       ++i)
-    std::this_thread::sleep_for(25ms);  // the indexes build in the background: wait so their paths are the ones tried
-  const long before = server.rss_kib();
+namespace {
 
-  const std::vector<std::uint64_t> u32s = {0, 1, 2, 0x7FFFFFFFull, 0x80000000ull, 0xFFFFFFFEull, 0xFFFFFFFFull};
-  std::vector<std::uint64_t> u64s = u32s;
-  for (const std::uint64_t v : {0x100000000ull, 0x7FFFFFFFFFFFFFFFull, 0x8000000000000000ull, 0xFFFFFFFFFFFFFFFEull, 0xFFFFFFFFFFFFFFFFull})
-    u64s.push_back(v);
-  std::map<ErrorCode, int> refused;
-  int answered = 0;
-  auto attempt = [&](const std::string& what, auto&& request) {
-    INFO(what);
-    try {
-      request();
-      ++answered;
-    } catch (const Error& e) {
-      INFO(e.what());
-      CHECK(e.code() != ErrorCode::internal);
-      CHECK(e.code() != ErrorCode::protocol_error);
-      CHECK(e.code() != ErrorCode::io_error);  // the connection was not dropped
-      ++refused[e.code()];
+// One request at a time over a raw socket, so that every field can be sent as it is (the client
+// library checks some of them before sending). Returns the reply, or nullopt if the server closed.
+struct Exchange {
+  int fd = -1;
+  std::uint16_t port = 0;
+  explicit Exchange(std::uint16_t p) : fd(connect_raw(p)), port(p) {}
+  ~Exchange() { ::close(fd); }
+  std::optional<std::pair<wire::Frame, std::vector<std::byte>>> send(const std::vector<std::byte>& frame) {
+    for (std::size_t at = 0; at < frame.size();) {
+      const ssize_t n = ::send(fd, frame.data() + at, frame.size() - at, MSG_NOSIGNAL);
+      if (n <= 0) return std::nullopt;
+      at += std::size_t(n);
     }
-  };
-  const auto q = test::normal_floats(d, 4);
-  for (const auto& name : names) {
-    for (const std::uint64_t v : u32s) {
-      const std::string at = name + " = " + std::to_string(v);
-      QueryOptions top_m, top_k, ef, nprobe;
-      top_m.top_m = v;
-      top_k.top_k = v;
-      ef.top_k = 5, ef.ef_search = v;
-      nprobe.top_k = 5, nprobe.nprobe = v;
-      // AddressSanitizer's operator new aborts the process where a plain build throws bad_alloc, so
-      // there a top_m too large to allocate (until the engine clamps it) is not sent.
-      if (kRssMeasuresTheServer || v <= n)
-        attempt("top_m on " + at, [&] {
-          const SoftResult r = c.query_soft(name, q, top_m);
-          CHECK(r.top.size() == std::min<std::uint64_t>(v, n));
-        });
-      // (Calls stay outside CHECK, which would catch the typed refusals as unexpected exceptions.)
-      attempt("top_k on " + at, [&] {
-        const SoftResult r = c.query_soft(name, q, top_k);
-        CHECK(r.candidates <= n);
-      });
-      attempt("ef_search on " + at, [&] {
-        const SoftResult r = c.query_soft(name, q, ef);
-        CHECK(r.candidates <= n);
-      });
-      attempt("nprobe on " + at, [&] {
-        const SoftResult r = c.query_soft(name, q, nprobe);
-        CHECK(r.candidates <= n);
-      });
-      attempt("hard ef_search on " + at, [&] {
-        const HardResult r = c.query_hard(name, q, ef);
-        CHECK(r.id < n);
-      });
-    }
-    for (const std::uint64_t id : u64s) {
-      attempt("get " + std::to_string(id), [&] { (void)c.get(name, id); });
-      attempt("remove " + std::to_string(id), [&] { c.remove(name, std::vector<std::uint64_t>{id}); });
+    std::vector<std::byte> buffer;
+    for (;;) {
+      const wire::FrameScan scan = wire::scan_frame(buffer, wire::kDefaultMaxFrame + 1024);
+      if (scan.status == wire::FrameScan::Status::complete) {
+        buffer.resize(scan.size);
+        const wire::FrameScan again = wire::scan_frame(buffer, wire::kDefaultMaxFrame + 1024);
+        return std::pair{again.frame, std::move(buffer)};
+      }
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 30000) <= 0) return std::nullopt;
+      std::byte chunk[65536];
+      const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+      if (n <= 0) return std::nullopt;
+      buffer.insert(buffer.end(), chunk, chunk + n);
     }
   }
-  // Ids at every extreme are stored and read back, except 2^64-1, which no entry may have.
-  CHECK(test::error_of([&] { c.upsert(names[0], std::vector<std::uint64_t>{kReservedId}, test::normal_floats(d, 5), std::vector<float>{1, 1}); }) ==
-        ErrorCode::invalid_argument);
-  std::erase(u64s, kReservedId);
-  for (const std::uint64_t id : u64s)
-    attempt("upsert " + std::to_string(id), [&] {
-      c.upsert(names[0], std::vector<std::uint64_t>{id}, test::normal_floats(d, id % 97), std::vector<float>{float(id % 1000), 1.0f});
-      const Entry e = c.get(names[0], id);
-      CHECK(e.value == std::vector<float>{float(id % 1000), 1.0f});
-    });
-  for (const std::uint16_t version : {0, 1, 0xFFFE, 0xFFFF}) {  // hello: answered with the server's version
-    const int fd = connect_raw(server.port);
-    const auto hello = wire::encode_request(wire::Hello{version}, 1);
-    ::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL);
-    CHECK(greeting_of(fd) == Greeting::hello);
+  void reconnect() {
     ::close(fd);
+    fd = connect_raw(port);
   }
-  const long after = server.rss_kib();
-  std::string kinds;
-  for (const auto& [code, count] : refused) kinds += " " + std::string(to_string(code)) + " x" + std::to_string(count);
-  WARN("field extremes: " << answered << " answered; refused:" << kinds << "; server RSS " << before << " KiB -> " << after << " KiB");
-  if (kRssMeasuresTheServer) CHECK(after - before < 256 * 1024);
-  c.ping();
-  c.snapshot();
-  std::vector<std::uint64_t> sizes;
-  for (const auto& name : names) sizes.push_back(c.describe(name).size);
-  CHECK(server.stop(SIGTERM) == 0);
-  ServerProcess again(dir.path);
-  Client reopened(again.client());
-  for (std::size_t i = 0; i < names.size(); ++i) CHECK(reopened.describe(names[i]).size == sizes[i]);
-  for (const std::uint64_t id : u64s) {
-    INFO("id " << id << " after the restart");
-    try {
-      const Entry e = reopened.get(names[0], id);
-      CHECK(e.value == std::vector<float>{float(id % 1000), 1.0f});
-    } catch (const Error& e) {
-      FAIL_CHECK(e.what());
+};
+
+}  // namespace
+
+TEST_CASE("every integer field of every request at its extremes is answered or refused with a typed error, in bounded memory, and the directory reopens", "[server][extremes]") {
+  const std::uint64_t u64s[] = {0, 1, (1ull << 31) - 1, 1ull << 31, (1ull << 32) - 1, 1ull << 32, 1ull << 63, ~0ull - 1, ~0ull};
+  std::vector<std::uint64_t> u32s;
+  for (std::uint64_t v : u64s)
+    if (v <= 0xFFFFFFFFull) u32s.push_back(v);
+  test::TempDir dir;
+  std::vector<std::string> accepted;
+  {
+    ServerProcess server(dir.path);
+    Exchange x(server.port);
+    std::uint64_t request_id = 0;
+    int answered = 0, refused = 0;
+    // Sends a request; the reply must carry its id and be a reply to it or a typed error that leaves
+    // the connection usable. Returns the error code (0 for success).
+    auto ask = [&](const wire::Request& request, std::uint64_t id) -> int {
+      const auto reply = x.send(wire::encode_request(request, id));
+      REQUIRE(reply.has_value());  // the server answered and did not close
+      const wire::Frame& f = reply->first;
+      CHECK(f.request_id == id);
+      if (f.opcode == wire::kErrorOpcode) {
+        const auto e = std::get<wire::ErrorReply>(wire::decode_reply(wire::opcode_of(request), f));
+        CHECK(e.code != ErrorCode::internal);
+        CHECK(e.code != ErrorCode::protocol_error);  // every request here is well formed
+        ++refused;
+        return int(e.code);
+      }
+      CHECK(f.opcode == (std::uint8_t(wire::opcode_of(request)) | wire::kReplyBit));
+      ++answered;
+      return 0;
+    };
+    const long rss_before = server.rss_kib();
+    for (std::uint64_t id : u64s) CHECK(ask(wire::Ping{}, id) == 0);  // request ids at their extremes
+    for (std::uint64_t v : {0ull, 1ull, 65534ull, 65535ull}) CHECK(ask(wire::Hello{std::uint16_t(v)}, ++request_id) == 0);
+    REQUIRE(ask(wire::Create{"base", {3, 2, Metric::dot, {}, {}}}, ++request_id) == 0);
+    CollectionConfig flat_config{3, 2, Metric::dot, {}, {}};
+    flat_config.index.kind = IndexKind::flat;
+    REQUIRE(ask(wire::Create{"flat", flat_config}, ++request_id) == 0);
+    CollectionConfig hnsw_config{3, 2, Metric::dot, {}, {}};
+    hnsw_config.index.kind = IndexKind::hnsw;
+    REQUIRE(ask(wire::Create{"hnsw", hnsw_config}, ++request_id) == 0);
+    accepted = {"base", "flat", "hnsw"};
+    std::vector<float> keys, values;
+    for (int i = 0; i < 50; ++i) {
+      const auto k = key_of(std::uint64_t(i));
+      keys.insert(keys.end(), {k[0], k[1], k[2]});
+      values.insert(values.end(), {float(i), -float(i)});
     }
+    REQUIRE(ask(wire::Add{"base", keys, values}, ++request_id) == 0);
+    REQUIRE(ask(wire::Add{"flat", keys, values}, ++request_id) == 0);
+    REQUIRE(ask(wire::Add{"hnsw", keys, values}, ++request_id) == 0);
+    std::this_thread::sleep_for(500ms);  // the HNSW graph of 50 rows builds in the background meanwhile
+
+    // CollectionConfig: every integer field at every extreme its type holds.
+    using Set = std::function<void(CollectionConfig&, std::uint64_t)>;
+    const std::pair<const char*, Set> config_fields[] = {
+        {"dim", [](CollectionConfig& c, std::uint64_t v) { c.dim = v; }},
+        {"value_dim", [](CollectionConfig& c, std::uint64_t v) { c.value_dim = v; }},
+        {"hnsw_m", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::hnsw, c.index.hnsw_m = v; }},
+        {"ef_construction", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::hnsw, c.index.hnsw_ef_construction = v; }},
+        {"ivf_nlist", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::ivf, c.index.ivf_nlist = v; }},
+        {"ivf_train_size", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::ivf, c.index.ivf_train_size = v; }},
+        {"auto_threshold", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::automatic, c.index.auto_threshold = v; }},
+    };
+    int n = 0;
+    for (const auto& [field, set] : config_fields) {
+      const bool wide = std::string(field) == "ivf_train_size" || std::string(field) == "auto_threshold";  // u64 on the wire
+      for (std::uint64_t v : wide ? std::vector<std::uint64_t>(std::begin(u64s), std::end(u64s)) : u32s) {
+        CAPTURE(field, v);
+        CollectionConfig config{3, 2, Metric::dot, {}, {}};
+        set(config, v);
+        const std::string name = "x" + std::to_string(n++);
+        const int code = ask(wire::Create{name, config}, ++request_id);
+        if (code != 0) {
+          CHECK(code == int(ErrorCode::invalid_argument));
+          continue;
+        }
+        accepted.push_back(name);
+        if (config.dim <= 64 && config.value_dim <= 64)  // rows, so that index builds run on them
+          CHECK(ask(wire::Add{name, std::vector<float>(20 * config.dim, 1.0f), std::vector<float>(20 * config.value_dim, 2.0f)},
+                    ++request_id) == 0);
+      }
+    }
+    for (std::uint64_t v : {0ull, 1ull, 2ull, 254ull, 255ull}) {  // the u8 enums
+      CollectionConfig metric{3, 2, static_cast<Metric>(v), {}, {}};
+      CollectionConfig kind{3, 2, Metric::dot, {}, {}};
+      kind.index.kind = static_cast<IndexKind>(v);
+      for (const CollectionConfig& c : {metric, kind}) {
+        const std::string name = "x" + std::to_string(n++);
+        const int code = ask(wire::Create{name, c}, ++request_id);
+        if (code == 0) accepted.push_back(name);
+        else CHECK(code == int(ErrorCode::invalid_argument));
+      }
+    }
+
+    // QueryOptions: top_m, top_k, ef_search and nprobe at every u32 extreme, soft and hard, on an
+    // exact and a flat collection. top_m is clamped to the collection's size.
+    using Opt = std::function<void(QueryOptions&, std::uint64_t)>;
+    const std::pair<const char*, Opt> option_fields[] = {
+        {"top_m", [](QueryOptions& o, std::uint64_t v) { o.top_m = v; }},
+        {"top_k", [](QueryOptions& o, std::uint64_t v) { o.top_k = v; }},
+        {"ef_search", [](QueryOptions& o, std::uint64_t v) { o.ef_search = v, o.top_k = 5; }},
+        {"nprobe", [](QueryOptions& o, std::uint64_t v) { o.nprobe = v, o.top_k = 5; }},
+    };
+    for (const auto& [field, set] : option_fields)
+      for (std::uint64_t v : u32s)
+        for (const char* name : {"base", "flat", "hnsw"})
+          for (wire::QueryKind kind : {wire::QueryKind::soft, wire::QueryKind::hard}) {
+            CAPTURE(field, v, name, int(kind));
+            QueryOptions o;
+            set(o, v);
+            const wire::Query q{name, kind, o, {1.0f, 0.5f, -0.25f}};
+            const std::uint64_t id = ++request_id;
+            const auto reply = x.send(wire::encode_request(q, id));
+            REQUIRE(reply.has_value());
+            const wire::Reply r = wire::decode_reply(wire::Opcode::query, reply->first, kind);
+            if (const auto* e = std::get_if<wire::ErrorReply>(&r)) {
+              CHECK((e->code == ErrorCode::invalid_argument));
+              ++refused;
+            } else if (const auto* soft = std::get_if<wire::SoftReply>(&r)) {
+              REQUIRE(soft->results.size() == 1);
+              CHECK(soft->results[0].top.size() == std::min<std::uint64_t>(o.top_m, 50));
+              CHECK(std::isfinite(soft->results[0].lse));
+              ++answered;
+            } else {
+              const auto& hard = std::get<wire::HardReply>(r);
+              REQUIRE(hard.results.size() == 1);
+              // Whatever the search effort, the answer is the true argmax: key_of(49) scores highest.
+              CHECK(hard.results[0].id == 49);
+              ++answered;
+            }
+          }
+
+    // Ids at their extremes: get, upsert, remove.
+    for (std::uint64_t id : u64s) {
+      CAPTURE(id);
+      const int got = ask(wire::Get{"base", id}, ++request_id);
+      CHECK((got == 0 || got == int(ErrorCode::unknown_id)));
+      const int put = ask(wire::Upsert{"base", {id}, {1.0f, 2.0f, 3.0f}, {4.0f, 5.0f}}, ++request_id);
+      CHECK(put == (id == kReservedId ? int(ErrorCode::invalid_argument) : 0));
+      const int removed = ask(wire::Remove{"base", {id}}, ++request_id);
+      CHECK(removed == (id == kReservedId ? int(ErrorCode::unknown_id) : 0));
+    }
+    CHECK(answered > 100);
+    CHECK(refused > 50);
+    // Nothing above may cost the server much memory (a request once reserved top_m slots up front).
+    CHECK(server.rss_kib() - rss_before < 256 * 1024);
+    CHECK(ask(wire::Snapshot{}, ++request_id) == 0);
+    const int status = server.stop(SIGTERM);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
   }
-  CHECK(refused.count(ErrorCode::invalid_argument) == 1);  // e.g. top_k = 0, and pruning without an index
+  ServerProcess again(dir.path);  // every accepted configuration loads again
+  Client client(again.client());
+  std::vector<std::string> names = client.list_collections();
+  std::sort(accepted.begin(), accepted.end());
+  CHECK(names == accepted);
 }
