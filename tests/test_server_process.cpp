@@ -82,6 +82,9 @@ struct ServerProcess {
         std::this_thread::sleep_for(25ms);
       }
     }
+    ::kill(pid, SIGKILL);  // the destructor will not run after a throwing constructor: leave no server behind
+    ::waitpid(pid, nullptr, 0);
+    pid = 0;
     FAIL("softkv-server did not start listening");
   }
   ~ServerProcess() {
