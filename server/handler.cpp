@@ -68,6 +68,7 @@ wire::Reply Handler::handle(const wire::Request& request) {
             [&](const wire::Drop& m) -> wire::Reply { return db_.drop_collection(m.name), wire::Ack{}; },
             [&](const wire::List&) -> wire::Reply { return wire::NamesReply{db_.list_collections()}; },
             [&](const wire::Describe& m) -> wire::Reply { return wire::DescribeReply{db_.stats(m.name)}; },
+            [&](const wire::QueryStats& m) -> wire::Reply { return wire::QueryStatsReply{db_.collection(m.name)->coalescing_stats()}; },
             [&](const wire::Add& m) -> wire::Reply { return wire::IdsReply{db_.add(m.name, m.keys, m.values)}; },
             [&](const wire::Upsert& m) -> wire::Reply { return db_.upsert(m.name, m.ids, m.keys, m.values), wire::Ack{}; },
             [&](const wire::Remove& m) -> wire::Reply { return db_.remove(m.name, m.ids), wire::Ack{}; },

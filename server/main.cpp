@@ -38,7 +38,11 @@ int main(int argc, char** argv) {
   app.add_option("--host", config.host, "bind address")->capture_default_str();
   app.add_option("--port", config.port, "port (0: any free port)")->capture_default_str();
   app.add_option("--threads", config.io_threads, "I/O threads")->capture_default_str();
-  app.add_option("--workers", config.workers, "request threads (0: one per hardware thread)")->capture_default_str();
+  app.add_option("--workers", config.workers, "request threads (0: 64; they mostly wait, the scan pool computes)")->capture_default_str();
+  std::string coalesce = "on";
+  app.add_option("--coalesce", coalesce, "concurrent single queries on a collection share one pass (on | off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_option("--fsync", fsync, "always | everysec | never")->check(CLI::IsMember({"always", "everysec", "never"}))->capture_default_str();
   app.add_option("--auth-token-file", token_file, "file holding the auth token clients must send");
   app.add_flag("--insecure", config.insecure, "allow a non-loopback bind without a token");
@@ -95,13 +99,14 @@ int main(int argc, char** argv) {
     options.fsync = fsync == "always" ? softkv::FsyncPolicy::always : fsync == "everysec" ? softkv::FsyncPolicy::everysec : softkv::FsyncPolicy::never;
     options.snapshot_after_bytes = snapshot_mb << 20;
     options.repair = repair;
+    options.coalesce = coalesce == "on";
     if (repair) spdlog::warn("--repair: a corrupt log record ends recovery there; later log segments are set aside as *.corrupt");
     options.log = [](std::string_view line) { spdlog::info("{}", line); };
     softkv::Database db(data, options);
     softkv::server::Server server(db, config);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    spdlog::info("softkv-server {} on {}:{}, kernel path {}, data {}, {} collection(s) loaded in {:.2f} s, fsync {}", softkv::kVersion,
-                 config.host, server.port(), softkv::simd_path(), data, db.list_collections().size(), secs, fsync);
+    spdlog::info("softkv-server {} on {}:{}, kernel path {}, data {}, {} collection(s) loaded in {:.2f} s, fsync {}, coalescing {}", softkv::kVersion,
+                 config.host, server.port(), softkv::simd_path(), data, db.list_collections().size(), secs, fsync, coalesce);
     spdlog::info("connect with: softkv --port {} stats   (or softkv::Client / clients/python/softkv_client.py)", server.port());
     std::thread waiter([&] {
       char sig = 0;

@@ -101,7 +101,7 @@ class Server::Impl {
       : config_(std::move(config)),
         budget_(config_.max_pending_bytes),
         handler_(db, connections_),
-        workers_(config_.workers > 0 ? config_.workers : std::max(1u, std::thread::hardware_concurrency())),
+        workers_(config_.workers > 0 ? config_.workers : std::max(kDefaultWorkers, std::thread::hardware_concurrency())),
         acceptor_(io_) {
     if (!is_loopback(config_.host) && config_.auth_token.empty() && !config_.insecure)
       throw Error(ErrorCode::invalid_argument, "binding " + config_.host +

@@ -13,12 +13,17 @@
 
 namespace softkv::server {
 
+/// Request threads by default. Most of them wait rather than compute: in a collection's coalescer for
+/// the pass that will serve their query (so up to this many concurrent queries share one pass), for the
+/// write lock, or for the scan pool, which has one thread per core and does the scanning.
+inline constexpr unsigned kDefaultWorkers = 64;
+
 /// Network settings and limits (defaults are the documented ones).
 struct ServerConfig {
   std::string host = "127.0.0.1";       ///< bind address; anything but loopback needs a token or insecure
   std::uint16_t port = 7878;            ///< 0: an ephemeral port (see Server::port)
   unsigned io_threads = 2;              ///< threads running connections (reading, writing, pings)
-  unsigned workers = 0;                 ///< threads running requests (scans, writes); 0: hardware threads
+  unsigned workers = 0;                 ///< threads carrying requests; 0: kDefaultWorkers (or more, one per hardware thread)
   std::string auth_token;               ///< required from every connection when non-empty
   bool insecure = false;                ///< allow a non-loopback bind without a token
   std::uint32_t max_frame = 64u << 20;  ///< largest accepted frame length; longer: error frame + close

@@ -149,6 +149,10 @@ CollectionStats Client::describe(std::string_view name) {
   return std::get<wire::DescribeReply>(impl_->call(wire::Describe{std::string(name)})).stats;
 }
 
+CoalescingStats Client::query_stats(std::string_view name) {
+  return std::get<wire::QueryStatsReply>(impl_->call(wire::QueryStats{std::string(name)})).stats;
+}
+
 std::vector<std::uint64_t> Client::add(std::string_view name, std::span<const float> keys, std::span<const float> values) {
   return std::get<wire::IdsReply>(impl_->call(wire::Add{std::string(name), copy(keys), copy(values)})).ids;
 }

@@ -384,4 +384,13 @@ void Collection::wait_until_indexed() const { impl_->wait_until_indexed(); }
 
 bool Collection::index_building() const { return impl_->index_building(); }
 
+void Collection::set_coalescing(bool on) const noexcept { impl_->set_coalescing(on); }
+
+bool Collection::coalescing() const noexcept { return impl_->coalescing(); }
+
+CoalescingStats Collection::coalescing_stats() const {
+  const CoalescingStats soft = impl_->soft_coalescer().stats(), hard = impl_->hard_coalescer().stats();
+  return {soft.queries + hard.queries, soft.passes + hard.passes, std::max(soft.max_batch, hard.max_batch)};
+}
+
 }  // namespace softkv

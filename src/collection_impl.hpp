@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "aligned_buffer.hpp"
+#include "coalescer.hpp"
 #include "index/pruning_index.hpp"
 #include "scan.hpp"
 #include "softkv/collection.hpp"
@@ -27,6 +28,24 @@
 #include "writer_first_mutex.hpp"
 
 namespace softkv {
+
+namespace detail {
+/// A single soft query waiting in a coalescer: its prepared query (d floats, split with its scale) and answer.
+struct SoftPending : CoalescedQuery {
+  const float* query = nullptr;  ///< prepared query, owned by the waiting caller
+  float factor = 0;              ///< its score factor (split_scale)
+  std::size_t top_m = 0;         ///< contributors it wants
+  SoftResult result;             ///< its answer
+};
+/// A single hard query waiting in a coalescer.
+struct HardPending : CoalescedQuery {
+  const float* query = nullptr;  ///< prepared query
+  float factor = 0;              ///< its score factor
+  HardResult result;             ///< its answer
+};
+/// The most queries one coalesced pass serves: the batch kernel's sweet spot (measured in bench/).
+inline constexpr std::size_t kMaxCoalescedBatch = 64;
+}  // namespace detail
 
 class Collection::Impl {
  public:
@@ -74,6 +93,15 @@ class Collection::Impl {
   /// Fills an empty Impl from an image; returns one line about the index.
   std::string restore(CollectionImage image);
 
+  // ---- coalescing ----
+  /// The coalescers of single soft and hard queries.
+  [[nodiscard]] detail::Coalescer<detail::SoftPending>& soft_coalescer() const noexcept { return soft_coalescer_; }
+  [[nodiscard]] detail::Coalescer<detail::HardPending>& hard_coalescer() const noexcept { return hard_coalescer_; }
+  /// Whether single queries are coalesced.
+  [[nodiscard]] bool coalescing() const noexcept { return coalesce_.load(std::memory_order_relaxed); }
+  /// Turns coalescing on or off.
+  void set_coalescing(bool on) const noexcept { coalesce_.store(on, std::memory_order_relaxed); }
+
   // ---- background index builds ----
   /// Blocks until no build runs.
   void wait_until_indexed() const;
@@ -120,6 +148,10 @@ class Collection::Impl {
   std::uint64_t next_id_ = 0;
   std::unique_ptr<detail::PruningIndex> index_;  // null for IndexKind::exact; updated under the write lock
   std::atomic<std::size_t> size_hint_{0};        // ids_.size(), published after each write (read without the lock)
+  // Coalescing is query-side machinery, not collection state: usable through a const collection.
+  mutable std::atomic<bool> coalesce_{true};
+  mutable detail::Coalescer<detail::SoftPending> soft_coalescer_{detail::kMaxCoalescedBatch};
+  mutable detail::Coalescer<detail::HardPending> hard_coalescer_{detail::kMaxCoalescedBatch};
   // Background index builds, one at a time; the thread is joined in the destructor before the rest goes.
   mutable std::mutex build_mutex_;
   mutable std::condition_variable build_done_;

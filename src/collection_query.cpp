@@ -1,6 +1,7 @@
 // Collection's queries: scale resolution, one scoring rule for every path, exact, pruned and batched
 // soft and hard retrieval, and the numeric checks that turn an unrepresentable answer into an error.
 #include <algorithm>
+#include <exception>
 #include <cmath>
 #include <limits>
 #include <new>
@@ -85,6 +86,144 @@ SoftBatchResult soft_batch(const Impl& impl, std::span<const float> queries, flo
   return result;
 }
 
+// One soft query on its own (prepared and split: q, f), pruned or exact, contributors included.
+template <class Impl>
+SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOptions& options) {
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const detail::RowSpan span = impl.span();
+  const std::size_t parts = impl.parts_for(options, impl.dim() + impl.value_dim());
+  const detail::KernelTable& kernels = detail::kernels();
+  const bool prune = (options.top_k || options.epsilon) && impl.use_index(options);
+  // flat with epsilon: every search reads all keys, so after a first cheap try (k = 16) one pass
+  // fetches everything the doubling could still ask for (a quarter of the rows, best first) and
+  // later k take its prefixes, which are exactly the top-k of a fresh pass (ties ordered by id).
+  std::vector<std::size_t> best_first;
+  const bool reuse = prune && options.epsilon && impl.index()->exact_top_k();
+  const detail::CandidateFinder find = [&](std::size_t k) {
+    if (!reuse) return impl.index_rows(q, f, k, options);
+    if (best_first.size() < k) best_first = impl.index_rows(q, f, best_first.empty() ? k : std::max(k, span.rows / 4), options);
+    return std::vector<std::size_t>(best_first.begin(), best_first.begin() + static_cast<std::ptrdiff_t>(std::min(k, best_first.size())));
+  };
+  const std::size_t check = prune && !impl.index()->exact_top_k() ? options.check_sample : 0;
+  detail::PrunedSoft pruned =
+      !prune          ? detail::exact_soft(kernels, q, f, span, options.top_m, parts)
+      : options.top_k ? detail::pruned_soft(kernels, q, f, span, *options.top_k, options.top_m, parts, find, check)
+                      : detail::adaptive_soft(kernels, q, f, span, *options.epsilon, options.top_m, parts, find, check);
+  detail::SoftScan& scan = pruned.scan;
+
+  SoftResult result;
+  result.lse = scan.state.lse();
+  Impl::check_lse(result.lse);
+  result.max_score = scan.state.max;
+  result.candidates = pruned.k;
+  result.tail_bound = pruned.tail_bound;
+  const bool scanned_all = pruned.k == span.rows;
+  result.searched_with = scanned_all ? IndexKind::exact : impl.index()->kind();
+  result.tail_bound_guaranteed = scanned_all || impl.index()->exact_top_k();
+  result.value = std::move(pruned.value);
+  result.top.reserve(scan.top.size());
+  for (const auto& item : scan.top)
+    result.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - result.lse)), item.score});
+  return result;
+}
+
+// One coalesced pass of soft queries: the fused batch kernel over every row once, each query with its
+// own factor; contributors, for the queries that want them, from a keys-only top-m pass each.
+template <class Impl>
+void soft_pass(const Impl& impl, std::span<detail::SoftPending* const> members, const QueryOptions& options) {
+  const std::size_t nq = members.size(), d = impl.dim(), dv = impl.value_dim();
+  std::vector<float> q(nq * d), factor(nq);
+  for (std::size_t b = 0; b < nq; ++b) {
+    std::copy_n(members[b]->query, d, q.begin() + static_cast<std::ptrdiff_t>(b * d));
+    factor[b] = members[b]->factor;
+  }
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const detail::RowSpan span = impl.span();
+  const detail::KernelTable& kernels = detail::kernels();
+  const std::vector<detail::SoftmaxState> states =
+      detail::soft_scan_batch_split(kernels, q.data(), nq, factor.data(), span, impl.parts_for(options, (d + dv) * nq));
+  for (std::size_t b = 0; b < nq; ++b) {
+    detail::SoftPending& m = *members[b];
+    try {
+      SoftResult r;
+      r.lse = states[b].lse();
+      Impl::check_lse(r.lse);
+      r.max_score = states[b].max;
+      r.candidates = span.rows;
+      r.value = detail::blended_value(kernels, q.data() + b * d, factor[b], span, states[b]);
+      if (m.top_m > 0)
+        for (const auto& item : detail::top_k_scan(kernels, q.data() + b * d, factor[b], span, m.top_m, impl.parts_for(options, d)))
+          r.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - r.lse)), item.score});
+      m.result = std::move(r);
+    } catch (...) {
+      m.error = std::current_exception();
+    }
+  }
+}
+
+// One hard query on its own: through an approximate index when it has one, else the exact scan.
+template <class Impl>
+HardResult hard_one(const Impl& impl, const float* q, float f, const QueryOptions& options) {
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const detail::RowSpan span = impl.span();
+  const detail::KernelTable& kernels = detail::kernels();
+  detail::ArgMax best;
+  HardResult result;
+  const IndexKind index_kind = impl.use_index(options) ? impl.index()->kind() : IndexKind::exact;
+  if (index_kind == IndexKind::hnsw || index_kind == IndexKind::ivf) {
+    // The index's best candidates, rescored with our kernel (ties to the smallest id); flat would
+    // read every key like the scan below, so it gains nothing here.
+    for (std::size_t row : impl.index_rows(q, f, kHardCandidates, options)) {
+      detail::RowSpan one = span;
+      one.keys = span.keys + row * span.dim;
+      one.rows = 1;
+      detail::ArgMax candidate;
+      kernels.hard_scan(q, f, one, candidate);
+      if (candidate.row != detail::ArgMax::kNoRow) candidate.row = row;
+      detail::merge_argmax(candidate, span.ids, best);
+    }
+    result.searched_with = index_kind;
+  }
+  if (best.row == detail::ArgMax::kNoRow && !best.overflow) {
+    best = detail::hard_scan_split(kernels, q, f, span, impl.parts_for(options, impl.dim()));
+    result.searched_with = IndexKind::exact;
+  }
+  check_best(best);
+  result.id = span.ids[best.row];
+  result.score = best.score;
+  result.value.assign(span.values + best.row * span.value_dim, span.values + (best.row + 1) * span.value_dim);
+  return result;
+}
+
+// One coalesced pass of exact hard queries: the batched argmax over the keys once.
+template <class Impl>
+void hard_pass(const Impl& impl, std::span<detail::HardPending* const> members, const QueryOptions& options) {
+  const std::size_t nq = members.size(), d = impl.dim(), dv = impl.value_dim();
+  std::vector<float> q(nq * d), factor(nq);
+  for (std::size_t b = 0; b < nq; ++b) {
+    std::copy_n(members[b]->query, d, q.begin() + static_cast<std::ptrdiff_t>(b * d));
+    factor[b] = members[b]->factor;
+  }
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const detail::RowSpan span = impl.span();
+  const std::vector<detail::ArgMax> best =
+      detail::hard_scan_batch_split(detail::kernels(), q.data(), nq, factor.data(), span, impl.parts_for(options, d * nq));
+  for (std::size_t b = 0; b < nq; ++b) {
+    detail::HardPending& m = *members[b];
+    try {
+      check_best(best[b]);
+      const std::size_t row = best[b].row;
+      m.result = {span.ids[row], best[b].score, {span.values + row * dv, span.values + (row + 1) * dv}, IndexKind::exact};
+    } catch (...) {
+      m.error = std::current_exception();
+    }
+  }
+}
+
 }  // namespace
 
 QueryResults Collection::query(std::span<const float> queries, Retrieval kind, const QueryOptions& options) const {
@@ -159,46 +298,17 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
   return guard_memory([&] {
     std::vector<float> factor;
     const std::vector<float> q = scaled_queries(*impl_, query, scale, factor);
-    const float f = factor[0];
     impl_->check_pruning(options);
-
-    const auto lock = impl_->read_lock();
-    impl_->require_entries();
-    const detail::RowSpan span = impl_->span();
-    const std::size_t parts = impl_->parts_for(options, impl_->dim() + impl_->value_dim());
-    const detail::KernelTable& kernels = detail::kernels();
-    const bool prune = (options.top_k || options.epsilon) && impl_->use_index(options);
-    // flat with epsilon: every search reads all keys, so after a first cheap try (k = 16) one pass
-    // fetches everything the doubling could still ask for (a quarter of the rows, best first) and
-    // later k take its prefixes, which are exactly the top-k of a fresh pass (ties ordered by id).
-    std::vector<std::size_t> best_first;
-    const bool reuse = prune && options.epsilon && impl_->index()->exact_top_k();
-    const detail::CandidateFinder find = [&](std::size_t k) {
-      if (!reuse) return impl_->index_rows(q.data(), f, k, options);
-      if (best_first.size() < k) best_first = impl_->index_rows(q.data(), f, best_first.empty() ? k : std::max(k, span.rows / 4), options);
-      return std::vector<std::size_t>(best_first.begin(), best_first.begin() + static_cast<std::ptrdiff_t>(std::min(k, best_first.size())));
-    };
-    const std::size_t check = prune && !impl_->index()->exact_top_k() ? options.check_sample : 0;
-    detail::PrunedSoft pruned =
-        !prune          ? detail::exact_soft(kernels, q.data(), f, span, options.top_m, parts)
-        : options.top_k ? detail::pruned_soft(kernels, q.data(), f, span, *options.top_k, options.top_m, parts, find, check)
-                        : detail::adaptive_soft(kernels, q.data(), f, span, *options.epsilon, options.top_m, parts, find, check);
-    detail::SoftScan& scan = pruned.scan;
-
-    SoftResult result;
-    result.lse = scan.state.lse();
-    Collection::Impl::check_lse(result.lse);
-    result.max_score = scan.state.max;
-    result.candidates = pruned.k;
-    result.tail_bound = pruned.tail_bound;
-    const bool scanned_all = pruned.k == span.rows;
-    result.searched_with = scanned_all ? IndexKind::exact : impl_->index()->kind();
-    result.tail_bound_guaranteed = scanned_all || impl_->index()->exact_top_k();
-    result.value = std::move(pruned.value);
-    result.top.reserve(scan.top.size());
-    for (const auto& item : scan.top)
-      result.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - result.lse)), item.score});
-    return result;
+    if (!impl_->coalescing() || options.top_k || options.epsilon) return soft_one(*impl_, q.data(), factor[0], options);
+    detail::SoftPending pending;
+    pending.query = q.data();
+    pending.factor = factor[0];
+    pending.top_m = options.top_m;
+    impl_->soft_coalescer().run(
+        pending, [&](detail::SoftPending& me) { me.result = soft_one(*impl_, me.query, me.factor, options); },
+        [&](std::span<detail::SoftPending* const> members) { soft_pass(*impl_, members, options); });
+    if (pending.error) std::rethrow_exception(pending.error);
+    return std::move(pending.result);
   });
 }
 
@@ -208,38 +318,18 @@ HardResult Collection::query_hard(std::span<const float> query, const QueryOptio
   return guard_memory([&] {
     std::vector<float> factor;
     const std::vector<float> q = scaled_queries(*impl_, query, scale, factor);
-    const float f = factor[0];
-
-    const auto lock = impl_->read_lock();
-    impl_->require_entries();
-    const detail::RowSpan span = impl_->span();
-    const detail::KernelTable& kernels = detail::kernels();
-    detail::ArgMax best;
-    HardResult result;
-    const IndexKind index_kind = impl_->use_index(options) ? impl_->index()->kind() : IndexKind::exact;
-    if (index_kind == IndexKind::hnsw || index_kind == IndexKind::ivf) {
-      // The index's best candidates, rescored with our kernel (ties to the smallest id); flat would
-      // read every key like the scan below, so it gains nothing here.
-      for (std::size_t row : impl_->index_rows(q.data(), f, kHardCandidates, options)) {
-        detail::RowSpan one = span;
-        one.keys = span.keys + row * span.dim;
-        one.rows = 1;
-        detail::ArgMax candidate;
-        kernels.hard_scan(q.data(), f, one, candidate);
-        if (candidate.row != detail::ArgMax::kNoRow) candidate.row = row;
-        detail::merge_argmax(candidate, span.ids, best);
-      }
-      result.searched_with = index_kind;
-    }
-    if (best.row == detail::ArgMax::kNoRow && !best.overflow) {
-      best = detail::hard_scan_split(kernels, q.data(), f, span, impl_->parts_for(options, impl_->dim()));
-      result.searched_with = IndexKind::exact;
-    }
-    check_best(best);
-    result.id = span.ids[best.row];
-    result.score = best.score;
-    result.value.assign(span.values + best.row * span.value_dim, span.values + (best.row + 1) * span.value_dim);
-    return result;
+    // Only exact scans coalesce: hnsw, ivf and automatic collections answer through their index.
+    const IndexKind index = impl_->config().index.kind;
+    const bool exact_scan = options.exact || index == IndexKind::exact || index == IndexKind::flat;
+    if (!impl_->coalescing() || !exact_scan) return hard_one(*impl_, q.data(), factor[0], options);
+    detail::HardPending pending;
+    pending.query = q.data();
+    pending.factor = factor[0];
+    impl_->hard_coalescer().run(
+        pending, [&](detail::HardPending& me) { me.result = hard_one(*impl_, me.query, me.factor, options); },
+        [&](std::span<detail::HardPending* const> members) { hard_pass(*impl_, members, options); });
+    if (pending.error) std::rethrow_exception(pending.error);
+    return std::move(pending.result);
   });
 }
 

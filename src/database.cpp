@@ -20,6 +20,7 @@
 #include "storage/directory.hpp"
 #include "storage/file.hpp"
 #include "storage/journal.hpp"
+#include "validate.hpp"
 
 namespace softkv {
 namespace {
@@ -85,6 +86,7 @@ class Database::Impl {
                      // Live creates were checked; a record from before ConfigLimits may need fitting.
                      std::string changed;
                      auto collection = std::make_shared<Collection>(detail::fit_index_limits(c.config, &changed));
+                     collection->set_coalescing(options_.coalesce);
                      if (!changed.empty()) options_.log("'" + c.name + "': index settings brought into range: " + changed);
                      std::unique_lock lock(map_mutex_);
                      collections_[c.name] = std::move(collection);
@@ -95,9 +97,12 @@ class Database::Impl {
                    },
                    [&](const detail::mutation::Upsert& u) {
                      const auto c = find(u.name);
-                     if (!u.keys_as_given) return c->apply(u.rows);
-                     // A record from before format 2 holds cosine keys as the client gave them.
-                     c->apply(c->prepare(u.rows.ids, u.rows.keys, u.rows.values));
+                     if (!u.keys_as_given || c->config().metric != Metric::cosine) return c->apply(u.rows);
+                     // A record from before format 2 holds cosine keys as the client gave them: they are
+                     // normalised the way that release did, so the replay stores the same bits.
+                     Rows rows = u.rows;
+                     detail::normalise_rows_v1(rows.keys, c->config().dim, "key");
+                     c->apply(rows);
                    },
                    [&](const detail::mutation::Remove& r) { find(r.name)->remove_batch(r.ids); },
                },
@@ -123,6 +128,7 @@ class Database::Impl {
     h.restore = [this](std::string name, CollectionImage image) {
       std::string note;
       auto c = std::make_shared<Collection>(Collection::restore(std::move(image), &note));
+      c->set_coalescing(options_.coalesce);
       if (!note.empty()) options_.log("'" + name + "': " + note);
       collections_[std::move(name)] = std::move(c);
     };

@@ -53,4 +53,18 @@ void normalise_rows(std::span<float> rows, std::size_t d, std::string_view what)
   }
 }
 
+void normalise_rows_v1(std::span<float> rows, std::size_t d, std::string_view what) {
+  for (std::size_t r = 0; r * d < rows.size(); ++r) {
+    const std::span<float> row = rows.subspan(r * d, d);
+    double norm2 = 0.0;
+    for (float x : row) norm2 += static_cast<double>(x) * x;
+    const auto inv = static_cast<float>(1.0 / std::sqrt(norm2));
+    if (norm2 > 0.0 && std::isfinite(inv)) {
+      for (float& x : row) x *= inv;
+    } else {
+      normalise_rows(row, d, what);
+    }
+  }
+}
+
 }  // namespace softkv::detail

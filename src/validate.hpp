@@ -22,4 +22,9 @@ std::size_t row_count(std::size_t size, std::size_t width, std::string_view what
 /// it has no direction.
 void normalise_rows(std::span<float> rows, std::size_t d, std::string_view what);
 
+/// normalise_rows as releases before 0.2 computed it (k * float(1 / sqrt(sum k^2 in double))), for
+/// replaying their log records bit for bit; rows where that overflows (norms below ~1e-38) take
+/// normalise_rows' way instead, since the old way stored a non-finite key there.
+void normalise_rows_v1(std::span<float> rows, std::size_t d, std::string_view what);
+
 }  // namespace softkv::detail

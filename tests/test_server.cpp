@@ -567,3 +567,31 @@ TEST_CASE("error tiers on the wire: caller mistakes keep their code, bad_alloc i
   CHECK(to_string(ErrorCode::resource_exhausted) == "resource_exhausted");
   CHECK(to_string(ErrorCode::internal) == "internal");
 }
+
+TEST_CASE("concurrent single queries over TCP share passes and query_stats reports them", "[server][coalescing]") {
+  RunningServer s;
+  Client client(s.client());
+  fill(client, "c", 20000, 64, 16);
+  constexpr int kClients = 16, kQueries = 8;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kClients; ++t)
+    threads.emplace_back([&, t] {
+      Client own(s.client());
+      for (int i = 0; i < kQueries; ++i) {
+        const auto q = test::normal_floats(64, 500 + t * 10 + i);
+        const SoftResult r = own.query_soft("c", q, {.temperature = 0.5f + 0.1f * float(t % 3)});
+        // The same query alone, through the library, differs from a coalesced answer by float rounding only.
+        const SoftResult alone = s.db->collection("c")->query_soft(q, {.temperature = 0.5f + 0.1f * float(t % 3)});
+        if (std::fabs(r.lse - alone.lse) > 1e-5 * std::max(1.0, std::fabs(alone.lse)) || test::max_abs_diff(r.value, alone.value) > 1e-4)
+          ++wrong;
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(wrong.load() == 0);
+  const CoalescingStats stats = client.query_stats("c");
+  CHECK(stats.queries >= std::uint64_t(kClients * kQueries));
+  CHECK(stats.passes <= stats.queries);
+  CHECK(stats.max_batch >= 1);
+  CHECK(test::error_of([&] { (void)client.query_stats("missing"); }) == ErrorCode::unknown_collection);
+}

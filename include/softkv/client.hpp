@@ -58,6 +58,8 @@ class Client {
   std::vector<std::string> list_collections();
   /// A collection's size and shape.
   CollectionStats describe(std::string_view name);
+  /// A collection's coalescing counters: queries served, passes run, largest pass (opcode query_stats).
+  CoalescingStats query_stats(std::string_view name);
 
   /// Adds rows (n x d keys, n x dv values); returns their ids once durable on the server.
   std::vector<std::uint64_t> add(std::string_view name, std::span<const float> keys, std::span<const float> values);

@@ -120,6 +120,13 @@ struct HardResult {
   IndexKind searched_with = IndexKind::exact;  ///< exact scan, or the index whose top-1 was taken
 };
 
+/// How a collection's single queries were served by coalescing (Collection::coalescing_stats).
+struct CoalescingStats {
+  std::uint64_t queries = 0;    ///< single queries served through the coalescer
+  std::uint64_t passes = 0;     ///< passes over the rows that served them (a query that ran alone is a pass of one)
+  std::uint64_t max_batch = 0;  ///< the most queries one pass served
+};
+
 /// Soft answers for B queries, row-major.
 struct SoftBatchResult {
   std::vector<float> values;        ///< B x dv blended values
@@ -252,6 +259,18 @@ class Collection {
   /// Hard retrieval for B row-major queries (B x d); reads the keys once for all of them.
   [[nodiscard]] HardBatchResult query_hard_batch(std::span<const float> queries,
                                                  const QueryOptions& options = {}) const;
+
+  /// Coalescing (on by default): a single exact query that arrives while another pass over this
+  /// collection runs waits, and runs with every query that waited as one batched pass when that pass
+  /// ends (each keeps its own scale, top_m and kind); a query on an idle collection runs at once.
+  /// A coalesced answer equals the batched kernel's and differs from the single-query path only by
+  /// float rounding. Pruned queries (top_k, epsilon) and index-searched hard queries never wait.
+  /// Safe to change at any time; queries already waiting are still served.
+  void set_coalescing(bool on) const noexcept;
+  /// Whether coalescing is on.
+  [[nodiscard]] bool coalescing() const noexcept;
+  /// Counters of the coalesced single queries (soft and hard passes together).
+  [[nodiscard]] CoalescingStats coalescing_stats() const;
 
   /// Blocks until background index work (IVF training, HNSW/IVF builds and rebuilds) has finished.
   /// Until an index is built, pruned queries scan every entry and report searched_with = exact.

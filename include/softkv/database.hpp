@@ -26,6 +26,7 @@ enum class FsyncPolicy : std::uint8_t {
 struct DatabaseOptions {
   FsyncPolicy fsync = FsyncPolicy::always;           ///< durability of acknowledged writes
   std::uint64_t snapshot_after_bytes = 64ull << 20;  ///< logged bytes that trigger a background snapshot; 0: never
+  bool coalesce = true;  ///< concurrent single queries on a collection share passes (Collection::set_coalescing)
   bool repair = false;  ///< on a corrupt log record, keep the valid prefix instead of refusing to open
   /// Receives recovery and snapshot log lines (default: standard error).
   std::function<void(std::string_view)> log;

@@ -160,6 +160,7 @@ Opcode opcode_of(const Request& request) {
                         [](const Upsert&) { return Opcode::upsert; }, [](const Remove&) { return Opcode::remove; },
                         [](const Get&) { return Opcode::get; }, [](const Query&) { return Opcode::query; },
                         [](const Snapshot&) { return Opcode::snapshot; }, [](const Stats&) { return Opcode::stats; },
+                        [](const QueryStats&) { return Opcode::query_stats; },
                     },
                     request);
 }
@@ -186,6 +187,7 @@ std::vector<std::byte> encode_request(const Request& request, std::uint64_t requ
                  },
                  [&](const Snapshot&) {},
                  [&](const Stats&) {},
+                 [&](const QueryStats& m) { w.put_string(m.name); },
              },
              request);
   return frame_of(static_cast<std::uint8_t>(opcode_of(request)), request_id, w);
@@ -252,6 +254,7 @@ Request decode_request(const Frame& frame) {
     }
     case Opcode::snapshot: out = Snapshot{}; break;
     case Opcode::stats: out = Stats{}; break;
+    case Opcode::query_stats: out = QueryStats{r.get_string("name")}; break;
     default: malformed("unknown opcode " + std::to_string(frame.opcode));
   }
   expect_end(r);
@@ -283,6 +286,7 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
                    w.put(m.stats.bytes_on_disk);
                  },
                  [&](const IdsReply& m) { put_array(w, m.ids); },
+                 [&](const QueryStatsReply& m) { w.put(m.stats.queries), w.put(m.stats.passes), w.put(m.stats.max_batch); },
                  [&](const GetReply& m) { w.put(m.entry.id), put_array(w, m.entry.key), put_array(w, m.entry.value); },
                  [&](const SoftReply& m) {
                    w.put(static_cast<std::uint32_t>(m.results.size()));
@@ -364,6 +368,14 @@ Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind) {
         break;
       }
       case Opcode::add: out = IdsReply{get_array<std::uint64_t>(r, "ids")}; break;
+      case Opcode::query_stats: {
+        QueryStatsReply m;
+        m.stats.queries = r.get<std::uint64_t>("queries");
+        m.stats.passes = r.get<std::uint64_t>("passes");
+        m.stats.max_batch = r.get<std::uint64_t>("max batch");
+        out = m;
+        break;
+      }
       case Opcode::get: {
         GetReply m;
         m.entry.id = r.get<std::uint64_t>("id");

@@ -26,7 +26,7 @@ inline constexpr std::uint32_t kDefaultMaxFrame = 64u << 20;  ///< default limit
 /// Request opcodes; a reply carries the request's opcode | 0x80, an error reply 0xFF.
 enum class Opcode : std::uint8_t {
   hello = 0x01, auth = 0x02, ping = 0x03,
-  create = 0x10, drop = 0x11, list = 0x12, describe = 0x13,
+  create = 0x10, drop = 0x11, list = 0x12, describe = 0x13, query_stats = 0x14,
   add = 0x20, upsert = 0x21, remove = 0x22, get = 0x23,
   query = 0x30,
   snapshot = 0x40, stats = 0x41,
@@ -76,11 +76,12 @@ struct Query {  ///< one query (d floats) or a batch (B x d, row-major); the ser
   QueryOptions options;
   std::vector<float> queries;
 };
+struct QueryStats { std::string name; };  ///< a collection's coalescing counters (opcode 0x14, added in 0.2)
 struct Snapshot {};  ///< write a snapshot now
 struct Stats {};     ///< server statistics
 
 /// Any request.
-using Request = std::variant<Hello, Auth, Ping, Create, Drop, List, Describe, Add, Upsert, Remove, Get, Query, Snapshot, Stats>;
+using Request = std::variant<Hello, Auth, Ping, Create, Drop, List, Describe, Add, Upsert, Remove, Get, Query, Snapshot, Stats, QueryStats>;
 
 /// The opcode of a request.
 Opcode opcode_of(const Request& request);
@@ -102,6 +103,7 @@ struct StatsReply {                                         ///< stats
   std::string server_version, simd_path;
   std::uint64_t collections = 0, connections = 0, requests = 0, last_sequence = 0;
 };
+struct QueryStatsReply { CoalescingStats stats; };           ///< query_stats
 struct ErrorReply { ErrorCode code = ErrorCode::protocol_error; std::string message; };  ///< any failed request
 
 /// Longest error message on the wire, in bytes.
@@ -113,7 +115,8 @@ inline constexpr std::size_t kMaxErrorMessage = 4000;
 std::string wire_message(std::string_view message, std::size_t max_bytes = kMaxErrorMessage);
 
 /// Any reply.
-using Reply = std::variant<HelloReply, Ack, NamesReply, DescribeReply, IdsReply, GetReply, SoftReply, HardReply, StatsReply, ErrorReply>;
+using Reply = std::variant<HelloReply, Ack, NamesReply, DescribeReply, IdsReply, GetReply, SoftReply, HardReply, StatsReply, QueryStatsReply,
+                           ErrorReply>;
 
 /// A whole reply frame to a request with this opcode and id.
 std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, const Reply& reply);

@@ -1,0 +1,195 @@
+// Coalesced queries: the hand-off of the coalescer itself, and concurrent queries on a collection
+// served in shared passes with answers equal to the double-precision reference of a consistent state.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "coalescer.hpp"
+#include "reference.hpp"
+#include "softkv/softkv.hpp"
+
+using namespace softkv;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct TestQuery : detail::CoalescedQuery {
+  int input = 0;
+  int output = 0;
+  int pass = 0;  // which pass served it
+};
+
+}  // namespace
+
+TEST_CASE("coalescer: an idle coalescer runs a query at once, and queries arriving during a pass share the next one", "[coalescing]") {
+  detail::Coalescer<TestQuery> c(64);
+  std::mutex m;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> passes{0};
+  std::vector<std::size_t> batch_sizes;
+  const std::function<void(TestQuery&)> alone = [&](TestQuery& q) {
+    q.pass = ++passes;
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return release; });  // the first pass stays open until every other query waits
+    q.output = q.input * 2;
+  };
+  const std::function<void(std::span<TestQuery* const>)> batch = [&](std::span<TestQuery* const> qs) {
+    const int pass = ++passes;
+    batch_sizes.push_back(qs.size());
+    for (TestQuery* q : qs) q->output = q->input * 2, q->pass = pass;
+  };
+
+  // Idle: one query, one pass, no waiting.
+  TestQuery solo;
+  solo.input = 5;
+  release = true;
+  c.run(solo, alone, batch);
+  CHECK(solo.output == 10);
+  CHECK(c.stats().passes == 1);
+  CHECK(c.stats().max_batch == 1);
+
+  release = false;
+  TestQuery first;
+  first.input = 1;
+  std::thread leader([&] { c.run(first, alone, batch); });
+  while (passes.load() < 2) std::this_thread::yield();  // first is inside its pass
+  constexpr int kWaiting = 20;
+  std::vector<TestQuery> queued(kWaiting);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWaiting; ++i) {
+    queued[i].input = 100 + i;
+    threads.emplace_back([&, i] { c.run(queued[i], alone, batch); });
+  }
+  while (c.waiting() < kWaiting) std::this_thread::yield();
+  {
+    std::lock_guard lock(m);
+    release = true;
+  }
+  cv.notify_all();
+  leader.join();
+  for (auto& t : threads) t.join();
+  CHECK(first.output == 2);
+  for (int i = 0; i < kWaiting; ++i) {
+    CHECK(queued[i].output == 2 * (100 + i));
+    CHECK(queued[i].pass == 3);  // all of them in the one pass after first's
+    CHECK(!queued[i].error);
+  }
+  REQUIRE(batch_sizes.size() == 1);
+  CHECK(batch_sizes[0] == kWaiting);
+  const CoalescingStats s = c.stats();
+  CHECK(s.queries == 2 + kWaiting);
+  CHECK(s.passes == 3);
+  CHECK(s.max_batch == kWaiting);
+}
+
+TEST_CASE("coalescer: a pass that fails gives each of its queries the error and the next pass runs", "[coalescing]") {
+  detail::Coalescer<TestQuery> c(4);
+  TestQuery q;
+  c.run(q, [](TestQuery&) { throw Error(ErrorCode::empty_collection, "nothing"); }, [](std::span<TestQuery* const>) {});
+  REQUIRE(q.error);
+  CHECK_THROWS_AS(std::rethrow_exception(q.error), Error);
+  TestQuery again;
+  c.run(again, [](TestQuery& t) { t.output = 7; }, [](std::span<TestQuery* const>) {});
+  CHECK(again.output == 7);
+  CHECK(!again.error);
+}
+
+TEST_CASE("an idle collection answers a single query at once, bit for bit as without coalescing", "[coalescing]") {
+  constexpr std::size_t n = 3000, d = 32, dv = 8;
+  Collection c({d, dv, Metric::dot, {}, {}});
+  c.add_batch(test::normal_floats(n * d, 1), test::normal_floats(n * dv, 2));
+  const auto q = test::normal_floats(d, 3);
+  const SoftResult on = c.query_soft(q, {.temperature = 0.5f, .top_m = 3});
+  const HardResult hard_on = c.query_hard(q);
+  CHECK(c.coalescing_stats().passes == 2);
+  CHECK(c.coalescing_stats().max_batch == 1);
+  c.set_coalescing(false);
+  CHECK(!c.coalescing());
+  const SoftResult off = c.query_soft(q, {.temperature = 0.5f, .top_m = 3});
+  CHECK(on.value == off.value);
+  CHECK(on.lse == off.lse);
+  REQUIRE(on.top.size() == 3);
+  CHECK(on.top[0].id == off.top[0].id);
+  CHECK(hard_on.id == c.query_hard(q).id);
+  CHECK(c.coalescing_stats().queries == 2);  // off: not counted
+}
+
+TEST_CASE("concurrent mixed queries share passes and each equals the float64 reference of a consistent state, while a writer toggles the values", "[coalescing]") {
+  constexpr std::size_t n = 20000, d = 64, dv = 16;
+  Collection c({d, dv, Metric::dot, {}, {}});
+  const auto keys = test::normal_floats(n * d, 11);
+  const auto values = test::normal_floats(n * dv, 12);
+  std::vector<float> doubled(values);
+  for (float& v : doubled) v *= 2.0f;
+  std::vector<std::uint64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = i;
+  c.upsert_batch(ids, keys, values);
+
+  // The writer flips every value between v and 2v in one batch (one state or the other, never a mix).
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (bool twice = true; !stop.load(); twice = !twice) {
+      c.upsert_batch(ids, keys, twice ? doubled : values);
+      std::this_thread::sleep_for(2ms);
+    }
+  });
+  constexpr int kThreads = 12, kQueries = 12;
+  std::atomic<int> failures{0};
+  std::atomic<int> checked{0};
+  double worst = 0;
+  std::mutex worst_mutex;
+  std::vector<std::thread> readers;
+  for (int t = 0; t < kThreads; ++t) {
+    readers.emplace_back([&, t] {
+      for (int i = 0; i < kQueries; ++i) {
+        const auto q = test::normal_floats(d, 1000 + t * 100 + i);
+        const float temperature = 0.25f + 0.25f * float((t + i) % 4);
+        const double scale = 1.0 / (std::sqrt(double(d)) * temperature);
+        const test::SoftReference ref = test::soft_reference(q.data(), keys.data(), values.data(), n, d, dv, scale);
+        if ((t + i) % 3 == 0) {  // hard
+          const HardResult h = c.query_hard(q, {.temperature = temperature});
+          const std::size_t best = std::size_t(std::max_element(ref.scores.begin(), ref.scores.end()) - ref.scores.begin());
+          const bool value_ok = h.value == std::vector<float>(values.begin() + best * dv, values.begin() + (best + 1) * dv) ||
+                                h.value == std::vector<float>(doubled.begin() + best * dv, doubled.begin() + (best + 1) * dv);
+          if (h.id != best || !value_ok) ++failures;
+        } else {  // soft with its own temperature and top_m
+          const std::size_t top_m = std::size_t(i % 3);
+          const SoftResult s = c.query_soft(q, {.temperature = temperature, .top_m = top_m});
+          double err1 = 0, err2 = 0, scale_v = 0;
+          for (std::size_t j = 0; j < dv; ++j) {
+            err1 = std::max(err1, std::fabs(s.value[j] - ref.value[j]));
+            err2 = std::max(err2, std::fabs(s.value[j] - 2 * ref.value[j]));
+            scale_v = std::max(scale_v, std::fabs(ref.value[j]));
+          }
+          const double err = std::min(err1, err2) / std::max(scale_v, 1e-3);
+          {
+            std::lock_guard lock(worst_mutex);
+            worst = std::max(worst, err);
+          }
+          if (err > 1e-4 || std::fabs(s.lse - ref.lse) > 1e-4 * std::max(1.0, std::fabs(ref.lse)) || s.top.size() != top_m) ++failures;
+          if (top_m > 0 && s.top[0].id != std::size_t(std::max_element(ref.scores.begin(), ref.scores.end()) - ref.scores.begin()))
+            ++failures;
+        }
+        ++checked;
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  stop = true;
+  writer.join();
+  CHECK(failures.load() == 0);
+  CHECK(checked.load() == kThreads * kQueries);
+  const CoalescingStats s = c.coalescing_stats();
+  CHECK(s.queries == std::uint64_t(kThreads * kQueries));
+  CHECK(s.passes < s.queries);  // some queries shared a pass
+  CHECK(s.max_batch > 1);
+  WARN("coalesced: " << s.queries << " queries in " << s.passes << " passes, largest " << s.max_batch
+                     << "; worst relative value error vs float64 " << worst);
+}
