@@ -189,10 +189,17 @@ py::object query_hard(const CollectionView& self, py::handle query, const QueryO
   return hard_answer(std::move(r));
 }
 
+// (B, d) queries with B >= 1 (the library's rule, checked here because some batches go row by row).
+FloatInput batch_input(py::handle queries, std::size_t d) {
+  FloatInput q = float_input(queries, 2, d, "queries");
+  if (q.rows == 0) throw Error(ErrorCode::dimension_mismatch, "queries has shape (0, " + std::to_string(d) + "): give at least one row");
+  return q;
+}
+
 // Until Collection has one batch-first entry point, a batch routes as softkv-server does: the batched
 // kernel when it answers everything asked, else one query_soft per row (contributors, pruning).
 py::object query_soft_batch(const CollectionView& self, py::handle queries, const QueryOptions& o) {
-  const FloatInput q = float_input(queries, 2, self.dim(), "queries");
+  const FloatInput q = batch_input(queries, self.dim());
   const std::size_t nq = q.rows, d = self.dim(), dv = self.value_dim();
   std::vector<SoftResult> rows;
   SoftBatchResult batch;
@@ -200,7 +207,7 @@ py::object query_soft_batch(const CollectionView& self, py::handle queries, cons
   const bool per_row = o.top_m > 0 || o.top_k || o.epsilon;
   {
     py::gil_scoped_release nogil;
-    if (per_row && nq > 0) {
+    if (per_row) {
       rows.reserve(nq);
       for (std::size_t i = 0; i < nq; ++i) rows.push_back(self.get().query_soft(q.span().subspan(i * d, d), o));
     } else {
@@ -208,7 +215,7 @@ py::object query_soft_batch(const CollectionView& self, py::handle queries, cons
       size = self.get().size();
     }
   }
-  if (!per_row || nq == 0) {
+  if (!per_row) {
     py::tuple searched(nq), top(nq);
     for (std::size_t i = 0; i < nq; ++i) {
       searched[i] = index_name(IndexKind::exact);
@@ -241,7 +248,7 @@ py::object query_soft_batch(const CollectionView& self, py::handle queries, cons
 
 // Hard batches take the batched scan unless an approximate index answers single queries (as the server).
 py::object query_hard_batch(const CollectionView& self, py::handle queries, const QueryOptions& o) {
-  const FloatInput q = float_input(queries, 2, self.dim(), "queries");
+  const FloatInput q = batch_input(queries, self.dim());
   const std::size_t nq = q.rows, d = self.dim(), dv = self.value_dim();
   const IndexKind kind = self.get().config().index.kind;
   const bool per_row = !o.exact && (kind == IndexKind::hnsw || kind == IndexKind::ivf || kind == IndexKind::automatic);
@@ -260,7 +267,6 @@ py::object query_hard_batch(const CollectionView& self, py::handle queries, cons
         std::copy(r.value.begin(), r.value.end(), batch.values.begin() + static_cast<std::ptrdiff_t>(i * dv));
         searched_with[i] = r.searched_with;
       }
-      if (nq == 0) (void)self.get().query_hard_batch(q.span(), o);  // the library's error for an empty batch
     } else {
       batch = self.get().query_hard_batch(q.span(), o);
     }
