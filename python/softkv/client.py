@@ -115,6 +115,7 @@ class Client:
             self._call("auth", _Writer().string(token))
 
     def close(self):
+        """Closes the connection."""
         self.sock.close()
 
     def __enter__(self):
@@ -158,23 +159,28 @@ class Client:
 
     # ---- operations ----
     def ping(self):
+        """A round trip that does nothing: checks the connection (and the server's liveness)."""
         self._call("ping", _Writer())
 
     def create_collection(self, name: str, dim: int, value_dim: int, metric: str = "dot", scale: float | None = None,
                           index: str = "exact", hnsw_m: int = 32, hnsw_ef_construction: int = 80, ivf_nlist: int = 0,
                           ivf_train_size: int = 0, auto_threshold: int = 10000, rebuild_fraction: float = 0.25):
+        """Creates a collection; the arguments are those of softkv.Collection."""
         w = _Writer().string(name).put("IIBBf", dim, value_dim, METRICS[metric], scale is not None, scale or 0.0)
         w.put("BIIIQQf", INDEXES[index], hnsw_m, hnsw_ef_construction, ivf_nlist, ivf_train_size, auto_threshold, rebuild_fraction)
         self._call("create", w)
 
     def drop_collection(self, name: str):
+        """Drops a collection and its entries."""
         self._call("drop", _Writer().string(name))
 
     def list_collections(self) -> list:
+        """Names of all collections, sorted."""
         r = self._call("list", _Writer())
         return [r.string() for _ in range(r.get("I"))]
 
     def describe(self, name: str) -> dict:
+        """Size and shape of a collection: the dict softkv.Database.stats returns."""
         r = self._call("describe", _Writer().string(name))
         out = {"name": r.string(), "size": r.get("Q"), "dim": r.get("I"), "value_dim": r.get("I")}
         out["metric"] = "cosine" if r.get("B") == 1 else "dot"
@@ -188,9 +194,11 @@ class Client:
         return r.array(np.uint64)
 
     def upsert(self, name: str, ids, keys, values):
+        """Inserts or replaces n entries by id: (n,) ids, (n, d) keys, (n, dv) values."""
         self._call("upsert", _Writer().string(name).array(ids, np.uint64).array(keys, np.float32).array(values, np.float32))
 
     def remove(self, name: str, ids):
+        """Removes entries by id; softkv.UnknownId (removing nothing) if one is absent."""
         self._call("remove", _Writer().string(name).array(ids, np.uint64))
 
     def get(self, name: str, id: int):
@@ -251,9 +259,11 @@ class Client:
         return self._hard_results(r)[0]
 
     def snapshot(self):
+        """Asks the server to write a snapshot now."""
         self._call("snapshot", _Writer())
 
     def stats(self) -> dict:
+        """The server's version, kernel path and counters (collections, connections, requests, last_sequence)."""
         r = self._call("stats", _Writer())
         out = {"server_version": r.string(), "simd_path": r.string()}
         out["collections"], out["connections"], out["requests"], out["last_sequence"] = r.get("QQQQ")
