@@ -1,0 +1,307 @@
+// Python bindings of Collection and CollectionView: query options as keywords, answers as the
+// softkv result classes, batches routed as softkv-server routes them. The GIL is released around the library.
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+
+namespace softkv::python {
+namespace {
+
+QueryOptions make_options(std::optional<double> temperature, std::optional<double> scale, long long top_m, long long threads,
+                          std::optional<long long> top_k, std::optional<double> epsilon, long long ef_search,
+                          long long nprobe, bool exact) {
+  QueryOptions o;
+  o.temperature = maybe_float(temperature);
+  o.scale = maybe_float(scale);
+  o.top_m = non_negative(top_m, "top_m");
+  o.threads = non_negative(threads, "threads");
+  if (top_k) o.top_k = non_negative(*top_k, "top_k");
+  o.epsilon = maybe_float(epsilon);
+  o.ef_search = non_negative(ef_search, "ef_search");
+  o.nprobe = non_negative(nprobe, "nprobe");
+  o.exact = exact;
+  return o;
+}
+
+// ---- answers: softkv structs -> the Python result classes ----
+
+py::object contributors(const std::vector<Contributor>& top) {
+  if (top.empty()) return types().contributors();
+  std::vector<std::uint64_t> ids(top.size());
+  std::vector<float> weights(top.size()), scores(top.size());
+  for (std::size_t i = 0; i < top.size(); ++i) {
+    ids[i] = top[i].id;
+    weights[i] = top[i].weight;
+    scores[i] = top[i].score;
+  }
+  return types().contributors(to_numpy(std::move(ids)), to_numpy(std::move(weights)), to_numpy(std::move(scores)));
+}
+
+py::object soft_answer(SoftResult&& r) {
+  return types().soft(to_numpy(std::move(r.value)), r.lse, r.max_score, r.candidates, r.tail_bound, r.tail_bound_guaranteed,
+                      index_name(r.searched_with), contributors(r.top));
+}
+
+py::object hard_answer(HardResult&& r) {
+  return types().hard(r.id, r.score, to_numpy(std::move(r.value)), index_name(r.searched_with));
+}
+
+py::array_t<bool> all_true(std::size_t n) {
+  py::array_t<bool> a(static_cast<py::ssize_t>(n));
+  std::fill_n(a.mutable_data(), n, true);
+  return a;
+}
+
+// ---- the query side, shared by Collection and CollectionView ----
+
+py::object query_soft(const CollectionView& self, py::handle query, const QueryOptions& o) {
+  const FloatInput q = float_input(query, 1, self.dim(), "query");
+  SoftResult r;
+  {
+    py::gil_scoped_release nogil;
+    r = self.get().query_soft(q.span(), o);
+  }
+  return soft_answer(std::move(r));
+}
+
+py::object query_hard(const CollectionView& self, py::handle query, const QueryOptions& o) {
+  const FloatInput q = float_input(query, 1, self.dim(), "query");
+  HardResult r;
+  {
+    py::gil_scoped_release nogil;
+    r = self.get().query_hard(q.span(), o);
+  }
+  return hard_answer(std::move(r));
+}
+
+// (B, d) queries with B >= 1 (the library's rule, checked here because some batches go row by row).
+FloatInput batch_input(py::handle queries, std::size_t d) {
+  FloatInput q = float_input(queries, 2, d, "queries");
+  if (q.rows == 0) throw Error(ErrorCode::dimension_mismatch, "queries has shape (0, " + std::to_string(d) + "): give at least one row");
+  return q;
+}
+
+// Until Collection has one batch-first entry point, a batch routes as softkv-server does: the batched
+// kernel when it answers everything asked, else one query_soft per row (contributors, pruning).
+py::object query_soft_batch(const CollectionView& self, py::handle queries, const QueryOptions& o) {
+  const FloatInput q = batch_input(queries, self.dim());
+  const std::size_t nq = q.rows, d = self.dim(), dv = self.value_dim();
+  std::vector<SoftResult> rows;
+  SoftBatchResult batch;
+  std::size_t size = 0;
+  const bool per_row = o.top_m > 0 || o.top_k || o.epsilon;
+  {
+    py::gil_scoped_release nogil;
+    if (per_row) {
+      rows.reserve(nq);
+      for (std::size_t i = 0; i < nq; ++i) rows.push_back(self.get().query_soft(q.span().subspan(i * d, d), o));
+    } else {
+      batch = self.get().query_soft_batch(q.span(), o);
+      size = self.get().size();
+    }
+  }
+  if (!per_row) {
+    py::tuple searched(nq), top(nq);
+    for (std::size_t i = 0; i < nq; ++i) {
+      searched[i] = index_name(IndexKind::exact);
+      top[i] = types().contributors();
+    }
+    return types().soft_batch(to_numpy(std::move(batch.values), {static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(dv)}),
+                              to_numpy(std::move(batch.lse)), to_numpy(std::move(batch.max_score)),
+                              to_numpy(std::vector<std::uint64_t>(nq, size)), to_numpy(std::vector<double>(nq, 0.0)),
+                              all_true(nq), std::move(searched), std::move(top));
+  }
+  std::vector<float> values(nq * dv), max_score(nq);
+  std::vector<double> lse(nq), tail(nq);
+  std::vector<std::uint64_t> candidates(nq);
+  py::array_t<bool> guaranteed(static_cast<py::ssize_t>(nq));
+  py::tuple searched(nq), top(nq);
+  for (std::size_t i = 0; i < nq; ++i) {
+    std::copy(rows[i].value.begin(), rows[i].value.end(), values.begin() + static_cast<std::ptrdiff_t>(i * dv));
+    lse[i] = rows[i].lse;
+    max_score[i] = rows[i].max_score;
+    candidates[i] = rows[i].candidates;
+    tail[i] = rows[i].tail_bound;
+    guaranteed.mutable_at(i) = rows[i].tail_bound_guaranteed;
+    searched[i] = index_name(rows[i].searched_with);
+    top[i] = contributors(rows[i].top);
+  }
+  return types().soft_batch(to_numpy(std::move(values), {static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(dv)}),
+                            to_numpy(std::move(lse)), to_numpy(std::move(max_score)), to_numpy(std::move(candidates)),
+                            to_numpy(std::move(tail)), std::move(guaranteed), std::move(searched), std::move(top));
+}
+
+// Hard batches take the batched scan unless an approximate index answers single queries (as the server).
+py::object query_hard_batch(const CollectionView& self, py::handle queries, const QueryOptions& o) {
+  const FloatInput q = batch_input(queries, self.dim());
+  const std::size_t nq = q.rows, d = self.dim(), dv = self.value_dim();
+  const IndexKind kind = self.get().config().index.kind;
+  const bool per_row = !o.exact && (kind == IndexKind::hnsw || kind == IndexKind::ivf || kind == IndexKind::automatic);
+  HardBatchResult batch;
+  std::vector<IndexKind> searched_with(nq, IndexKind::exact);
+  {
+    py::gil_scoped_release nogil;
+    if (per_row) {
+      batch.ids.resize(nq);
+      batch.scores.resize(nq);
+      batch.values.resize(nq * dv);
+      for (std::size_t i = 0; i < nq; ++i) {
+        HardResult r = self.get().query_hard(q.span().subspan(i * d, d), o);
+        batch.ids[i] = r.id;
+        batch.scores[i] = r.score;
+        std::copy(r.value.begin(), r.value.end(), batch.values.begin() + static_cast<std::ptrdiff_t>(i * dv));
+        searched_with[i] = r.searched_with;
+      }
+    } else {
+      batch = self.get().query_hard_batch(q.span(), o);
+    }
+  }
+  py::tuple searched(nq);
+  for (std::size_t i = 0; i < nq; ++i) searched[i] = index_name(searched_with[i]);
+  return types().hard_batch(to_numpy(std::move(batch.ids)), to_numpy(std::move(batch.scores)),
+                            to_numpy(std::move(batch.values), {static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(dv)}),
+                            std::move(searched));
+}
+
+// Binds a query method with the options as keyword-only arguments (the same set on every query).
+template <class Class, class Query>
+void def_query(Class& cls, const char* name, Query query, const char* input, const char* doc) {
+  cls.def(
+      name,
+      [query](const CollectionView& self, py::handle q, std::optional<double> temperature, std::optional<double> scale,
+              long long top_m, long long threads, std::optional<long long> top_k, std::optional<double> epsilon,
+              long long ef_search, long long nprobe, bool exact) {
+        return query(self, q, make_options(temperature, scale, top_m, threads, top_k, epsilon, ef_search, nprobe, exact));
+      },
+      py::arg(input), py::kw_only(), py::arg("temperature") = py::none(), py::arg("scale") = py::none(), py::arg("top_m") = 0,
+      py::arg("threads") = 0, py::arg("top_k") = py::none(), py::arg("epsilon") = py::none(), py::arg("ef_search") = 64,
+      py::arg("nprobe") = 16, py::arg("exact") = false, doc);
+}
+
+template <class Class>
+void def_queries(Class& cls) {
+  def_query(cls, "query_soft", query_soft, "query",
+            "query_soft(query, *, temperature=None, scale=None, top_m=0, threads=0, top_k=None, epsilon=None, ef_search=64, "
+            "nprobe=16, exact=False) -> SoftResult\n\nSoft retrieval for one (d,) query: softmax(s) . V over every entry, or "
+            "over the top_k (or epsilon-adaptive) candidates of the pruning index. scale = 1 / (sqrt(d) * temperature), or "
+            "give scale (Hopfield's beta); unset: the collection's default. The GIL is released while it runs.");
+  def_query(cls, "query_hard", query_hard, "query",
+            "query_hard(query, *, ...) -> HardResult\n\nHard retrieval for one (d,) query: the value of argmax s_i "
+            "(ties: smallest id). With an hnsw/ivf index the index's top-1 is taken unless exact=True.");
+  def_query(cls, "query_soft_batch", query_soft_batch, "queries",
+            "query_soft_batch(queries, *, ...) -> SoftBatchResult\n\nSoft retrieval for (B, d) queries. Without top_m, "
+            "top_k or epsilon the entries are read once for all B; with them each row is queried as query_soft would.");
+  def_query(cls, "query_hard_batch", query_hard_batch, "queries",
+            "query_hard_batch(queries, *, ...) -> HardBatchResult\n\nHard retrieval for (B, d) queries; the keys are read "
+            "once for all B (one by one through an hnsw/ivf/automatic index unless exact=True).");
+}
+
+}  // namespace
+
+void bind_collections(py::module_& m) {
+  auto view = py::class_<CollectionView>(m, "CollectionView",
+      "A collection's query side, shared with a Database (Database.collection(name)): soft and hard queries over "
+      "numpy arrays. Writes go through the Database, which logs them. Safe to query from many threads at once.");
+  view.def_property_readonly("config", [](const CollectionView& c) { return config_dict(c.get().config()); },
+                             "The configuration as a dict (dim, value_dim, metric, scale, index and its parameters).")
+      .def_property_readonly("dim", &CollectionView::dim, "Key (and query) dimension d.")
+      .def_property_readonly("value_dim", &CollectionView::value_dim, "Value dimension dv.")
+      .def("__len__", [](const CollectionView& c) { py::gil_scoped_release nogil; return c.get().size(); }, "Number of entries.")
+      .def("size", [](const CollectionView& c) { py::gil_scoped_release nogil; return c.get().size(); }, "Number of entries.")
+      .def("__contains__", [](const CollectionView& c, py::handle id) {
+             const std::uint64_t v = id_value(id);
+             py::gil_scoped_release nogil;
+             return c.get().contains(v);
+           }, py::arg("id"), "Whether an entry has this id.")
+      .def("get", [](const CollectionView& c, py::handle id) {
+             const std::uint64_t v = id_value(id);
+             Entry e;
+             {
+               py::gil_scoped_release nogil;
+               e = c.get().get(v);
+             }
+             return py::make_tuple(to_numpy(std::move(e.key)), to_numpy(std::move(e.value)));
+           }, py::arg("id"), "(key, value) of the entry with this id, as float32 arrays (the key as stored: unit length "
+                              "under cosine); raises softkv.UnknownId.")
+      .def("ids", [](const CollectionView& c) {
+             std::vector<std::uint64_t> ids;
+             {
+               py::gil_scoped_release nogil;
+               ids = c.get().ids();
+             }
+             return to_numpy(std::move(ids));
+           }, "All ids as a uint64 array, in storage order (not sorted).")
+      .def_property_readonly("next_id", [](const CollectionView& c) { py::gil_scoped_release nogil; return c.get().next_id(); },
+                             "The id add() assigns next: one above the largest id ever stored.")
+      .def("wait_until_indexed", [](const CollectionView& c) { py::gil_scoped_release nogil; c.get().wait_until_indexed(); },
+           "Blocks (GIL released) until background index work (IVF training, HNSW/IVF builds) has finished.")
+      .def_property_readonly("index_building", [](const CollectionView& c) { return c.get().index_building(); },
+                             "Whether background index work is running now.")
+      .def("resolve_scale", [](const CollectionView& c, std::optional<double> temperature, std::optional<double> scale) {
+             QueryOptions o;
+             o.temperature = maybe_float(temperature);
+             o.scale = maybe_float(scale);
+             return c.get().resolve_scale(o);
+           }, py::kw_only(), py::arg("temperature") = py::none(), py::arg("scale") = py::none(),
+           "The score scale a query with these options uses; raises softkv.InvalidArgument for a bad T or scale.");
+  def_queries(view);
+
+  py::class_<OwnedCollection, CollectionView>(m, "Collection",
+      "A set of (id, key, value) float vectors queried by soft (softmax-weighted) or hard (argmax) retrieval, held in "
+      "this process (no persistence: see Database). Inputs are numpy arrays: float32 C-contiguous arrays are read "
+      "without a copy, anything else real-valued is converted once. Queries may run from many threads at once (the "
+      "GIL is released); a write waits for running queries.")
+      .def(py::init([](long long dim, long long value_dim, const std::string& metric, std::optional<double> scale,
+                       const std::string& index, long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
+                       long long ivf_train_size, long long auto_threshold, double rebuild_fraction) {
+             return OwnedCollection(std::make_shared<Collection>(make_config(dim, value_dim, metric, scale, index, hnsw_m,
+                                                                             hnsw_ef_construction, ivf_nlist, ivf_train_size,
+                                                                             auto_threshold, rebuild_fraction)));
+           }), SOFTKV_CONFIG_ARGS,
+           "Collection(dim, value_dim, *, metric='dot', scale=None, index='exact', hnsw_m=32, hnsw_ef_construction=80, "
+           "ivf_nlist=0, ivf_train_size=0, auto_threshold=10000, rebuild_fraction=0.25)\n\nAn empty collection; metric "
+           "'dot' or 'cosine'; index 'exact', 'flat', 'hnsw', 'ivf' or 'automatic' (pruned queries with top_k/epsilon).")
+      .def("add", [](const OwnedCollection& c, py::handle key, py::handle value) {
+             const FloatInput k = float_input(key, 1, c.dim(), "key"), v = float_input(value, 1, c.value_dim(), "value");
+             py::gil_scoped_release nogil;
+             return c.write().add(k.span(), v.span());
+           }, py::arg("key"), py::arg("value"), "Adds one entry ((d,) key, (dv,) value) and returns its new id.")
+      .def("add_batch", [](const OwnedCollection& c, py::handle keys, py::handle values) {
+             const FloatInput k = float_input(keys, 2, c.dim(), "keys"), v = float_input(values, 2, c.value_dim(), "values");
+             std::vector<std::uint64_t> ids;
+             {
+               py::gil_scoped_release nogil;
+               ids = c.write().add_batch(k.span(), v.span());
+             }
+             return to_numpy(std::move(ids));
+           }, py::arg("keys"), py::arg("values"), "Adds (n, d) keys and (n, dv) values; returns their new ids (uint64 array).")
+      .def("upsert", [](const OwnedCollection& c, py::handle id, py::handle key, py::handle value) {
+             const std::uint64_t i = id_value(id);
+             const FloatInput k = float_input(key, 1, c.dim(), "key"), v = float_input(value, 1, c.value_dim(), "value");
+             py::gil_scoped_release nogil;
+             c.write().upsert(i, k.span(), v.span());
+           }, py::arg("id"), py::arg("key"), py::arg("value"), "Inserts or replaces the entry with this id (any id but 2^64-1).")
+      .def("upsert_batch", [](const OwnedCollection& c, py::handle ids, py::handle keys, py::handle values) {
+             const auto i = id_input(ids, "ids");
+             const FloatInput k = float_input(keys, 2, c.dim(), "keys"), v = float_input(values, 2, c.value_dim(), "values");
+             py::gil_scoped_release nogil;
+             c.write().upsert_batch({i.data(), static_cast<std::size_t>(i.size())}, k.span(), v.span());
+           }, py::arg("ids"), py::arg("keys"), py::arg("values"), "Inserts or replaces n entries: (n,) ids, (n, d) keys, (n, dv) values.")
+      .def("remove", [](const OwnedCollection& c, py::handle id) {
+             const std::uint64_t i = id_value(id);
+             py::gil_scoped_release nogil;
+             c.write().remove(i);
+           }, py::arg("id"), "Removes the entry with this id; raises softkv.UnknownId if there is none.")
+      .def("remove_batch", [](const OwnedCollection& c, py::handle ids) {
+             const auto i = id_input(ids, "ids");
+             py::gil_scoped_release nogil;
+             c.write().remove_batch({i.data(), static_cast<std::size_t>(i.size())});
+           }, py::arg("ids"), "Removes distinct ids, all or nothing (softkv.UnknownId or softkv.InvalidArgument first).");
+
+}
+
+}  // namespace softkv::python
