@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "arrays.hpp"
@@ -249,6 +250,25 @@ void bind_collections(py::module_& m) {
            }, py::kw_only(), py::arg("temperature") = py::none(), py::arg("scale") = py::none(),
            "The score scale a query with these options uses; raises softkv.InvalidArgument for a bad T or scale.");
   def_queries(view);
+  view.def("_time_native", [](const CollectionView& c, py::handle query, long long reps, bool hard) {
+        const FloatInput q = float_input(query, 1, c.dim(), "query");
+        const std::size_t n = std::max<std::size_t>(1, non_negative(reps, "reps"));
+        std::vector<double> seconds(n);
+        py::gil_scoped_release nogil;
+        for (double& s : seconds) {
+          const auto t0 = std::chrono::steady_clock::now();
+          if (hard) {
+            (void)c.get().query_hard(q.span());
+          } else {
+            (void)c.get().query_soft(q.span());
+          }
+          s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        std::nth_element(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(n / 2), seconds.end());
+        return seconds[n / 2];
+      }, py::arg("query"), py::arg("reps"), py::arg("hard") = false,
+      "Benchmark hook (bench/python_module_bench.py): the median seconds of one bare C++ query_soft or query_hard "
+      "with default options, timed in C++ with no Python in the loop.");
 
   py::class_<OwnedCollection, CollectionView>(m, "Collection",
       "A set of (id, key, value) float vectors queried by soft (softmax-weighted) or hard (argmax) retrieval, held in "
