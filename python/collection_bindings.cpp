@@ -250,6 +250,14 @@ void bind_collections(py::module_& m) {
            }, py::kw_only(), py::arg("temperature") = py::none(), py::arg("scale") = py::none(),
            "The score scale a query with these options uses; raises softkv.InvalidArgument for a bad T or scale.");
   def_queries(view);
+  view.def("__repr__", [](py::handle self) {
+    const CollectionConfig& config = self.cast<const CollectionView&>().get().config();
+    return "<softkv." + py::str(py::type::handle_of(self).attr("__name__")).cast<std::string>() + " dim=" +
+           std::to_string(config.dim) + " value_dim=" + std::to_string(config.value_dim) +
+           " metric=" + (config.metric == Metric::cosine ? "cosine" : "dot") + " index=" +
+           index_name(config.index.kind).cast<std::string>() + " size=" +
+           std::to_string(self.cast<const CollectionView&>().get().size_hint()) + ">";
+  });
   view.def("_time_native", [](const CollectionView& c, py::handle query, long long reps, bool hard) {
         const FloatInput q = float_input(query, 1, c.dim(), "query");
         const std::size_t n = std::max<std::size_t>(1, non_negative(reps, "reps"));

@@ -1,8 +1,10 @@
 // Python binding of Database: every call releases the GIL (writes fsync, snapshots write files), and the
 // optional log callable is called with the GIL taken, possibly from a background thread.
 #include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string_view>
 #include <vector>
 
@@ -35,7 +37,7 @@ struct LogSink {
 
 class PyDatabase {
  public:
-  PyDatabase(const std::string& path, DatabaseOptions options) {
+  PyDatabase(const std::filesystem::path& path, DatabaseOptions options) {
     py::gil_scoped_release nogil;
     db_ = std::make_shared<Database>(path, std::move(options));
   }
@@ -92,7 +94,7 @@ void bind_database(py::module_& m) {
       "Named collections in a data directory, kept by a write-ahead log and snapshots. Writes are logged (and fsynced "
       "with fsync='always') before they return; queries go to db.collection(name). One process at a time may open a "
       "directory. Use it as a context manager, or call close().")
-      .def(py::init([](const std::string& path, const std::string& fsync, long long snapshot_after_bytes, bool repair,
+      .def(py::init([](const std::filesystem::path& path, const std::string& fsync, long long snapshot_after_bytes, bool repair,
                        py::object log) {
              DatabaseOptions o;
              o.fsync = fsync_from(fsync);

@@ -1,5 +1,6 @@
 # Type stubs of the softkv package (the native module and the pure-Python parts) for IDEs and type checkers.
-from typing import Callable, Iterator, Literal, Optional, Sequence
+import os
+from typing import Callable, Iterator, Literal, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -159,7 +160,7 @@ class Collection(CollectionView):
 
 class Database:
     """Named collections in a data directory, kept by a write-ahead log and snapshots."""
-    def __init__(self, path: str, *, fsync: FsyncName = "always", snapshot_after_bytes: int = 67108864,
+    def __init__(self, path: Union[str, os.PathLike[str]], *, fsync: FsyncName = "always", snapshot_after_bytes: int = 67108864,
                  repair: bool = False, log: Optional[Callable[[str], None]] = None) -> None: ...
     def __enter__(self) -> Database: ...
     def __exit__(self, *args: object) -> None: ...

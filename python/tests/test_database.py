@@ -11,7 +11,7 @@ def test_write_close_reopen_gives_the_same_answers(tmp_path):
     keys = rng.standard_normal((300, 16)).astype(np.float32)
     values = rng.standard_normal((300, 4)).astype(np.float32)
     queries = rng.standard_normal((5, 16)).astype(np.float32)
-    path = str(tmp_path / "data")
+    path = tmp_path / "data"  # a pathlib.Path (any os.PathLike) or a str
     with softkv.Database(path) as db:
         db.create_collection("mem", 16, 4, metric="cosine", index="flat")
         ids = db.add("mem", keys[:200], values[:200])
@@ -33,7 +33,7 @@ def test_write_close_reopen_gives_the_same_answers(tmp_path):
         db.stats("mem")  # the database is closed
     assert len(view) == 298  # a view outlives its database (no longer updated)
 
-    with softkv.Database(path) as db:
+    with softkv.Database(str(path)) as db:
         assert db.list_collections() == ["mem"] and db.has_collection("mem") and not db.has_collection("gone")
         assert db.last_sequence == seq
         stats = db.stats("mem")
@@ -50,6 +50,7 @@ def test_write_close_reopen_gives_the_same_answers(tmp_path):
         np.testing.assert_array_equal(view.query_hard_batch(queries).ids, before_hard.ids)
         np.testing.assert_allclose(view.get(5)[1], values[5])
         assert view.config["metric"] == "cosine"
+        assert repr(view) == "<softkv.CollectionView dim=16 value_dim=4 metric=cosine index=flat size=298>"
 
 
 def test_log_lines_reach_a_python_callable(tmp_path):
