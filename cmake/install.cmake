@@ -1,8 +1,8 @@
-# Install rules and the exported softkv::softkv target for find_package(softkv).
+# Install rules and the exported softkv::softkv and softkv::client targets for find_package(softkv).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS softkv EXPORT softkvTargets
+install(TARGETS softkv softkv_client EXPORT softkvTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -19,7 +19,9 @@ for target in frame wal records snapshot; do
   # malloc_limit_mb: twice the 64 MiB frame limit; any larger single allocation is a finding.
   log="$dir/fuzz-$target.log"
   status=0
-  "$dir/tests/fuzz/fuzz_$target" "$dir/corpus-$target" "tests/fuzz/corpus/$target" \
+  dict=()
+  [ -f "tests/fuzz/$target.dict" ] && dict=(-dict="tests/fuzz/$target.dict")  # field extremes (frame.dict)
+  "$dir/tests/fuzz/fuzz_$target" "$dir/corpus-$target" "tests/fuzz/corpus/$target" "${dict[@]}" \
     -max_total_time="$seconds" -malloc_limit_mb=128 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$dir/" >"$log" 2>&1 || status=$?
   grep -E "stat::number_of_executed_units|stat::new_units_added" "$log" || true
   if [ "$status" -ne 0 ]; then

@@ -14,6 +14,9 @@ namespace {
 
 using detail::Overloaded;
 
+// Hello, auth and ping are answered by the session (server.cpp) before a request reaches the handler.
+Error session_request() { return Error(ErrorCode::internal, "hello, auth and ping are the session's, not the handler's"); }
+
 bool uses_index_or_contributors(const QueryOptions& o) { return o.top_m > 0 || o.top_k || o.epsilon; }
 
 }  // namespace
@@ -91,9 +94,9 @@ wire::Reply Handler::handle(const wire::Request& request) {
   try {
     return std::visit(
         Overloaded{
-            [](const wire::Hello&) -> wire::Reply { return wire::HelloReply{wire::kProtocolVersion, kVersion, false}; },
-            [](const wire::Auth&) -> wire::Reply { return wire::Ack{}; },
-            [](const wire::Ping&) -> wire::Reply { return wire::Ack{}; },
+            [](const wire::Hello&) -> wire::Reply { throw session_request(); },
+            [](const wire::Auth&) -> wire::Reply { throw session_request(); },
+            [](const wire::Ping&) -> wire::Reply { throw session_request(); },
             [&](const wire::Create& m) -> wire::Reply { return db_.create_collection(m.name, m.config), wire::Ack{}; },
             [&](const wire::Drop& m) -> wire::Reply { return db_.drop_collection(m.name), wire::Ack{}; },
             [&](const wire::List&) -> wire::Reply { return wire::NamesReply{db_.list_collections()}; },
@@ -110,10 +113,22 @@ wire::Reply Handler::handle(const wire::Request& request) {
             },
         },
         request);
+  } catch (...) {
+    return current_error_reply();
+  }
+}
+
+wire::ErrorReply current_error_reply() {
+  try {
+    throw;
   } catch (const Error& e) {
     return wire::ErrorReply{e.code(), e.what()};
-  } catch (const std::bad_alloc&) {
-    return wire::ErrorReply{ErrorCode::invalid_argument, "the request needs more memory than the server has"};
+  } catch (const std::bad_alloc&) {  // a resource limit, not the caller's mistake
+    return wire::ErrorReply{ErrorCode::resource_exhausted, "the request needs more memory than the server could allocate"};
+  } catch (const std::exception& e) {  // anything else escaping the engine is a bug: say so, and keep serving
+    return wire::ErrorReply{ErrorCode::internal, std::string("internal error (please report): ") + e.what()};
+  } catch (...) {
+    return wire::ErrorReply{ErrorCode::internal, "internal error (please report): an exception of unknown type"};
   }
 }
 

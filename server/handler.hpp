@@ -16,7 +16,9 @@ class Handler {
   /// Serves db; connections is the server's live connection count, reported by stats.
   Handler(Database& db, const std::atomic<std::uint64_t>& connections) : db_(db), connections_(connections) {}
 
-  /// The reply to one request; every softkv::Error becomes an ErrorReply with its code.
+  /// The reply to one engine request (not hello, auth or ping: the session answers those). Every
+  /// softkv::Error becomes an ErrorReply with its code, std::bad_alloc resource_exhausted, and any
+  /// other exception (a broken invariant) internal.
   wire::Reply handle(const wire::Request& request);
 
   /// Whether a request is cheap enough to answer on an I/O thread without ever waiting long: list,
@@ -35,5 +37,10 @@ class Handler {
   const std::atomic<std::uint64_t>& connections_;
   std::atomic<std::uint64_t> requests_{0};
 };
+
+/// The error reply for the exception being handled (call only inside a catch block): a softkv::Error
+/// keeps its code, std::bad_alloc is resource_exhausted, anything else is a broken invariant
+/// (internal, the message saying so).
+wire::ErrorReply current_error_reply();
 
 }  // namespace softkv::server

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -30,7 +31,8 @@ int main(int argc, char** argv) {
   CLI::App app{"softkv-server: a soft-retrieval key-value store over TCP"};
   std::string data = "./softkv-data", fsync = "always", token_file;
   softkv::server::ServerConfig config;
-  std::uint64_t snapshot_mb = 64;
+  std::uint64_t snapshot_mb = 64, pending_mb = config.max_pending_bytes >> 20;
+  bool repair = false;
   unsigned idle_s = 300, deadline_s = 10, reply_s = 30;
   app.add_option("--data", data, "data directory")->capture_default_str();
   app.add_option("--host", config.host, "bind address")->capture_default_str();
@@ -41,12 +43,22 @@ int main(int argc, char** argv) {
   app.add_option("--auth-token-file", token_file, "file holding the auth token clients must send");
   app.add_flag("--insecure", config.insecure, "allow a non-loopback bind without a token");
   app.add_option("--max-frame", config.max_frame, "largest frame in bytes")->capture_default_str();
-  app.add_option("--max-connections", config.max_connections, "connection limit")->capture_default_str();
+  app.add_option("--max-connections", config.max_connections,
+                 "connection limit (lowered to fit under the file-descriptor limit, keeping 1/8 of it, at least 32, for files)")
+      ->capture_default_str();
+  app.add_option("--max-pending-mb", pending_mb,
+                 "MiB of receive buffers that unfinished frames may hold, all connections together; beyond it a connection "
+                 "is answered server_busy and closed")
+      ->capture_default_str();
   app.add_option("--idle-timeout", idle_s, "seconds before an idle connection is closed")->capture_default_str();
   app.add_option("--frame-deadline", deadline_s, "seconds to finish sending a started frame")->capture_default_str();
   app.add_option("--reply-deadline", reply_s, "seconds a client may take to read a reply before it is disconnected")->capture_default_str();
   app.add_option("--snapshot-after-mb", snapshot_mb, "log megabytes between background snapshots (0: never)")->capture_default_str();
+  app.add_flag("--repair", repair,
+               "start even if a log record is corrupt: keep the records before it, set the later log segments aside as "
+               "*.corrupt (their writes are lost) and log what was kept; cannot bridge a missing log segment or a damaged snapshot");
   CLI11_PARSE(app, argc, argv);
+  config.max_pending_bytes = static_cast<std::size_t>(pending_mb) << 20;
   config.idle_timeout = std::chrono::seconds(idle_s);
   config.frame_deadline = std::chrono::seconds(deadline_s);
   config.reply_deadline = std::chrono::seconds(reply_s);
@@ -69,11 +81,21 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 
+  // Large blocks (receive buffers of big frames, decoded requests) are mapped and unmapped on their
+  // own, so memory they held goes back to the system when freed; glibc's default threshold grows
+  // after such frees and would keep later ones in the heap for good.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+  const softkv::server::DescriptorLimit fds = softkv::server::fit_descriptor_limit(config);
+  spdlog::info("file descriptors: soft limit {} -> {} (hard {}); max connections {}", fds.soft_before, fds.soft, fds.hard,
+               fds.max_connections);
+
   try {
     const auto t0 = std::chrono::steady_clock::now();
     softkv::DatabaseOptions options;
     options.fsync = fsync == "always" ? softkv::FsyncPolicy::always : fsync == "everysec" ? softkv::FsyncPolicy::everysec : softkv::FsyncPolicy::never;
     options.snapshot_after_bytes = snapshot_mb << 20;
+    options.repair = repair;
+    if (repair) spdlog::warn("--repair: a corrupt log record ends recovery there; later log segments are set aside as *.corrupt");
     options.log = [](std::string_view line) { spdlog::info("{}", line); };
     softkv::Database db(data, options);
     softkv::server::Server server(db, config);
@@ -88,16 +110,30 @@ int main(int argc, char** argv) {
       if (sig != 0) spdlog::info("signal {}: finishing in-flight requests", int(sig));
       server.stop();
     });
-    server.run();
-    spdlog::info("writing a snapshot before exit");
-    db.snapshot();
+    // Nothing below may leave this scope by an exception while the waiter runs (a joinable thread's
+    // destructor aborts): a failure is logged and becomes the exit status.
+    int status = 0;
+    try {
+      server.run();
+    } catch (const std::exception& e) {
+      spdlog::error("the server stopped on an error: {}", e.what());
+      status = 1;
+    }
+    try {
+      spdlog::info("writing a snapshot before exit");
+      db.snapshot();
+    } catch (const std::exception& e) {
+      spdlog::error("the snapshot before exit failed: {}; the log is intact and the next start replays it", e.what());
+      status = 1;
+    }
     const char wake = 0;  // ends the waiter if the server stopped for another reason
     [[maybe_unused]] const auto n = ::write(signal_pipe[1], &wake, 1);
     waiter.join();
-    spdlog::info("stopped");
-  } catch (const softkv::Error& e) {
+    if (status == 0) spdlog::info("stopped");
+    else spdlog::info("stopped with errors (exit status {})", status);
+    return status;
+  } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;
   }
-  return 0;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -22,6 +23,7 @@ struct ServerConfig {
   bool insecure = false;                ///< allow a non-loopback bind without a token
   std::uint32_t max_frame = 64u << 20;  ///< largest accepted frame length; longer: error frame + close
   std::uint32_t max_connections = 1024; ///< beyond it: an error frame, then close
+  std::size_t max_pending_bytes = std::size_t{256} << 20;  ///< receive-buffer memory of unfinished frames, all connections together; beyond it: server_busy, then close
   std::chrono::milliseconds idle_timeout{300000};  ///< a connection silent this long is closed
   std::chrono::milliseconds frame_deadline{10000}; ///< time to deliver a frame once its first byte came
   std::chrono::milliseconds reply_deadline{30000}; ///< time for a client to take a reply; a non-reader is closed
@@ -52,5 +54,24 @@ class Server {
 
 /// Whether host names a loopback address (127.0.0.0/8, ::1, localhost).
 bool is_loopback(std::string_view host);
+
+/// Largest frame length accepted before a connection has authenticated (when the server has a token):
+/// room for any hello or auth frame (an auth frame's length is at most 65,546).
+inline constexpr std::uint32_t kUnauthenticatedMaxFrame = 128u << 10;
+
+/// What fit_descriptor_limit found and chose.
+struct DescriptorLimit {
+  std::uint64_t soft_before = 0;     ///< the soft RLIMIT_NOFILE at start
+  std::uint64_t soft = 0;            ///< the soft limit now (raised to the hard limit where allowed)
+  std::uint64_t hard = 0;            ///< the hard limit
+  std::uint32_t max_connections = 0; ///< the connection limit chosen (never above the one asked for)
+};
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit and lowers config.max_connections so that the
+/// connections fit under it with file_headroom(limit) descriptors left for the database's files.
+DescriptorLimit fit_descriptor_limit(ServerConfig& config);
+
+/// Descriptors kept free for files (log segments, snapshots, index files) under a limit of `limit`.
+[[nodiscard]] constexpr std::uint64_t file_headroom(std::uint64_t limit) { return limit / 8 > 32 ? limit / 8 : 32; }
 
 }  // namespace softkv::server

@@ -6,7 +6,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "softkv/softkv.hpp"
+#include "softkv/client.hpp"
+#include "softkv/error.hpp"
+#include "softkv/version.hpp"
 #include "vector_files.hpp"
 
 namespace {

@@ -52,6 +52,11 @@ class Client::Impl {
   wire::Reply call(const wire::Request& request) {
     const std::uint64_t id = ++next_id_;
     const auto bytes = wire::encode_request(request, id);
+    // The same check the server makes, before anything is sent: a frame it would refuse fails here
+    // with frame_too_large, and the connection stays usable.
+    if (const auto scan = wire::scan_frame(bytes, options_.max_frame); scan.status == wire::FrameScan::Status::too_large)
+      throw Error(ErrorCode::frame_too_large, "request frame of " + std::to_string(scan.claimed) + " bytes exceeds the limit of " +
+                                                  std::to_string(options_.max_frame) + " (ClientOptions::max_frame; the server's --max-frame)");
     send_all(bytes);
     const auto frame_bytes = receive_frame();
     const wire::FrameScan scan = wire::scan_frame(frame_bytes, options_.max_frame);
@@ -108,12 +113,14 @@ class Client::Impl {
   std::vector<std::byte> receive_frame() {
     std::vector<std::byte> frame(wire::kLengthPrefix);
     receive_exact(frame.data(), frame.size());
-    std::uint32_t length = 0;
-    std::memcpy(&length, frame.data(), 4);
-    if (length > options_.max_frame || length < wire::kFrameOverhead)
-      throw Error(ErrorCode::frame_too_large, "reply frame of " + std::to_string(length) + " bytes");
-    frame.resize(wire::kLengthPrefix + length);
-    receive_exact(frame.data() + wire::kLengthPrefix, length);
+    const wire::FrameScan head = wire::scan_frame(frame, options_.max_frame);  // the length alone, checked as the server does
+    if (head.status == wire::FrameScan::Status::too_large)
+      throw Error(ErrorCode::frame_too_large, "reply frame of " + std::to_string(head.claimed) + " bytes exceeds the limit of " +
+                                                  std::to_string(options_.max_frame));
+    if (head.status == wire::FrameScan::Status::malformed)
+      throw Error(ErrorCode::protocol_error, "reply frame length " + std::to_string(head.claimed) + " is shorter than a frame header");
+    frame.resize(wire::kLengthPrefix + head.claimed);
+    receive_exact(frame.data() + wire::kLengthPrefix, head.claimed);
     return frame;
   }
 

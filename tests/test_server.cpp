@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "handler.hpp"
 #include "reference.hpp"
 #include "server.hpp"
 #include "softkv/softkv.hpp"
@@ -415,4 +416,154 @@ TEST_CASE("acknowledged writes survive a server restart", "[server]") {
   CHECK(c.describe("kept").size == 50);
   CHECK(c.get("kept", ids[0]).value == std::vector<float>{9.0f});
   CHECK(c.get("kept", ids[49]).value == std::vector<float>{3.0f});
+}
+
+TEST_CASE("a frame over the limit: the error reaches the C++ client, locally or from the server", "[server]") {
+  server::ServerConfig config;
+  config.max_frame = 1 << 20;
+  RunningServer s(config);
+  Client setup(s.client());
+  setup.create_collection("c", {4, 4, Metric::dot, {}, {}});
+  // A 32 MB add: far more than the socket buffers hold, so a server that closed without reading would reset the connection.
+  const std::vector<float> keys(4 * 1000000, 1.0f), values(4 * 1000000, 2.0f);
+
+  // A client that knows the limit refuses before sending anything, and stays usable.
+  ClientOptions knows = s.client();
+  knows.max_frame = config.max_frame;
+  Client careful(knows);
+  CHECK(error_of([&] { careful.add("c", keys, values); }) == ErrorCode::frame_too_large);
+  careful.ping();
+  // Exactly at the limit is still sent: the check is the server's own (scan_frame).
+  const std::size_t floats = (config.max_frame - wire::kFrameOverhead - 2 - 1 - 8) / 4;  // name "c", two counts
+  CHECK(error_of([&] { careful.add("c", test::normal_floats(floats - 4, 3), std::vector<float>(4, 1.0f)); }) ==
+        ErrorCode::dimension_mismatch);  // reached the server, whose answer is about the rows, not the frame
+
+  // A client with a larger limit sends the whole frame; the server answers frame_too_large and reads
+  // (discards) the rest before closing, so the client sees the error, not a reset connection.
+  for (int i = 0; i < 3; ++i) {
+    Client eager(s.client());
+    CHECK(error_of([&] { eager.add("c", keys, values); }) == ErrorCode::frame_too_large);
+  }
+  setup.ping();
+  CHECK(setup.describe("c").size == 0);
+}
+
+TEST_CASE("protocol corners behave as PROTOCOL.md specifies", "[server]") {
+  RunningServer s;
+  Client c(s.client());
+  fill(c, "exact", 50, 4, 2);
+  fill(c, "graph", 50, 4, 2, IndexKind::hnsw);
+  RawSocket raw(s.server->port());
+  auto reply_to = [&](const wire::Request& r, std::uint64_t id) {
+    raw.send(wire::encode_request(r, id));
+    const auto f = raw.frame();
+    REQUIRE(f);
+    const auto scan = wire::scan_frame(*f, wire::kDefaultMaxFrame);
+    REQUIRE(scan.status == wire::FrameScan::Status::complete);
+    CHECK(scan.frame.request_id == id);
+    const auto kind = std::holds_alternative<wire::Query>(r) ? std::get<wire::Query>(r).kind : wire::QueryKind::soft;
+    return wire::decode_reply(wire::opcode_of(r), scan.frame, kind);
+  };
+  auto code_of = [](const wire::Reply& r) { return std::holds_alternative<wire::ErrorReply>(r) ? std::get<wire::ErrorReply>(r).code : ErrorCode{}; };
+
+  // hello with a version this server does not speak: answered with the server's own version, the
+  // connection stays open (the client decides whether it can go on).
+  for (const std::uint16_t version : {0, 2, 0xFFFF}) {
+    const auto hello = std::get<wire::HelloReply>(reply_to(wire::Hello{version}, 1));
+    CHECK(hello.version == wire::kProtocolVersion);
+    CHECK_FALSE(hello.auth_required);
+  }
+  // auth on a server without a token: acknowledged, whatever the token.
+  CHECK(std::holds_alternative<wire::Ack>(reply_to(wire::Auth{"anything"}, 2)));
+  CHECK(std::holds_alternative<wire::Ack>(reply_to(wire::Auth{""}, 3)));
+  // B = 0 (an empty queries array): dimension_mismatch, connection open.
+  for (const auto kind : {wire::QueryKind::soft, wire::QueryKind::hard})
+    CHECK(code_of(reply_to(wire::Query{"exact", kind, {}, {}}, 4)) == ErrorCode::dimension_mismatch);
+  // top_k (or epsilon) on an exact collection: invalid_argument (no index to prune with).
+  QueryOptions top_k;
+  top_k.top_k = 5;
+  CHECK(code_of(reply_to(wire::Query{"exact", wire::QueryKind::soft, top_k, {1, 2, 3, 4}}, 5)) == ErrorCode::invalid_argument);
+  // ef_search = 0 (or nprobe = 0) with top_k or epsilon: invalid_argument; where no index is searched it is unused.
+  QueryOptions zero_ef = top_k;
+  zero_ef.ef_search = 0;
+  CHECK(code_of(reply_to(wire::Query{"graph", wire::QueryKind::soft, zero_ef, {1, 2, 3, 4}}, 6)) == ErrorCode::invalid_argument);
+  QueryOptions unused;
+  unused.ef_search = 0;
+  CHECK(std::holds_alternative<wire::SoftReply>(reply_to(wire::Query{"exact", wire::QueryKind::soft, unused, {1, 2, 3, 4}}, 7)));
+  CHECK(std::holds_alternative<wire::Ack>(reply_to(wire::Ping{}, 8)));  // all of the above kept the connection
+
+  // Trailing bytes after a payload: protocol_error with the request's id, then close.
+  auto padded = wire::encode_request(wire::Describe{"exact"}, 9);
+  padded.push_back(std::byte{0});
+  const std::uint32_t length = static_cast<std::uint32_t>(padded.size() - 4);
+  std::memcpy(padded.data(), &length, 4);
+  raw.send(padded);
+  const auto f = raw.frame();
+  REQUIRE(f);
+  CHECK(error_in(*f).code == ErrorCode::protocol_error);
+  CHECK(wire::scan_frame(*f, wire::kDefaultMaxFrame).frame.request_id == 9);
+  CHECK(raw.closed_within(3s));
+}
+
+TEST_CASE("before auth only small frames are read and after auth the full limit applies", "[server]") {
+  server::ServerConfig config;
+  config.auth_token = "t";
+  RunningServer s(config);
+  {
+    RawSocket raw(s.server->port());
+    std::vector<std::byte> header(13);
+    const std::uint32_t length = server::kUnauthenticatedMaxFrame + 1;
+    std::memcpy(header.data(), &length, 4);
+    header[4] = std::byte{0x20};
+    raw.send(header);
+    const auto f = raw.frame();
+    REQUIRE(f);
+    const auto e = error_in(*f);
+    CHECK(e.code == ErrorCode::frame_too_large);
+    CHECK(e.message.find(std::to_string(server::kUnauthenticatedMaxFrame)) != std::string::npos);
+    CHECK(raw.closed_within(3s));
+  }
+  Client c(s.client("t"));  // after auth: a 1 MiB frame is fine
+  c.create_collection("c", {4, 4, Metric::dot, {}, {}});
+  CHECK(c.add("c", test::normal_floats(4 * 40000, 1), test::normal_floats(4 * 40000, 2)).size() == 40000);
+}
+
+TEST_CASE("error messages are valid UTF-8 even when they echo invalid request bytes", "[server]") {
+  RunningServer s;
+  RawSocket raw(s.server->port());
+  for (const std::string name : {std::string("f\xE3"), std::string("\xFF\xFE"), std::string(3000, '\xC3')}) {
+    raw.send(wire::encode_request(wire::Create{name, {4, 4, Metric::dot, {}, {}}}, 1));
+    const auto f = raw.frame();
+    REQUIRE(f);
+    const auto e = error_in(*f);
+    CHECK(e.code == ErrorCode::invalid_argument);
+    CHECK(wire::wire_message(e.message) == e.message);  // unchanged by escaping: already valid UTF-8
+    CHECK(e.message.size() <= wire::kMaxErrorMessage);
+  }
+  raw.send(wire::encode_request(wire::Create{"f\xE3", {4, 4, Metric::dot, {}, {}}}, 2));
+  const auto f = raw.frame();
+  REQUIRE(f);
+  CHECK(error_in(*f).message.find("'f\\xE3'") != std::string::npos);
+}
+
+TEST_CASE("error tiers on the wire: caller mistakes keep their code, bad_alloc is a resource error, the rest internal", "[server]") {
+  auto reply_for = [](auto thrower) {
+    try {
+      thrower();
+    } catch (...) {
+      return server::current_error_reply();
+    }
+    FAIL("nothing thrown");
+    return wire::ErrorReply{};
+  };
+  const auto caller = reply_for([] { throw Error(ErrorCode::unknown_id, "no entry 7"); });
+  CHECK(caller.code == ErrorCode::unknown_id);
+  CHECK(caller.message.find("no entry 7") != std::string::npos);
+  CHECK(reply_for([] { throw std::bad_alloc(); }).code == ErrorCode::resource_exhausted);
+  const auto invariant = reply_for([] { (void)std::vector<int>{}.at(3); });  // what a broken slot map would throw
+  CHECK(invariant.code == ErrorCode::internal);
+  CHECK(invariant.message.find("internal error") != std::string::npos);
+  CHECK(reply_for([] { throw 42; }).code == ErrorCode::internal);
+  CHECK(to_string(ErrorCode::resource_exhausted) == "resource_exhausted");
+  CHECK(to_string(ErrorCode::internal) == "internal");
 }

@@ -163,3 +163,53 @@ TEST_CASE("fuzz regressions: inputs the fuzzers once broke", "[wire]") {
   CHECK(empty.ids.empty());
   CHECK(empty.keys.empty());
 }
+
+TEST_CASE("error messages go out as valid UTF-8: invalid bytes escaped, long ones cut at a character boundary", "[wire]") {
+  using namespace std::string_literals;
+  // Well-formed text passes unchanged, 1- to 4-byte characters and backslashes included.
+  const std::string text = "a\\b \xC3\xA9 \xE2\x82\xAC \xF0\x9D\x84\x9E \xF4\x8F\xBF\xBF \xED\x9F\xBF";
+  CHECK(wire_message(text) == text);
+  // Each byte outside a well-formed sequence becomes \xNN.
+  CHECK(wire_message("f\xE3"s) == "f\\xE3");                               // a name 66 E3 (truncated 3-byte start)
+  CHECK(wire_message("\xC0\xAF"s) == "\\xC0\\xAF");                        // overlong '/'
+  CHECK(wire_message("\xE0\x80\xAF"s) == "\\xE0\\x80\\xAF");               // overlong 3-byte
+  CHECK(wire_message("\xED\xA0\x80"s) == "\\xED\\xA0\\x80");               // a UTF-16 surrogate
+  CHECK(wire_message("\xF4\x90\x80\x80"s) == "\\xF4\\x90\\x80\\x80");      // above U+10FFFF
+  CHECK(wire_message("\xF8\x88\x80\x80\x80"s) == "\\xF8\\x88\\x80\\x80\\x80");  // 5-byte form
+  CHECK(wire_message("\x80x\xFF"s) == "\\x80x\\xFF");                      // lone continuation, 0xFF
+  CHECK(wire_message("\xE2\x82"s) == "\\xE2\\x82");                         // cut-off character at the end
+  CHECK(wire_message("\xE2\x82\xC3\xA9"s) == "\\xE2\\x82\xC3\xA9");         // resynchronises on the next character
+  CHECK(wire_message("nul\0in"s) == "nul\0in"s);                            // U+0000 is valid UTF-8
+
+  // Cutting: a message made of known pieces (each a character or an invalid byte, 1 to 4 bytes out),
+  // shifted by 0-3 bytes so a piece boundary falls on every offset around the limit. The result is
+  // the longest run of whole pieces that fits.
+  struct Piece { std::string in, out; };
+  const std::vector<Piece> kinds = {{"a", "a"}, {"\xC3\xA9", "\xC3\xA9"}, {"\xE2\x82\xAC", "\xE2\x82\xAC"},
+                                    {"\xF0\x9D\x84\x9E", "\xF0\x9D\x84\x9E"}, {"\xE3", "\\xE3"}};
+  for (std::size_t shift = 0; shift < 4; ++shift) {
+    std::string in(shift, 'x');
+    std::vector<std::string> outs(shift, "x");
+    for (std::size_t i = 0; in.size() < 2 * kMaxErrorMessage; ++i) {
+      const Piece& p = kinds[(i * 7 + i / 5) % kinds.size()];
+      in += p.in;
+      outs.push_back(p.out);
+    }
+    for (std::size_t limit = kMaxErrorMessage - 8; limit <= kMaxErrorMessage + 8; ++limit) {
+      std::string expected;
+      for (const auto& o : outs) {
+        if (expected.size() + o.size() > limit) break;
+        expected += o;
+      }
+      const std::string got = wire_message(in, limit);
+      INFO("shift " << shift << ", limit " << limit);
+      CHECK(got == expected);
+      CHECK(got.size() + 4 > limit);  // nothing more than one piece is dropped at the cut
+    }
+  }
+  // And encode_reply applies it: the message that arrives is at most 4000 bytes of valid UTF-8.
+  const std::string long_bad = std::string(3999, 'y') + "\xE3\xE3";
+  const auto reply = encode_reply(Opcode::create, 1, ErrorReply{ErrorCode::invalid_argument, long_bad});
+  const auto back = std::get<ErrorReply>(decode_reply(Opcode::create, frame_of(reply)));
+  CHECK(back.message == std::string(3999, 'y'));
+}

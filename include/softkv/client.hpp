@@ -19,7 +19,7 @@ struct ClientOptions {
   std::uint16_t port = 7878;          ///< server port
   std::string token;                  ///< auth token; sent after hello when non-empty
   double timeout_seconds = 60;        ///< per send/receive; a slower server is an io_error
-  std::uint32_t max_frame = 64u << 20;  ///< largest reply frame accepted
+  std::uint32_t max_frame = 64u << 20;  ///< largest frame length sent or accepted (match the server's --max-frame); a larger request fails locally with frame_too_large
 };
 
 /// Server-wide figures.

@@ -99,7 +99,11 @@ class _Reader:
 
 
 class Client:
-    """One connection to softkv-server. Not thread safe: one Client per thread."""
+    """One connection to softkv-server. Not thread safe: one Client per thread.
+
+    max_frame is the largest frame sent or accepted (match the server's --max-frame): a request
+    that would exceed it raises softkv.FrameTooLarge before anything is sent.
+    """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 7878, token: str | None = None, timeout: float = 60.0,
                  max_frame: int = 64 << 20):

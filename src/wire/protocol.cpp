@@ -1,6 +1,7 @@
 // The wire codec: every field little-endian, strings as u16 length + bytes, arrays counted before use.
 #include "wire/protocol.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -73,7 +74,51 @@ void expect_end(const ByteReader& r) {
 
 std::vector<std::byte> frame_of(std::uint8_t opcode, std::uint64_t id, ByteWriter& w) { return encode_frame(opcode, id, w.bytes()); }
 
+// Length of the well-formed UTF-8 sequence at the front of s (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0 if it does not start with one.
+std::size_t utf8_sequence(std::string_view s) {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char b0 = byte(0);
+  if (b0 < 0x80) return 1;
+  std::size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+  if (b0 >= 0xC2 && b0 <= 0xDF) n = 2;
+  else if (b0 == 0xE0) n = 3, lo = 0xA0;
+  else if (b0 == 0xED) n = 3, hi = 0x9F;
+  else if (b0 >= 0xE1 && b0 <= 0xEF) n = 3;
+  else if (b0 == 0xF0) n = 4, lo = 0x90;
+  else if (b0 == 0xF4) n = 4, hi = 0x8F;
+  else if (b0 >= 0xF1 && b0 <= 0xF3) n = 4;
+  else return 0;
+  if (s.size() < n || byte(1) < lo || byte(1) > hi) return 0;
+  for (std::size_t i = 2; i < n; ++i)
+    if (byte(i) < 0x80 || byte(i) > 0xBF) return 0;
+  return n;
+}
+
 }  // namespace
+
+std::string wire_message(std::string_view message, std::size_t max_bytes) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(std::min(message.size(), max_bytes));
+  while (!message.empty()) {
+    const std::size_t n = utf8_sequence(message);
+    if (n > 0) {
+      if (out.size() + n > max_bytes) break;
+      out.append(message.substr(0, n));
+      message.remove_prefix(n);
+    } else {
+      if (out.size() + 4 > max_bytes) break;
+      const auto b = static_cast<unsigned char>(message.front());
+      out += "\\x";
+      out += kHex[b >> 4];
+      out += kHex[b & 15];
+      message.remove_prefix(1);
+    }
+  }
+  return out;
+}
 
 FrameScan scan_frame(std::span<const std::byte> buffer, std::uint32_t max_frame) {
   FrameScan scan;
@@ -270,7 +315,7 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
                  [&](const ErrorReply& m) {
                    opcode = kErrorOpcode;
                    w.put(static_cast<std::uint16_t>(m.code));
-                   w.put_string(m.message.size() > 4000 ? m.message.substr(0, 4000) : m.message);
+                   w.put_string(wire_message(m.message));
                  },
              },
              reply);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -102,6 +103,14 @@ struct StatsReply {                                         ///< stats
   std::uint64_t collections = 0, connections = 0, requests = 0, last_sequence = 0;
 };
 struct ErrorReply { ErrorCode code = ErrorCode::protocol_error; std::string message; };  ///< any failed request
+
+/// Longest error message on the wire, in bytes.
+inline constexpr std::size_t kMaxErrorMessage = 4000;
+
+/// message as valid UTF-8 of at most max_bytes: every byte that is not part of a well-formed UTF-8
+/// sequence becomes the four characters \xNN (hex), and the text is cut at a character boundary.
+/// encode_reply applies it to every error message.
+std::string wire_message(std::string_view message, std::size_t max_bytes = kMaxErrorMessage);
 
 /// Any reply.
 using Reply = std::variant<HelloReply, Ack, NamesReply, DescribeReply, IdsReply, GetReply, SoftReply, HardReply, StatsReply, ErrorReply>;

@@ -1,7 +1,10 @@
-// libFuzzer target: the wire frame decoder (frames, requests, replies) on arbitrary bytes.
+// libFuzzer target: the wire frame decoder (frames, requests, replies) on arbitrary bytes, and the
+// escaping of error messages (any bytes in: valid UTF-8 of bounded length out).
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 
 #include "softkv/error.hpp"
 #include "wire/protocol.hpp"
@@ -25,5 +28,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
     bytes = bytes.subspan(scan.size);
   }
+  // A payload as a message: the result must be valid UTF-8 (escaping it again changes nothing) and
+  // fit the limit, and every limit must be honoured.
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const std::size_t limit = size % (kMaxErrorMessage + 1);
+  const std::string message = wire_message(text, limit);
+  if (message.size() > limit || wire_message(message, message.size()) != message) __builtin_trap();
   return 0;
 }

@@ -139,6 +139,23 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(e.exception.name, "unknown_collection")
             c.ping()
 
+    def test_a_frame_over_the_limit_raises_frame_too_large_locally_or_from_the_server(self):
+        rows = (64 << 20) // (4 * (self.d + self.dv)) + 1000  # ~70 MB: over the server's default 64 MiB limit
+        keys = np.ones((rows, self.d), dtype=np.float32)
+        values = np.ones((rows, self.dv), dtype=np.float32)
+        with Client(port=PORT) as c:  # knows the limit: refused before sending, connection still usable
+            with self.assertRaises(SoftkvError) as e:
+                c.add("py", keys, values)
+            self.assertEqual(e.exception.name, "frame_too_large")
+            c.ping()
+        for _ in range(2):  # thinks the limit is higher: sends it all, and the server's error still arrives
+            with Client(port=PORT, max_frame=128 << 20) as c:
+                with self.assertRaises(SoftkvError) as e:
+                    c.add("py", keys, values)
+                self.assertEqual(e.exception.name, "frame_too_large")
+        with Client(port=PORT) as c:
+            self.assertEqual(c.describe("py")["size"], self.n)
+
     def test_writes_reads_and_stats(self):
         with Client(port=PORT) as c:
             c.create_collection("rw", dim=3, value_dim=2, metric="cosine")
