@@ -108,12 +108,26 @@ PYBIND11_MODULE(_softkv, m) {
   const char* const names[] = {"exact", "flat", "hnsw", "ivf", "automatic"};
   for (std::size_t i = 0; i < 5; ++i) t.index_names[i] = py::str(names[i]).release();
 
+  // The error tiers of softkv-server's replies: an Error keeps its code, a failed allocation is
+  // resource_exhausted, any other C++ exception from the library is internal (a bug to report).
+  // pybind11's own exceptions (a Python error in flight, a failed argument cast) pass through unchanged.
   py::register_exception_translator([](std::exception_ptr p) {
+    const auto raise = [](ErrorCode code, const std::string& message) {
+      const py::object err = types().make_error(static_cast<int>(code), message);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
+    };
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      const py::object err = types().make_error(static_cast<int>(e.code()), error_message(e));
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
+      raise(e.code(), error_message(e));
+    } catch (const std::bad_alloc&) {
+      raise(ErrorCode::resource_exhausted, "out of memory: the request needs more memory than is available");
+    } catch (const py::error_already_set&) {
+      throw;
+    } catch (const py::builtin_exception&) {
+      throw;
+    } catch (const std::exception& e) {
+      raise(ErrorCode::internal, std::string("unexpected exception in softkv (please report it): ") + e.what());
     }
   });
 

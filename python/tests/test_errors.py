@@ -174,3 +174,22 @@ def test_a_corrupt_log_is_corrupt_file_and_repair_keeps_the_prefix(tmp_path):
     with softkv.Database(str(path), repair=True, log=lines.append) as db:
         assert db.has_collection("a") or not db.list_collections()
     assert lines, "repair reports what it kept through the log callback"
+
+
+def test_options_at_their_extremes_answer(small):
+    huge = 2**63 - 1
+    for options in ({"threads": huge}, {"top_k": huge}, {"ef_search": huge}, {"nprobe": huge}, {"scale": 3e38},
+                    {"temperature": 1e-38}, {"epsilon": 1e-30}, {"epsilon": 0.999999}, {"top_k": 1, "top_m": 1}):
+        r = small.query_soft(np.ones(4), **options)
+        assert np.isfinite(r.value).all() and 1 <= r.candidates <= 4, options
+    with pytest.raises(TypeError):  # beyond int64: refused by the argument conversion itself
+        small.query_soft(np.ones(4), top_m=2**64)
+
+
+def test_a_huge_top_m_answers_every_entry_or_raises_a_softkv_error(small):
+    try:
+        r = small.query_soft(np.ones(4), top_m=2**63 - 1)
+    except softkv.Error as e:  # never a bare ValueError/RuntimeError from inside the library
+        assert type(e) in (softkv.Internal, softkv.ResourceExhausted, softkv.InvalidArgument)
+    else:
+        assert len(r.top) == 4
