@@ -22,8 +22,12 @@ builds run, so Python threads query in parallel.
 from ._errors import *  # noqa: F401,F403 - Error and its subclasses
 from ._errors import __all__ as _error_names
 from ._results import Contributors, HardBatchResult, HardResult, SoftBatchResult, SoftResult
-from ._softkv import (Collection, CollectionView, Database, __version__, available_simd_paths, check_config,
-                      force_simd_path, simd_path)
+try:
+    from ._softkv import (Collection, CollectionView, Database, __version__, available_simd_paths, check_config,
+                          force_simd_path, simd_path)
+except ImportError as e:  # the pure-Python files without the native module beside them
+    raise ImportError(f"softkv's native module is missing or does not load ({e}); build it with CMake (target "
+                      "softkv_python, on by default) and use PYTHONPATH=<build>/python, or cmake --install") from e
 from .client import Client
 
 __all__ = ["Collection", "CollectionView", "Database", "Client", "Contributors", "SoftResult", "HardResult",

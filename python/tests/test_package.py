@@ -101,3 +101,12 @@ def test_the_readme_python_example_runs_and_prints_what_the_readme_shows():
     after = readme[readme.index(example) + len(example):]
     shown = re.search(r"```\n+prints\n+```\n(.*?)```", after, re.S).group(1)
     assert out == shown
+
+
+def test_without_the_native_module_the_import_error_says_how_to_build_it(tmp_path):
+    import shutil
+    copy = tmp_path / "softkv"
+    shutil.copytree(pathlib.Path(softkv.__file__).parent, copy, ignore=shutil.ignore_patterns("_softkv*.so", "__pycache__"))
+    out = subprocess.run([sys.executable, "-c", "import softkv"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert out.returncode != 0 and "softkv_python" in out.stderr and "PYTHONPATH" in out.stderr
