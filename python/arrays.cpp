@@ -33,6 +33,18 @@ InputStats& input_stats() {
 }
 
 FloatInput float_input(py::handle obj, int ndim, std::size_t cols, const char* what) {
+  // The common case first: already float32, C-contiguous, native byte order, of the right shape.
+  using CFloat = py::array_t<float, py::array::c_style>;
+  if (CFloat::check_(obj)) {
+    auto same = py::reinterpret_borrow<py::array_t<float>>(obj);
+    if (same.ndim() == ndim && static_cast<std::size_t>(same.shape(ndim - 1)) == cols) {
+      FloatInput input;
+      input.rows = ndim == 1 ? 1 : static_cast<std::size_t>(same.shape(0));
+      input.array = std::move(same);
+      input_stats().last_address.store(reinterpret_cast<std::uintptr_t>(input.array.data()), std::memory_order_relaxed);
+      return input;
+    }
+  }
   const py::array any = as_array(obj, what);
   const bool width_ok = any.ndim() == ndim && static_cast<std::size_t>(any.shape(ndim - 1)) == cols;
   if (!width_ok) {
