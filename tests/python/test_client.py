@@ -110,6 +110,17 @@ class ClientTest(unittest.TestCase):
             self.assertIs(type(h), softkv.HardResult)
             self.assertEqual((h.id, h.score), (local.query_hard(self.queries[2]).id, local.query_hard(self.queries[2]).score))
 
+    def test_describe_is_the_dict_database_stats_gives(self):
+        with Client(port=PORT) as c, tempfile.TemporaryDirectory() as d:
+            with softkv.Database(d, fsync="never") as db:
+                db.create_collection("py", self.d, self.dv)
+                db.add("py", self.keys, self.values)
+                local = db.stats("py")
+            remote = c.describe("py")
+        self.assertEqual(set(remote), set(local))
+        for key in ("name", "size", "dim", "value_dim", "metric", "index"):
+            self.assertEqual(remote[key], local[key], key)
+
     def test_errors_are_the_modules_subclasses(self):
         with Client(port=PORT) as c:
             for call, cls in ((lambda: c.query_soft("py", np.ones(self.d + 1)), softkv.DimensionMismatch),
