@@ -152,3 +152,20 @@ def test_writes_replace_and_remove(data):
     c.remove(100)
     assert sorted(c.ids().tolist()) == list(range(2, 10)) and c.size() == 8
     assert c.add(keys[0], values[0]) == 101
+
+
+@pytest.mark.parametrize("index", [{"index": "hnsw", "hnsw_m": 16}, {"index": "ivf", "ivf_nlist": 16, "ivf_train_size": 700}])
+def test_approximate_indexes_blend_exactly_the_candidates_they_report(data, index):
+    keys, values, queries = data
+    c = make(keys, values, **index)
+    c.wait_until_indexed()
+    scale = c.resolve_scale(temperature=0.2)
+    k = 24
+    for q in queries:
+        r = c.query_soft(q, temperature=0.2, top_k=k, top_m=k)  # top_m = k: the contributors are the candidates
+        assert r.searched_with == index["index"] and not r.tail_bound_guaranteed and r.candidates == k
+        assert len(set(r.top.ids.tolist())) == k
+        ref, lse, m, s = reference_soft(keys, values, q, scale, candidates=r.top.ids.astype(np.int64))
+        np.testing.assert_allclose(r.value, ref, rtol=RTOL, atol=ATOL)
+        assert r.lse == pytest.approx(lse, rel=1e-5) and r.max_score == pytest.approx(m, rel=1e-5)
+        assert 0.0 <= r.tail_bound <= 1.0
