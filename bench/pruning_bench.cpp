@@ -2,6 +2,7 @@
 // and the crossover size from which IVF beats the scan (the default of IndexConfig::auto_threshold).
 //
 // Usage: pruning_bench [--n 1000000] [--hnsw-n 100000] [--d 128] [--queries 200] [--nlist 4096] [--nprobe 8] [--kinds ivf flat hnsw] [--crossover]
+//        pruning_bench --violations [--n 100000 --d 64 --queries 400 --check-sample 256]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -148,6 +150,82 @@ void pruned_table(const char* name, softkv::IndexKind kind, std::size_t n, std::
   }
 }
 
+// How often the tail bound of an approximate index is violated (true omitted mass above it), with and
+// without the sampled check, on clustered data with queries near stored keys; and what the check costs.
+void violations(std::size_t n, std::size_t d, std::size_t nq, float temperature, std::size_t sample) {
+  const auto keys = clustered(n, d, 20, 5);
+  const auto values = clustered(n, d, 1, 6);
+  const auto qs = make_queries(keys, d, nq);
+  std::printf("\nviolations: N = %zu, d = dv = %zu, T = %.2f, %zu queries; checked = sampled check of %zu rows (95%%)\n", n, d,
+              temperature, nq, sample);
+  std::printf("  %-22s %-10s %9s %9s %11s %11s %9s %9s\n", "index, effort", "query", "ms", "checked", "violations",
+              "checked", "worst", "worst chk");
+  for (const softkv::IndexKind kind : {softkv::IndexKind::hnsw, softkv::IndexKind::ivf}) {
+    softkv::CollectionConfig config{d, d, softkv::Metric::dot, {}, {}};
+    config.index.kind = kind;
+    softkv::Collection c(config);
+    const auto t0 = Clock::now();
+    c.add_batch(keys, values);
+    c.wait_until_indexed();
+    const double build = seconds_since(t0);
+    const double scale = c.resolve_scale({.temperature = temperature});
+    std::vector<double> lse_all(nq);  // in double: a float lse is too coarse to check a bound
+    for (std::size_t i = 0; i < nq; ++i) {
+      std::vector<double> s(n);
+      double m = -INFINITY, z = 0;
+      for (std::size_t r = 0; r < n; ++r) {
+        double dot = 0;
+        for (std::size_t j = 0; j < d; ++j) dot += double(qs[i][j]) * keys[r * d + j];
+        s[r] = scale * dot;
+        m = std::max(m, s[r]);
+      }
+      for (double x : s) z += std::exp(x - m);
+      lse_all[i] = m + std::log(z);
+    }
+    // The true mass outside a result's candidates (all reported: top_m is clamped to them).
+    auto true_tail = [&](std::size_t i, const softkv::SoftResult& r) {
+      if (r.candidates >= n) return 0.0;
+      double m = -INFINITY, z = 0;
+      std::vector<double> cand;
+      for (const auto& t : r.top) {
+        double dot = 0;
+        for (std::size_t j = 0; j < d; ++j) dot += double(qs[i][j]) * keys[t.id * d + j];
+        cand.push_back(scale * dot);
+        m = std::max(m, cand.back());
+      }
+      for (double x : cand) z += std::exp(x - m);
+      return -std::expm1(m + std::log(z) - lse_all[i]);
+    };
+    const bool hnsw = kind == softkv::IndexKind::hnsw;
+    std::printf("  %s built in %.1f s\n", hnsw ? "hnsw (M 32, efConstruction 80)" : "ivf (default nlist)", build);
+    for (const std::size_t effort : hnsw ? std::vector<std::size_t>{16, 64, 256} : std::vector<std::size_t>{1, 4, 16}) {
+      const std::string label = std::string(hnsw ? "hnsw ef_search " : "ivf nprobe ") + std::to_string(effort);
+      for (const bool adaptive : {false, true}) {
+        softkv::QueryOptions o{.temperature = temperature, .top_m = std::numeric_limits<std::size_t>::max()};
+        if (adaptive) o.epsilon = 0.01f;
+        else o.top_k = 32;
+        o.ef_search = effort;
+        o.nprobe = effort;
+        softkv::QueryOptions checked = o;
+        checked.check_sample = sample;
+        const Run plain = run(c, qs, o), chk = run(c, qs, checked);
+        std::size_t bad = 0, bad_checked = 0;
+        double worst = 0, worst_checked = 0;
+        for (std::size_t i = 0; i < nq; ++i) {
+          const double limit = adaptive ? 0.01 : plain.results[i].tail_bound;
+          const double limit_checked = adaptive ? 0.01 : chk.results[i].tail_bound;
+          const double t = true_tail(i, plain.results[i]), tc = true_tail(i, chk.results[i]);
+          if (t > limit * (1 + 1e-6) + 1e-12) bad++, worst = std::max(worst, t - limit);
+          if (tc > limit_checked * (1 + 1e-6) + 1e-12) bad_checked++, worst_checked = std::max(worst_checked, tc - limit_checked);
+        }
+        std::printf("  %-22s %-10s %9.3f %9.3f %10.1f%% %10.1f%% %9.2e %9.2e\n", label.c_str(),
+                    adaptive ? "eps 0.01" : "top_k 32", plain.ms, chk.ms, 100.0 * bad / nq, 100.0 * bad_checked / nq, worst,
+                    worst_checked);
+      }
+    }
+  }
+}
+
 // Smallest of several sizes at which IVF (k = 32) answers faster than the exact scan.
 void crossover(std::size_t d, std::size_t nq) {
   std::printf("\ncrossover: exact scan vs IVF (k = 32, nprobe 16, default nlist), clustered data, d = dv = %zu\n", d);
@@ -172,7 +250,8 @@ int main(int argc, char** argv) {
   std::size_t n = 1000000, hnsw_n = 100000, d = 128, nq = 200;
   float temperature = 0.1f;
   std::size_t nlist = 4096, nprobe = 8;
-  bool only_crossover = false;
+  bool only_crossover = false, only_violations = false;
+  std::size_t sample = 256;
   std::vector<std::string> kinds{"ivf", "flat", "hnsw"};
   app.add_option("--n", n, "entries for the exact, flat and IVF tables");
   app.add_option("--hnsw-n", hnsw_n, "entries for the HNSW table (HNSW builds slowly on 2 cores)");
@@ -182,16 +261,22 @@ int main(int argc, char** argv) {
   app.add_option("--nlist", nlist, "IVF lists");
   app.add_option("--nprobe", nprobe, "IVF lists probed per query");
   app.add_flag("--crossover", only_crossover, "only measure the exact-vs-IVF crossover");
+  app.add_flag("--violations", only_violations, "only measure how often hnsw/ivf tail bounds are violated, with and without the sampled check");
+  app.add_option("--check-sample", sample, "rows the sampled check scores (with --violations)");
   app.add_option("--kinds", kinds, "index kinds to measure")->check(CLI::IsMember({"ivf", "flat", "hnsw"}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::printf("softkv %s pruning bench, kernel path %s; clustered keys (clusters of 20), queries near stored keys\n",
               softkv::kVersion, std::string(softkv::simd_path()).c_str());
+  if (only_violations) {
+    violations(n, d, nq, temperature, sample);
+    return 0;
+  }
   auto wanted = [&](const char* kind) { return std::find(kinds.begin(), kinds.end(), kind) != kinds.end(); };
   if (!only_crossover) {
     const std::string ivf = "ivf (nlist " + std::to_string(nlist) + ", nprobe " + std::to_string(nprobe) + ")";
     if (wanted("ivf")) pruned_table(ivf.c_str(), softkv::IndexKind::ivf, n, d, nq, temperature, nlist, nprobe);
     if (wanted("flat"))
-      pruned_table("flat (FAISS brute force)", softkv::IndexKind::flat, n, d, std::min<std::size_t>(nq, 50), temperature, nlist, nprobe);
+      pruned_table("flat (softkv's fused score + top-k pass)", softkv::IndexKind::flat, n, d, std::min<std::size_t>(nq, 50), temperature, nlist, nprobe);
     if (wanted("hnsw"))
       pruned_table("hnsw (M 32, efConstruction 80, efSearch max(128, k))", softkv::IndexKind::hnsw, hnsw_n, d, nq, temperature,
                    nlist, nprobe);

@@ -17,46 +17,13 @@ using detail::Overloaded;
 // Hello, auth and ping are answered by the session (server.cpp) before a request reaches the handler.
 Error session_request() { return Error(ErrorCode::internal, "hello, auth and ping are the session's, not the handler's"); }
 
-bool uses_index_or_contributors(const QueryOptions& o) { return o.top_m > 0 || o.top_k || o.epsilon; }
-
 }  // namespace
 
+// A thin mapping: the collection picks the path (batch kernel, one by one, pruned) itself.
 wire::Reply Handler::query(const wire::Query& q) {
   const auto c = db_.collection(q.name);
-  const std::size_t d = c->config().dim, dv = c->config().value_dim;
-  if (q.queries.empty() || q.queries.size() % d != 0)
-    throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(q.queries.size()) + " floats, not a multiple of d = " +
-                                                   std::to_string(d));
-  const std::size_t nq = q.queries.size() / d;
-  auto row = [&](std::size_t i) { return std::span<const float>(q.queries.data() + i * d, d); };
-  const bool approximate_index = c->config().index.kind == IndexKind::hnsw || c->config().index.kind == IndexKind::ivf ||
-                                 c->config().index.kind == IndexKind::automatic;
-  if (q.kind == wire::QueryKind::hard) {
-    wire::HardReply reply;
-    if (nq == 1 || (approximate_index && !q.options.exact)) {  // the batch path has no index: one by one
-      for (std::size_t i = 0; i < nq; ++i) reply.results.push_back(c->query_hard(row(i), q.options));
-      return reply;
-    }
-    const HardBatchResult b = c->query_hard_batch(q.queries, q.options);
-    for (std::size_t i = 0; i < nq; ++i)
-      reply.results.push_back({b.ids[i], b.scores[i], {b.values.begin() + i * dv, b.values.begin() + (i + 1) * dv}, IndexKind::exact});
-    return reply;
-  }
-  wire::SoftReply reply;
-  if (nq == 1 || uses_index_or_contributors(q.options)) {
-    for (std::size_t i = 0; i < nq; ++i) reply.results.push_back(c->query_soft(row(i), q.options));
-    return reply;
-  }
-  const SoftBatchResult b = c->query_soft_batch(q.queries, q.options);
-  for (std::size_t i = 0; i < nq; ++i) {
-    SoftResult s;
-    s.value.assign(b.values.begin() + i * dv, b.values.begin() + (i + 1) * dv);
-    s.lse = b.lse[i];
-    s.max_score = b.max_score[i];
-    s.candidates = c->size();
-    reply.results.push_back(std::move(s));
-  }
-  return reply;
+  if (q.kind == wire::QueryKind::hard) return wire::HardReply{c->query(q.queries, Retrieval::hard, q.options).hard};
+  return wire::SoftReply{c->query(q.queries, Retrieval::soft, q.options).soft};
 }
 
 bool Handler::is_cheap(const wire::Request& request) const {

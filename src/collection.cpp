@@ -1,5 +1,5 @@
 // Collection: the state side (validated writes in two doors, images for snapshots, background index
-// builds) and the queries over the rows it owns.
+// builds); the queries over its rows are in collection_query.cpp.
 #include "softkv/collection.hpp"
 
 #include <algorithm>
@@ -41,17 +41,7 @@ std::span<const float> Collection::Impl::prepare_keys(std::span<const float> key
                                                       std::string_view what) const {
   if (config_.metric != Metric::cosine) return keys;
   buffer.assign(keys.begin(), keys.end());
-  const std::size_t d = dim();
-  for (std::size_t r = 0; r * d < buffer.size(); ++r) {
-    float* k = buffer.data() + r * d;
-    double norm2 = 0.0;
-    for (std::size_t i = 0; i < d; ++i) norm2 += static_cast<double>(k[i]) * k[i];
-    if (!(norm2 > 0.0))
-      throw Error(ErrorCode::invalid_argument,
-                  std::string(what) + " row " + std::to_string(r) + " is a zero vector: it has no direction for cosine");
-    const auto inv = static_cast<float>(1.0 / std::sqrt(norm2));
-    for (std::size_t i = 0; i < d; ++i) k[i] *= inv;
-  }
+  detail::normalise_rows(buffer, dim(), what);
   return buffer;
 }
 
@@ -281,8 +271,11 @@ void Collection::Impl::check_pruning(const QueryOptions& options) const {
   if (options.ef_search == 0 || options.nprobe == 0) throw Error(ErrorCode::invalid_argument, "ef_search and nprobe must be >= 1");
 }
 
-std::vector<std::size_t> Collection::Impl::index_rows(const float* query, std::size_t k, const QueryOptions& options) const {
-  const std::vector<std::uint64_t> ids = index_->search(query, span(), {k, options.ef_search, options.nprobe, parts_for(options, dim())});
+std::vector<std::size_t> Collection::Impl::index_rows(const float* query, float scale, std::size_t k,
+                                                     const QueryOptions& options) const {
+  const detail::IndexSearch search{.k = k, .ef_search = options.ef_search, .nprobe = options.nprobe,
+                                   .parts = parts_for(options, dim())};
+  const std::vector<std::uint64_t> ids = index_->search(query, &scale, 1, span(), search).front();
   std::vector<std::size_t> rows;
   rows.reserve(ids.size());
   for (std::uint64_t id : ids) {
@@ -390,152 +383,5 @@ Collection Collection::restore(CollectionImage image, std::string* note) {
 void Collection::wait_until_indexed() const { impl_->wait_until_indexed(); }
 
 bool Collection::index_building() const { return impl_->index_building(); }
-
-float Collection::resolve_scale(const QueryOptions& options) const {
-  if (options.scale && options.temperature)
-    throw Error(ErrorCode::invalid_argument, "give a temperature or a scale, not both");
-  if (options.scale) {
-    if (!(std::isfinite(*options.scale) && *options.scale > 0.0f))
-      throw Error(ErrorCode::invalid_argument, "scale must be finite and > 0, got " + std::to_string(*options.scale));
-    return *options.scale;
-  }
-  if (options.temperature) {
-    const float t = *options.temperature;
-    if (!(std::isfinite(t) && t > 0.0f))
-      throw Error(ErrorCode::invalid_argument, "temperature must be finite and > 0, got " + std::to_string(t));
-    const double s = 1.0 / (std::sqrt(static_cast<double>(impl_->dim())) * t);
-    if (!(s <= static_cast<double>(std::numeric_limits<float>::max())))
-      throw Error(ErrorCode::invalid_argument, "temperature " + std::to_string(t) + " is too small: the scale overflows a float");
-    return static_cast<float>(s);
-  }
-  if (impl_->config().scale) return *impl_->config().scale;
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(impl_->dim())));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Queries
-
-SoftResult Collection::query_soft(std::span<const float> query, const QueryOptions& options) const {
-  detail::check_dimension(query.size(), impl_->dim(), "query");
-  const float scale = resolve_scale(options);
-  std::size_t count = 0;
-  const std::vector<float> q = impl_->prepare_queries(query, count);
-
-  impl_->check_pruning(options);
-
-  const auto lock = impl_->read_lock();
-  impl_->require_entries();
-  const detail::RowSpan span = impl_->span();
-  const std::size_t parts = impl_->parts_for(options, impl_->dim() + impl_->value_dim());
-  const detail::KernelTable& kernels = detail::kernels();
-  const bool prune = (options.top_k || options.epsilon) && impl_->use_index(options);
-  const detail::CandidateFinder find = [&](std::size_t k) { return impl_->index_rows(q.data(), k, options); };
-  detail::PrunedSoft pruned =
-      !prune            ? detail::exact_soft(kernels, q.data(), scale, span, options.top_m, parts)
-      : options.top_k   ? detail::pruned_soft(kernels, q.data(), scale, span, *options.top_k, options.top_m, parts, find)
-                        : detail::adaptive_soft(kernels, q.data(), scale, span, *options.epsilon, options.top_m, parts, find);
-  detail::SoftScan& scan = pruned.scan;
-
-  SoftResult result;
-  result.lse = scan.state.lse();
-  Impl::check_lse(result.lse);
-  result.max_score = scan.state.max;
-  result.candidates = pruned.k;
-  result.tail_bound = pruned.tail_bound;
-  const bool scanned_all = pruned.k == span.rows;
-  result.searched_with = scanned_all ? IndexKind::exact : impl_->index()->kind();
-  result.tail_bound_guaranteed = scanned_all || impl_->index()->exact_top_k();
-  result.value.resize(impl_->value_dim());
-  const float inv = 1.0f / scan.state.sum;
-  for (std::size_t i = 0; i < result.value.size(); ++i) result.value[i] = scan.state.acc[i] * inv;
-  result.top.reserve(scan.top.size());
-  for (const auto& item : scan.top)
-    result.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - result.lse)), item.score});
-  return result;
-}
-
-HardResult Collection::query_hard(std::span<const float> query, const QueryOptions& options) const {
-  detail::check_dimension(query.size(), impl_->dim(), "query");
-  const float scale = resolve_scale(options);
-  std::size_t count = 0;
-  const std::vector<float> q = impl_->prepare_queries(query, count);
-
-  const auto lock = impl_->read_lock();
-  impl_->require_entries();
-  const detail::RowSpan span = impl_->span();
-  detail::ArgMax best;
-  HardResult result;
-  const IndexKind index_kind = impl_->use_index(options) ? impl_->index()->kind() : IndexKind::exact;
-  if (index_kind == IndexKind::hnsw || index_kind == IndexKind::ivf) {
-    // The index's top-1, rescored with our kernel; flat gains nothing over the scan below.
-    for (std::size_t row : impl_->index_rows(q.data(), 1, options))
-      best = {detail::kernels().dot(q.data(), span.keys + row * span.dim, span.dim), row};
-    result.searched_with = index_kind;
-  }
-  if (best.row == detail::ArgMax::kNoRow) {
-    best = detail::hard_scan_split(detail::kernels(), q.data(), span, impl_->parts_for(options, impl_->dim()));
-    result.searched_with = IndexKind::exact;
-  }
-  if (best.row == detail::ArgMax::kNoRow)
-    throw Error(ErrorCode::numeric_overflow, "every score is -inf; the keys or the query are too large");
-  result.id = span.ids[best.row];
-  result.score = scale * best.dot;
-  result.value.assign(span.values + best.row * span.value_dim, span.values + (best.row + 1) * span.value_dim);
-  return result;
-}
-
-SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, const QueryOptions& options) const {
-  if (options.top_m != 0)
-    throw Error(ErrorCode::invalid_argument, "batched queries do not report contributors: top_m must be 0");
-  const float scale = resolve_scale(options);
-  std::size_t nq = 0;
-  const std::vector<float> q = impl_->prepare_queries(queries, nq);
-
-  const auto lock = impl_->read_lock();
-  impl_->require_entries();
-  const detail::RowSpan span = impl_->span();
-  const std::size_t parts = impl_->parts_for(options, (impl_->dim() + impl_->value_dim()) * nq);
-  const std::vector<detail::SoftmaxState> states = detail::soft_scan_batch_split(detail::kernels(), q.data(), nq, scale, span, parts);
-
-  const std::size_t dv = impl_->value_dim();
-  SoftBatchResult result;
-  result.values.resize(nq * dv);
-  result.lse.resize(nq);
-  result.max_score.resize(nq);
-  for (std::size_t b = 0; b < nq; ++b) {
-    result.lse[b] = states[b].lse();
-    Impl::check_lse(result.lse[b]);
-    result.max_score[b] = states[b].max;
-    const float inv = 1.0f / states[b].sum;
-    for (std::size_t i = 0; i < dv; ++i) result.values[b * dv + i] = states[b].acc[i] * inv;
-  }
-  return result;
-}
-
-HardBatchResult Collection::query_hard_batch(std::span<const float> queries, const QueryOptions& options) const {
-  const float scale = resolve_scale(options);
-  std::size_t nq = 0;
-  const std::vector<float> q = impl_->prepare_queries(queries, nq);
-
-  const auto lock = impl_->read_lock();
-  impl_->require_entries();
-  const detail::RowSpan span = impl_->span();
-  const std::size_t parts = impl_->parts_for(options, impl_->dim() * nq);
-  const std::vector<detail::ArgMax> best = detail::hard_scan_batch_split(detail::kernels(), q.data(), nq, span, parts);
-
-  const std::size_t dv = impl_->value_dim();
-  HardBatchResult result;
-  result.ids.resize(nq);
-  result.scores.resize(nq);
-  result.values.resize(nq * dv);
-  for (std::size_t b = 0; b < nq; ++b) {
-    if (best[b].row == detail::ArgMax::kNoRow)
-      throw Error(ErrorCode::numeric_overflow, "every score is -inf; the keys or the query are too large");
-    result.ids[b] = span.ids[best[b].row];
-    result.scores[b] = scale * best[b].dot;
-    std::copy_n(span.values + best[b].row * dv, dv, result.values.begin() + static_cast<std::ptrdiff_t>(b * dv));
-  }
-  return result;
-}
 
 }  // namespace softkv

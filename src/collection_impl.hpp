@@ -80,7 +80,7 @@ class Collection::Impl {
   /// Whether a build runs now.
   [[nodiscard]] bool index_building() const;
 
-  // ---- query helpers (the query code in collection.cpp uses these with read_lock() held) ----
+  // ---- query helpers (the query code in collection_query.cpp uses these with read_lock() held) ----
   /// Validates row-major queries (dimension, finiteness) and returns them ready to score (unit length for cosine).
   [[nodiscard]] std::vector<float> prepare_queries(std::span<const float> queries, std::size_t& count) const;
   /// Error(empty_collection) when there are no rows.
@@ -91,8 +91,9 @@ class Collection::Impl {
   void check_pruning(const QueryOptions& options) const;
   /// Whether queries with these options search through the index rather than scanning.
   [[nodiscard]] bool use_index(const QueryOptions& options) const { return index_ && index_->ready() && !options.exact; }
-  /// Rows of the index's candidates for query (live entries only).
-  [[nodiscard]] std::vector<std::size_t> index_rows(const float* query, std::size_t k, const QueryOptions& options) const;
+  /// Rows of the index's candidates for a query split by split_scale into (query, scale) (live entries only).
+  [[nodiscard]] std::vector<std::size_t> index_rows(const float* query, float scale, std::size_t k,
+                                                    const QueryOptions& options) const;
   /// Error(numeric_overflow) unless lse is finite.
   static void check_lse(double lse);
 

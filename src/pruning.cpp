@@ -4,13 +4,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <limits>
 
 namespace softkv::detail {
 namespace {
 
-// Slack on the k-th score so that float rounding (the index and our kernel sum in different orders)
-// cannot let an omitted key score above the value the bound assumes.
+// Slack on the k-th score. The flat index ranks by the very scores used here, so no omitted score
+// exceeds the k-th and the bound holds without it; it covers the float rounding of lse_k, and for
+// the approximate indexes (whose bound is an estimate anyway) their own rounding of the ranking.
 double with_rounding_slack(double score) { return score + 1e-5 * std::max(1.0, std::fabs(score)); }
 
 }  // namespace
@@ -23,13 +26,83 @@ double tail_bound(std::size_t n, std::size_t k, double kth_score, double lse_k) 
   return std::exp(log_rest - log_total);
 }
 
+namespace {
+
+// log(e^a + e^b) without overflow.
+double log_add(double a, double b) {
+  const double m = std::max(a, b);
+  return m + std::log(std::exp(a - m) + std::exp(b - m));
+}
+
+// A seed from the query's bits, so that the same query on the same rows gets the same answer.
+std::uint64_t seed_of(const float* query, std::size_t d, std::size_t rows) {
+  std::uint64_t h = 0x9E3779B97F4A7C15ull ^ rows;
+  for (std::size_t i = 0; i < d; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, query + i, sizeof bits);
+    h = (h ^ bits) * 0x100000001B3ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+double sampled_tail(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                    const std::vector<std::size_t>& sorted_candidates, double kth, double lse_k, std::size_t sample) {
+  const std::size_t omitted = span.rows - sorted_candidates.size();
+  if (omitted == 0 || sample == 0) return 0.0;
+  const bool every_row = omitted <= sample;  // then the check is exact
+  std::vector<std::size_t> rows;
+  if (every_row) {
+    for (std::size_t r = 0, c = 0; r < span.rows; ++r) {
+      if (c < sorted_candidates.size() && sorted_candidates[c] == r) ++c;
+      else rows.push_back(r);
+    }
+  } else {
+    std::mt19937_64 rng(seed_of(query, span.dim, span.rows));
+    std::uniform_int_distribution<std::size_t> pick(0, span.rows - 1);
+    while (rows.size() < sample) {  // rejection: at least a quarter of the rows are omitted when epsilon drives k
+      const std::size_t r = pick(rng);
+      if (!std::binary_search(sorted_candidates.begin(), sorted_candidates.end(), r)) rows.push_back(r);
+    }
+  }
+  std::vector<float> keys(rows.size() * span.dim), scores(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    std::copy_n(span.keys + rows[i] * span.dim, span.dim, keys.begin() + static_cast<std::ptrdiff_t>(i * span.dim));
+  const RowSpan sampled{keys.data(), nullptr, nullptr, rows.size(), span.dim, 0};
+  kernels.scores(query, scale, sampled, scores.data());
+  const double top = *std::max_element(scores.begin(), scores.end());
+  const double c = std::max(kth, top);  // the assumed ceiling of the omitted scores: x = e^{s - c} in [0, 1]
+  double mean = 0, sq = 0;
+  for (float s : scores) {
+    const double x = std::exp(static_cast<double>(s) - c);
+    mean += x;
+    sq += x * x;
+  }
+  const double n = static_cast<double>(rows.size());
+  mean /= n;
+  double upper = mean;  // the omitted rows' mean of e^{s - c}
+  if (!every_row) {
+    // Maurer & Pontil (2009), empirical Bernstein: mu <= mean + sqrt(2 V L / n) + 7 L / (3 (n - 1)).
+    const double log_term = std::log(2.0 / (1.0 - kCheckConfidence));
+    const double variance = n > 1 ? std::max(0.0, (sq - n * mean * mean) / (n - 1)) : 1.0;
+    upper = std::min(1.0, mean + std::sqrt(2 * variance * log_term / n) + 7 * log_term / (3 * std::max(1.0, n - 1)));
+  }
+  if (!(upper > 0)) return 0.0;
+  const double log_omitted = std::log(static_cast<double>(omitted)) + c + std::log(upper);
+  return std::exp(log_omitted - log_add(log_omitted, lse_k));
+}
+
 PrunedSoft exact_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                       std::size_t top_m, std::size_t parts) {
-  return {soft_scan_split(kernels, query, scale, span, parts, top_m), span.rows, 0.0};
+  PrunedSoft result{soft_scan_split(kernels, query, scale, span, parts, top_m), {}, span.rows, 0.0};
+  result.value = blended_value(kernels, query, scale, span, result.scan.state);
+  return result;
 }
 
 PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                       std::size_t k, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find) {
+                       std::size_t k, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
+                       std::size_t check_sample) {
   if (k >= span.rows) return exact_soft(kernels, query, scale, span, top_m, exact_parts);
   const std::vector<std::size_t> rows = find(k);
   if (rows.empty()) return exact_soft(kernels, query, scale, span, top_m, exact_parts);
@@ -37,24 +110,35 @@ PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float sca
   const std::size_t d = span.dim, dv = span.value_dim;
   std::vector<float> keys(rows.size() * d), values(rows.size() * dv);
   std::vector<std::uint64_t> ids(rows.size());
-  double kth = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::copy_n(span.keys + rows[i] * d, d, keys.begin() + static_cast<std::ptrdiff_t>(i * d));
     std::copy_n(span.values + rows[i] * dv, dv, values.begin() + static_cast<std::ptrdiff_t>(i * dv));
     ids[i] = span.ids[rows[i]];
-    kth = std::min(kth, static_cast<double>(scale * kernels.dot(query, keys.data() + i * d, d)));
   }
   const RowSpan candidates{keys.data(), values.data(), ids.data(), rows.size(), d, dv};
-  PrunedSoft result{soft_scan_split(kernels, query, scale, candidates, 1, top_m), rows.size(), 0.0};
+  // The candidates' scores come from the kernel's one scoring routine, bit-identical to the exact
+  // scan's and (flat) to the top-k pass that chose them: the k-th of them bounds every omitted score.
+  std::vector<float> scores(rows.size());
+  kernels.scores(query, scale, candidates, scores.data());
+  const double kth = *std::min_element(scores.begin(), scores.end());
+  PrunedSoft result{soft_scan_split(kernels, query, scale, candidates, 1, top_m), {}, rows.size(), 0.0};
+  result.value = blended_value(kernels, query, scale, candidates, result.scan.state);
   result.tail_bound = tail_bound(span.rows, rows.size(), with_rounding_slack(kth), result.scan.state.lse());
+  if (check_sample > 0) {
+    std::vector<std::size_t> sorted = rows;
+    std::sort(sorted.begin(), sorted.end());
+    result.tail_bound = std::max(result.tail_bound, sampled_tail(kernels, query, scale, span, sorted, kth,
+                                                                 result.scan.state.lse(), check_sample));
+  }
   return result;
 }
 
 PrunedSoft adaptive_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                         double epsilon, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find) {
+                         double epsilon, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
+                         std::size_t check_sample) {
   for (std::size_t k = 16;; k *= 2) {
     if (k > span.rows / 4) return exact_soft(kernels, query, scale, span, top_m, exact_parts);
-    PrunedSoft r = pruned_soft(kernels, query, scale, span, k, top_m, exact_parts, find);
+    PrunedSoft r = pruned_soft(kernels, query, scale, span, k, top_m, exact_parts, find, check_sample);
     if (r.tail_bound <= epsilon) return r;
   }
 }

@@ -19,6 +19,7 @@ using CandidateFinder = std::function<std::vector<std::size_t>(std::size_t k)>;
 /// A soft answer over a candidate set.
 struct PrunedSoft {
   SoftScan scan;             ///< softmax state over the candidates (and their top_m rows)
+  std::vector<float> value;  ///< the blended value over the candidates (blended_value)
   std::size_t k = 0;         ///< number of candidates (span.rows when the exact scan ran)
   double tail_bound = 0;     ///< bound on the mass outside the candidates (0 for the exact scan)
 };
@@ -27,12 +28,27 @@ struct PrunedSoft {
 PrunedSoft exact_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                       std::size_t top_m, std::size_t parts);
 
+/// Confidence of the sampled check's bound (README, "Sampled check").
+inline constexpr double kCheckConfidence = 0.95;
+
+/// The sampled check of an approximate index's candidates: scores `sample` rows drawn uniformly
+/// (with replacement, deterministically from the query) outside the sorted candidate rows, and
+/// returns an upper bound on the softmax mass outside the candidates that holds with probability
+/// kCheckConfidence if no omitted row scores above max(kth, the best sampled score): an
+/// empirical-Bernstein bound on the mean of e^{s - c} over the omitted rows. When no more than
+/// `sample` rows are omitted they are all scored and the result is their exact mass.
+double sampled_tail(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                    const std::vector<std::size_t>& sorted_candidates, double kth, double lse_k, std::size_t sample);
+
 /// Softmax over the rows find(k) returns (scores recomputed with kernels), or the exact scan if k >= rows.
+/// check_sample > 0 (approximate indexes): the tail bound is the larger of the estimate and sampled_tail.
 PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                       std::size_t k, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find);
+                       std::size_t k, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
+                       std::size_t check_sample = 0);
 
 /// k = 16, 32, ... until tail_bound <= epsilon; the exact scan once k would pass a quarter of the rows.
 PrunedSoft adaptive_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                         double epsilon, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find);
+                         double epsilon, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
+                         std::size_t check_sample = 0);
 
 }  // namespace softkv::detail

@@ -2,6 +2,7 @@
 #include "scan.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <optional>
 
@@ -28,13 +29,31 @@ std::size_t part_begin(const RowSpan& span, std::size_t part, std::size_t parts)
   return span.rows * part / parts;
 }
 
-void merge_argmax(const ArgMax& part, const std::uint64_t* ids, ArgMax& best) {
-  if (part.row == ArgMax::kNoRow) return;
-  if (best.row == ArgMax::kNoRow || part.dot > best.dot || (part.dot == best.dot && ids[part.row] < ids[best.row]))
-    best = part;
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
 
 }  // namespace
+
+void merge_argmax(const ArgMax& part, const std::uint64_t* ids, ArgMax& best) {
+  best.overflow = best.overflow || part.overflow;
+  if (part.row == ArgMax::kNoRow) return;
+  if (best.row == ArgMax::kNoRow || part.score > best.score || (part.score == best.score && ids[part.row] < ids[best.row])) {
+    best.score = part.score;
+    best.row = part.row;
+  }
+}
+
+float split_scale(std::span<float> query, float scale) {
+  float largest = 0.0f;
+  for (float x : query) largest = std::max(largest, std::fabs(x));
+  if (largest == 0.0f) return scale;  // a zero query scores 0 everywhere, whatever the split
+  // Exponents of normal floats run from -126 to 127; factor = scale * 2^e must stay in that range.
+  const int scale_exp = std::ilogb(static_cast<double>(scale));  // exact for subnormal scales too
+  const int e = std::clamp(std::ilogb(static_cast<double>(largest)), -126 - scale_exp, 127 - scale_exp);
+  for (float& x : query) x = std::ldexp(x, -e);
+  return static_cast<float>(std::ldexp(static_cast<double>(scale), e));
+}
 
 std::size_t choose_parts(std::size_t rows, std::size_t floats_per_row, std::size_t requested,
                          std::size_t max_parts) {
@@ -46,6 +65,7 @@ std::size_t choose_parts(std::size_t rows, std::size_t floats_per_row, std::size
 
 SoftScan soft_scan_split(const KernelTable& k, const float* query, float scale, const RowSpan& span,
                          std::size_t parts, std::size_t top_m) {
+  top_m = std::min(top_m, span.rows);
   std::vector<SoftmaxState> states(parts, SoftmaxState(span.value_dim));
   std::vector<std::optional<TopScores>> tops(parts);
   ThreadPool::shared().run(parts, [&](std::size_t p) {
@@ -63,9 +83,37 @@ SoftScan soft_scan_split(const KernelTable& k, const float* query, float scale, 
   return result;
 }
 
-ArgMax hard_scan_split(const KernelTable& k, const float* query, const RowSpan& span, std::size_t parts) {
+std::vector<float> blended_value(const KernelTable& k, const float* query, float scale, const RowSpan& span,
+                                 const SoftmaxState& state) {
+  std::vector<float> value(state.acc.size());
+  const float inv = 1.0f / state.sum;
+  for (std::size_t i = 0; i < value.size(); ++i) value[i] = state.acc[i] * inv;
+  if (all_finite(value) || !std::isfinite(state.lse())) return value;
+  // The same scores as the scan (the kernel's own routine), weighted and summed in double, whose
+  // range holds N * FLT_MAX for any N.
+  const std::size_t dv = span.value_dim;
+  std::vector<double> acc(dv, 0.0);
+  double sum = 0.0;
+  std::vector<float> scores(std::min(span.rows, kScanBlockRows));
+  for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
+    RowSpan block = span;
+    block.keys = span.keys + start * span.dim;
+    block.rows = std::min(kScanBlockRows, span.rows - start);
+    k.scores(query, scale, block, scores.data());
+    for (std::size_t r = 0; r < block.rows; ++r) {
+      const double w = std::exp(static_cast<double>(scores[r]) - static_cast<double>(state.max));
+      sum += w;
+      const float* v = span.values + (start + r) * dv;
+      for (std::size_t i = 0; i < dv; ++i) acc[i] += w * static_cast<double>(v[i]);
+    }
+  }
+  for (std::size_t i = 0; i < dv; ++i) value[i] = static_cast<float>(acc[i] / sum);
+  return value;
+}
+
+ArgMax hard_scan_split(const KernelTable& k, const float* query, float scale, const RowSpan& span, std::size_t parts) {
   std::vector<ArgMax> best(parts);
-  ThreadPool::shared().run(parts, [&](std::size_t p) { k.hard_scan(query, slice(span, p, parts), best[p]); });
+  ThreadPool::shared().run(parts, [&](std::size_t p) { k.hard_scan(query, scale, slice(span, p, parts), best[p]); });
   ArgMax merged;
   for (std::size_t p = 0; p < parts; ++p) {
     if (best[p].row != ArgMax::kNoRow) best[p].row += part_begin(span, p, parts);
@@ -75,7 +123,7 @@ ArgMax hard_scan_split(const KernelTable& k, const float* query, const RowSpan& 
 }
 
 std::vector<SoftmaxState> soft_scan_batch_split(const KernelTable& k, const float* queries, std::size_t nq,
-                                                float scale, const RowSpan& span, std::size_t parts) {
+                                                const float* scales, const RowSpan& span, std::size_t parts) {
   const std::size_t d = span.dim;
   const std::size_t dv = span.value_dim;
   // Per part: flat max/sum/acc arrays for all nq queries, which the kernel updates in place.
@@ -92,7 +140,7 @@ std::vector<SoftmaxState> soft_scan_batch_split(const KernelTable& k, const floa
     std::vector<float> scratch(batch_scratch_floats(kBatchChunk, d));
     for (std::size_t b = 0; b < nq; b += kBatchChunk) {
       const std::size_t n = std::min(kBatchChunk, nq - b);
-      k.soft_scan_batch(queries + b * d, n, scale, sub, st.max.data() + b, st.sum.data() + b,
+      k.soft_scan_batch(queries + b * d, n, scales + b, sub, st.max.data() + b, st.sum.data() + b,
                         st.acc.data() + b * dv, scratch.data());
     }
   });
@@ -110,7 +158,7 @@ std::vector<SoftmaxState> soft_scan_batch_split(const KernelTable& k, const floa
 }
 
 std::vector<ArgMax> hard_scan_batch_split(const KernelTable& k, const float* queries, std::size_t nq,
-                                          const RowSpan& span, std::size_t parts) {
+                                          const float* scales, const RowSpan& span, std::size_t parts) {
   const std::size_t d = span.dim;
   std::vector<std::vector<ArgMax>> part_best(parts, std::vector<ArgMax>(nq));
   ThreadPool::shared().run(parts, [&](std::size_t p) {
@@ -118,7 +166,7 @@ std::vector<ArgMax> hard_scan_batch_split(const KernelTable& k, const float* que
     std::vector<float> scratch(batch_scratch_floats(kBatchChunk, d));
     for (std::size_t b = 0; b < nq; b += kBatchChunk) {
       const std::size_t n = std::min(kBatchChunk, nq - b);
-      k.hard_scan_batch(queries + b * d, n, sub, part_best[p].data() + b, scratch.data());
+      k.hard_scan_batch(queries + b * d, n, scales + b, sub, part_best[p].data() + b, scratch.data());
     }
   });
   std::vector<ArgMax> merged(nq);
@@ -131,6 +179,19 @@ std::vector<ArgMax> hard_scan_batch_split(const KernelTable& k, const float* que
     }
   }
   return merged;
+}
+
+std::vector<TopScores::Item> top_k_scan(const KernelTable& k, const float* query, float scale, const RowSpan& span,
+                                        std::size_t top_k, std::size_t parts) {
+  top_k = std::min(top_k, span.rows);
+  parts = std::clamp<std::size_t>(parts, 1, std::max<std::size_t>(1, span.rows));
+  std::vector<std::optional<TopScores>> tops(parts);
+  ThreadPool::shared().run(parts, [&](std::size_t p) {
+    const RowSpan sub = slice(span, p, parts);
+    k.top_scan(query, scale, sub, tops[p].emplace(top_k, sub.ids));
+  });
+  for (std::size_t p = 1; p < parts; ++p) tops[0]->absorb(*tops[p]);
+  return tops[0]->sorted();
 }
 
 }  // namespace softkv::detail

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "simd/kernel_table.hpp"
@@ -15,25 +16,51 @@ namespace softkv::detail {
 std::size_t choose_parts(std::size_t rows, std::size_t floats_per_row, std::size_t requested,
                          std::size_t max_parts);
 
-/// The merged softmax over span and, if top_m > 0, its top_m rows (best first).
+/// The one rule for how a score s = scale * (q . k) is computed on every path (single, batch, hard,
+/// top-k): the query is multiplied in place by a power of two 2^-e chosen so that its largest |q_i|
+/// is near 1, and the returned factor is scale * 2^e, a normal float; every kernel then computes
+/// s = factor * (q' . k). Both multiplications by 2^e are exact, so s equals the correctly rounded
+/// scale * (q . k) wherever that product has no intermediate overflow; neither q . k (huge keys and
+/// queries, tiny scale) nor scale * q (huge scale and query) can overflow on the way. e is clamped
+/// so that factor stays a normal float.
+float split_scale(std::span<float> query, float scale);
+
+/// The merged softmax over span, its blended value and, if top_m > 0, its top_m rows (best first).
 struct SoftScan {
   SoftmaxState state;                    ///< merged (m, l, acc)
   std::vector<TopScores::Item> top;      ///< best rows, empty unless requested
 };
 
-/// One query over span in parts pieces (run on the shared pool), merged exactly.
+/// One query over span in parts pieces (run on the shared pool), merged exactly. top_m is clamped to
+/// the row count (nothing is reserved for contributors that cannot exist).
 SoftScan soft_scan_split(const KernelTable& k, const float* query, float scale, const RowSpan& span,
                          std::size_t parts, std::size_t top_m);
 
-/// Argmax over span in parts pieces; the returned row is absolute within span.
-ArgMax hard_scan_split(const KernelTable& k, const float* query, const RowSpan& span, std::size_t parts);
+/// The blended value acc / sum of a merged state over span, dv floats. The float accumulator
+/// overflows when values approach FLT_MAX / N although the answer, a convex combination of values,
+/// is representable: then (and only then, it costs a second pass) the blend is redone over span in
+/// double with the same scores. A state with a non-finite lse is returned as is (the caller reports
+/// numeric_overflow).
+std::vector<float> blended_value(const KernelTable& k, const float* query, float scale, const RowSpan& span,
+                                 const SoftmaxState& state);
 
-/// nq queries over span in parts pieces; one merged state per query.
+/// Argmax over span in parts pieces; the returned row is absolute within span.
+ArgMax hard_scan_split(const KernelTable& k, const float* query, float scale, const RowSpan& span, std::size_t parts);
+
+/// nq queries (query b scaled by scales[b]) over span in parts pieces; one merged state per query.
 std::vector<SoftmaxState> soft_scan_batch_split(const KernelTable& k, const float* queries, std::size_t nq,
-                                                float scale, const RowSpan& span, std::size_t parts);
+                                                const float* scales, const RowSpan& span, std::size_t parts);
 
 /// nq argmaxes over span in parts pieces; rows are absolute within span.
 std::vector<ArgMax> hard_scan_batch_split(const KernelTable& k, const float* queries, std::size_t nq,
-                                          const RowSpan& span, std::size_t parts);
+                                          const float* scales, const RowSpan& span, std::size_t parts);
+
+/// The top k rows of span by score (higher score, then smaller id), from a fused score + top-k pass
+/// over parts row slices; best first. Scores are bit-identical to the soft scan's.
+std::vector<TopScores::Item> top_k_scan(const KernelTable& k, const float* query, float scale, const RowSpan& span,
+                                        std::size_t top_k, std::size_t parts);
+
+/// Merges two argmaxes of the same span by (score, smaller id); an overflow in either carries over.
+void merge_argmax(const ArgMax& part, const std::uint64_t* ids, ArgMax& best);
 
 }  // namespace softkv::detail

@@ -17,10 +17,11 @@ struct SoftmaxState {
 
   explicit SoftmaxState(std::size_t value_dim) : acc(value_dim, 0.0f) {}
 
-  /// Folds other into this state: the result equals one pass over both subsets.
+  /// Folds other into this state: the result equals one pass over both subsets. A NaN in either
+  /// (a score that left the float range) stays NaN, so the merged answer fails as one pass would.
   void merge(const SoftmaxState& other) {
-    if (!(other.sum > 0.0f)) return;
-    if (!(sum > 0.0f)) {
+    if (other.sum == 0.0f) return;
+    if (sum == 0.0f) {
       *this = other;
       return;
     }

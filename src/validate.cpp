@@ -1,6 +1,7 @@
 // Boundary checks with messages that name the offending vector and element.
 #include "validate.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -29,6 +30,27 @@ std::size_t row_count(std::size_t size, std::size_t width, std::string_view what
     throw Error(ErrorCode::dimension_mismatch, std::string(what) + " has " + std::to_string(size) +
                                                    " floats, not a multiple of the row width " + std::to_string(width));
   return size / width;
+}
+
+void normalise_rows(std::span<float> rows, std::size_t d, std::string_view what) {
+  for (std::size_t r = 0; r * d < rows.size(); ++r) {
+    float* x = rows.data() + r * d;
+    // Dividing by the largest |x| first keeps the squares in range whatever the row's magnitude
+    // (a float norm would underflow below ~1e-19 and overflow above ~1e19; 1 / norm of a key
+    // below ~3e-39 overflows even in double-then-float).
+    double largest = 0.0;
+    for (std::size_t i = 0; i < d; ++i) largest = std::max(largest, std::fabs(static_cast<double>(x[i])));
+    if (!(largest > 0.0))
+      throw Error(ErrorCode::invalid_argument,
+                  std::string(what) + " row " + std::to_string(r) + " is a zero vector: it has no direction for cosine");
+    double norm2 = 0.0;
+    for (std::size_t i = 0; i < d; ++i) {
+      const double y = static_cast<double>(x[i]) / largest;
+      norm2 += y * y;
+    }
+    const double norm = std::sqrt(norm2);  // in [1, sqrt(d)]
+    for (std::size_t i = 0; i < d; ++i) x[i] = static_cast<float>(static_cast<double>(x[i]) / largest / norm);
+  }
 }
 
 }  // namespace softkv::detail

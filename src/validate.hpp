@@ -16,4 +16,10 @@ void check_finite(std::span<const float> values, std::string_view what, std::siz
 /// Number of rows in a row-major matrix of width; throws Error(dimension_mismatch) if size % width != 0.
 std::size_t row_count(std::size_t size, std::size_t width, std::string_view what);
 
+/// Scales each of the rows (row-major, width d) to unit length in place. Works for every finite
+/// row, however tiny or huge its elements (it divides by the largest |x| first, in double), so a
+/// normalised row is always finite. Throws Error(invalid_argument) naming `what` for a zero row:
+/// it has no direction.
+void normalise_rows(std::span<float> rows, std::size_t d, std::string_view what);
+
 }  // namespace softkv::detail

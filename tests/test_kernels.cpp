@@ -1,7 +1,10 @@
 // Every kernel path (scalar, sse2, avx2, avx512 where the CPU has them) against a double reference.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <random>
 #include <string>
 
 #include "reference.hpp"
@@ -103,10 +106,10 @@ TEST_CASE("split-and-merge equals the single pass to float rounding", "[kernels]
       // The contributors are a property of the scores, not of the split.
       REQUIRE(split.top.size() == one.top.size());
       for (std::size_t i = 0; i < one.top.size(); ++i) CHECK(split.top[i].id == one.top[i].id);
-      const ArgMax hs = hard_scan_split(*k, q.data(), rows.span(), parts);
-      const ArgMax h1 = hard_scan_split(*k, q.data(), rows.span(), 1);
+      const ArgMax hs = hard_scan_split(*k, q.data(), 1.0f, rows.span(), parts);
+      const ArgMax h1 = hard_scan_split(*k, q.data(), 1.0f, rows.span(), 1);
       CHECK(hs.row == h1.row);
-      CHECK(hs.dot == h1.dot);
+      CHECK(hs.score == h1.score);
     }
   }
 }
@@ -158,7 +161,8 @@ TEST_CASE("batched kernels equal looped single queries", "[kernels]") {
         Rows rows(700, d, dv, d + nq);
         const auto qs = test::normal_floats(nq * d, 99 + nq);
         const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-        const auto batch = soft_scan_batch_split(*k, qs.data(), nq, scale, rows.span(), 2);
+        const std::vector<float> scales(nq, scale);
+        const auto batch = soft_scan_batch_split(*k, qs.data(), nq, scales.data(), rows.span(), 2);
         for (std::size_t b = 0; b < nq; ++b) {
           const SoftScan one = soft_scan_split(*k, qs.data() + b * d, scale, rows.span(), 1, 0);
           CHECK(std::fabs(batch[b].lse() - one.state.lse()) <= 1e-5 * std::max(1.0, std::fabs(one.state.lse())));
@@ -171,11 +175,12 @@ TEST_CASE("batched kernels equal looped single queries", "[kernels]") {
         Rows ints(700, d, dv, 3 * d + nq);
         ints.keys = test::integer_floats(700 * d, d);
         const auto iq = test::integer_floats(nq * d, nq);
-        const auto hard = hard_scan_batch_split(*k, iq.data(), nq, ints.span(), 3);
+        const std::vector<float> ones(nq, 1.0f);
+        const auto hard = hard_scan_batch_split(*k, iq.data(), nq, ones.data(), ints.span(), 3);
         for (std::size_t b = 0; b < nq; ++b) {
-          const ArgMax one = hard_scan_split(*k, iq.data() + b * d, ints.span(), 1);
+          const ArgMax one = hard_scan_split(*k, iq.data() + b * d, 1.0f, ints.span(), 1);
           CHECK(hard[b].row == one.row);
-          CHECK(hard[b].dot == one.dot);
+          CHECK(hard[b].score == one.score);
         }
       }
     }
@@ -194,10 +199,135 @@ TEST_CASE("hard scan breaks ties by the smallest id, wherever the row sits", "[k
   for (const KernelTable* k : all_paths()) {
     for (std::size_t parts : {1u, 2u, 5u}) {
       INFO("path " << k->name << ", parts " << parts);
-      const ArgMax best = hard_scan_split(*k, q.data(), rows.span(), parts);
+      const ArgMax best = hard_scan_split(*k, q.data(), 1.0f, rows.span(), parts);
       CHECK(best.row == 900);  // id 4100, the smallest of 4990, 4500, 4100
-      const auto batch = hard_scan_batch_split(*k, q.data(), 1, rows.span(), parts);
+      const float one = 1.0f;
+      const auto batch = hard_scan_batch_split(*k, q.data(), 1, &one, rows.span(), parts);
       CHECK(batch[0].row == 900);
     }
+  }
+}
+
+TEST_CASE("split_scale moves a power of two between query and scale, exactly", "[kernels][numerics]") {
+  std::mt19937_64 rng(5);
+  for (float scale : {1e-40f, 1e-30f, 0.125f, 1.0f, 3.0f, 1e20f, 3e38f}) {
+    for (double magnitude : {0.0, 1e-44, 1e-30, 1.0, 1e20, 3e38}) {
+      INFO("scale " << scale << ", |q| ~ " << magnitude);
+      std::vector<float> q = test::normal_floats(9, rng());
+      for (float& x : q) x = static_cast<float>(std::clamp(x * magnitude, -3.4e38, 3.4e38));
+      std::vector<float> split = q;
+      const float factor = split_scale(split, scale);
+      float input_largest = 0;
+      for (float x : q) input_largest = std::max(input_largest, std::fabs(x));
+      if (input_largest > 0) REQUIRE(std::isnormal(factor));  // a zero query keeps the scale as it is
+      // factor * q'_i == scale * q_i exactly (in double, where neither product rounds).
+      const double moved = static_cast<double>(factor) / scale;
+      for (std::size_t i = 0; i < q.size(); ++i)
+        if (std::isnormal(split[i]))  // split elements far below the largest may fall among the denormals
+          CHECK(static_cast<double>(split[i]) * moved == static_cast<double>(q[i]));
+      float largest = 0;
+      for (float x : split) largest = std::max(largest, std::fabs(x));
+      if (input_largest > 0 && factor < 1e38f && factor > 1e-37f) {  // not clamped: |q'| in [1, 2)
+        CHECK(largest >= 1.0f);
+        CHECK(largest < 2.0f);
+      }
+    }
+  }
+}
+
+TEST_CASE("the fused top-k pass ranks the soft scan's own scores, ties to the smaller id", "[kernels]") {
+  const std::size_t n = 3000, d = 33;
+  Rows rows(n, d, 2, 17);
+  for (std::size_t r = 0; r < n; ++r) rows.ids[r] = (r * 7919) % 10007;  // ids not in row order
+  for (std::size_t r = 0; r < n; r += 11) std::copy_n(rows.keys.begin(), d, rows.keys.begin() + static_cast<std::ptrdiff_t>(r * d));  // ties
+  const auto q = test::normal_floats(d, 18);
+  for (const KernelTable* k : all_paths()) {
+    INFO("path " << k->name);
+    std::vector<float> scores(n);
+    k->scores(q.data(), 0.3f, rows.span(), scores.data());
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return scores[a] > scores[b] || (scores[a] == scores[b] && rows.ids[a] < rows.ids[b]);
+    });
+    for (std::size_t top : {1u, 40u, 300u, 3000u}) {
+      for (std::size_t parts : {1u, 3u}) {
+        INFO("k " << top << ", parts " << parts);
+        const auto got = top_k_scan(*k, q.data(), 0.3f, rows.span(), top, parts);
+        REQUIRE(got.size() == top);
+        for (std::size_t i = 0; i < top; ++i) {
+          CHECK(got[i].id == rows.ids[order[i]]);
+          CHECK(got[i].score == scores[order[i]]);  // bit for bit
+        }
+      }
+    }
+    // The soft scan's contributors carry the same bits.
+    const SoftScan soft = soft_scan_split(*k, q.data(), 0.3f, rows.span(), 2, 50);
+    for (std::size_t i = 0; i < 50; ++i) CHECK(soft.top[i].score == scores[order[i]]);
+  }
+}
+
+TEST_CASE("batched kernels take one scale per query", "[kernels]") {
+  const std::size_t d = 16, dv = 3, nq = 5;
+  Rows rows(600, d, dv, 19);
+  const auto qs = test::normal_floats(nq * d, 20);
+  const std::vector<float> scales = {0.01f, 0.5f, 1.0f, 4.0f, 1e-20f};
+  for (const KernelTable* k : all_paths()) {
+    INFO("path " << k->name);
+    const auto batch = soft_scan_batch_split(*k, qs.data(), nq, scales.data(), rows.span(), 2);
+    const auto hard = hard_scan_batch_split(*k, qs.data(), nq, scales.data(), rows.span(), 2);
+    for (std::size_t b = 0; b < nq; ++b) {
+      const auto ref = test::soft_reference(qs.data() + b * d, rows.keys.data(), rows.values.data(), 600, d, dv, scales[b]);
+      check_soft(batch[b], ref, test::max_abs(rows.values));
+      const ArgMax one = hard_scan_split(*k, qs.data() + b * d, scales[b], rows.span(), 1);
+      CHECK(hard[b].row == one.row);
+      CHECK(hard[b].score == Approx(one.score).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("hard scans flag +inf and NaN scores and never pick -inf", "[kernels][numerics]") {
+  const std::size_t d = 2;
+  std::vector<float> keys = {1, 0, 3e38f, 3e38f, -3e38f, -3e38f, 2, 0};
+  std::vector<std::uint64_t> ids = {0, 1, 2, 3};
+  const RowSpan span{keys.data(), nullptr, ids.data(), 4, d, 0};
+  for (const KernelTable* k : all_paths()) {
+    INFO("path " << k->name);
+    const float up[] = {10, 10};  // row 1 overflows to +inf
+    ArgMax a = hard_scan_split(*k, up, 1.0f, span, 1);
+    CHECK(a.overflow);
+    const float mixed[] = {10, -10};  // row 1: 3e39 - 3e39 = NaN in float
+    ArgMax b = hard_scan_split(*k, mixed, 1.0f, span, 2);
+    CHECK(b.overflow);
+    const float down[] = {-10, -10};  // row 1: -inf, never the answer; row 2 (+inf) overflows
+    ArgMax c = hard_scan_split(*k, down, 1.0f, span, 1);
+    CHECK(c.overflow);
+    const RowSpan first_two{keys.data(), nullptr, ids.data(), 2, d, 0};
+    ArgMax e = hard_scan_split(*k, down, 1.0f, first_two, 1);  // scores -10 and -inf: row 0 wins
+    CHECK_FALSE(e.overflow);
+    CHECK(e.row == 0);
+    const float batch_q[] = {10, 10, -10, -10, 1, 0};
+    const float ones[] = {1, 1, 1};
+    const auto h = hard_scan_batch_split(*k, batch_q, 3, ones, first_two, 1);
+    CHECK(h[0].overflow);
+    CHECK_FALSE(h[1].overflow);
+    CHECK(h[1].row == 0);
+    CHECK(h[2].row == 1);  // 3e38 beats 1
+  }
+}
+
+TEST_CASE("a blend whose float accumulator overflows is redone in double", "[kernels][numerics]") {
+  const std::size_t n = 1000, d = 4, dv = 2;
+  Rows rows(n, d, dv, 23);
+  for (std::size_t i = 0; i < n; ++i) rows.values[i * dv] = 3e38f, rows.values[i * dv + 1] = -1e38f * (1 + i % 3);
+  const auto q = test::normal_floats(d, 24);
+  const auto ref = test::soft_reference(q.data(), rows.keys.data(), rows.values.data(), n, d, dv, 0.1);
+  for (const KernelTable* k : all_paths()) {
+    INFO("path " << k->name);
+    const SoftScan s = soft_scan_split(*k, q.data(), 0.1f, rows.span(), 2, 0);
+    CHECK_FALSE(std::isfinite(s.state.acc[0]));  // the float accumulator did overflow
+    const std::vector<float> v = blended_value(*k, q.data(), 0.1f, rows.span(), s.state);
+    CHECK(v[0] == Approx(ref.value[0]).epsilon(1e-6));
+    CHECK(v[1] == Approx(ref.value[1]).epsilon(1e-5));
   }
 }

@@ -123,6 +123,12 @@ TEST_CASE("adaptive epsilon meets its target with the flat index", "[pruning]") 
         INFO("clusters " << clusters << ", epsilon " << eps << ", query " << seed);
         const SoftResult r = c.query_soft(q, {.temperature = 0.5f, .epsilon = eps});
         CHECK(r.tail_bound <= eps);
+        if (r.candidates < n) {  // the prefix of one wide pass is exactly a fresh top-k pass
+          const SoftResult same_k = c.query_soft(q, {.temperature = 0.5f, .top_k = r.candidates});
+          CHECK(same_k.value == r.value);
+          CHECK(same_k.lse == r.lse);
+          CHECK(same_k.tail_bound == r.tail_bound);
+        }
         const double scale = 1.0 / (std::sqrt(static_cast<double>(d)) * 0.5);
         if (r.candidates < n) {
           const TopKReference ref = top_k_reference(q, keys, values, n, d, dv, scale, r.candidates);
@@ -184,4 +190,86 @@ TEST_CASE("pruning parameters are validated", "[pruning][errors]") {
   const SoftResult r = flat.query_soft(q, {.top_k = 50});
   CHECK(r.candidates == 1);
   CHECK(r.tail_bound == 0.0);
+}
+
+TEST_CASE("the sampled check bounds omitted mass that the k-th score does not", "[pruning][check]") {
+  // Candidates that an approximate index could return: rows of low score, while half of the omitted
+  // rows score far higher. The estimate from the k-th score misses that mass; the check does not.
+  const std::size_t n = 20000, d = 8, k = 32;
+  std::vector<float> keys(n * d, 0.0f);
+  std::vector<std::uint64_t> ids(n);
+  std::iota(ids.begin(), ids.end(), 0);
+  for (std::size_t i = 0; i < n; ++i) keys[i * d] = i % 2 == 0 ? 2.0f : 1.0f;  // even rows score higher
+  std::vector<std::size_t> candidates;
+  for (std::size_t i = 0; i < k; ++i) candidates.push_back(2 * i + 1);  // odd (low) rows only
+  const std::vector<float> q = {1, 0, 0, 0, 0, 0, 0, 0};
+  const detail::RowSpan span{keys.data(), nullptr, ids.data(), n, d, 0};
+  for (std::string_view name : available_simd_paths()) {
+    INFO("path " << name);
+    const detail::KernelTable& kernels = *detail::kernels_named(name);
+    for (double scale : {0.5, 3.0}) {
+      INFO("scale " << scale);
+      const double lse_k = std::log(static_cast<double>(k)) + scale * 1.0;
+      const double truth = (n / 2.0 * std::exp(2.0 * scale) + (n / 2.0 - k) * std::exp(scale)) /
+                           (n / 2.0 * std::exp(2.0 * scale) + (n / 2.0) * std::exp(scale));
+      const double estimate = detail::tail_bound(n, k, scale * 1.0, lse_k);
+      const double checked = detail::sampled_tail(kernels, q.data(), static_cast<float>(scale), span, candidates, scale * 1.0, lse_k, 256);
+      CHECK(estimate < truth);  // the unchecked estimate is violated
+      CHECK(checked >= truth);  // the checked bound holds
+      CHECK(checked <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("the sampled check is exact when every omitted row fits in the sample", "[pruning][check]") {
+  const std::size_t n = 300, d = 6, dv = 2;
+  const auto keys = make_keys(n, d, 0, 41);
+  const auto values = test::normal_floats(n * dv, 42);
+  std::vector<std::uint64_t> ids(n);
+  std::iota(ids.begin(), ids.end(), 0);
+  const detail::RowSpan span{keys.data(), values.data(), ids.data(), n, d, dv};
+  const auto q = test::normal_floats(d, 43);
+  const float scale = 0.7f;
+  const auto full = test::soft_reference(q.data(), keys.data(), values.data(), n, d, dv, scale);
+  std::vector<std::size_t> candidates;
+  for (std::size_t i = 0; i < n; i += 3) candidates.push_back(i);  // any 100 rows
+  double kept = 0, lse_k = -INFINITY, kth = INFINITY;
+  for (std::size_t r : candidates) {
+    kept += full.weights[r];
+    lse_k = std::max(lse_k, full.scores[r]);
+    kth = std::min(kth, full.scores[r]);
+  }
+  lse_k = std::log(kept) + full.lse;  // log of the candidates' sum of e^s
+  for (std::string_view name : available_simd_paths()) {
+    INFO("path " << name);
+    const double checked = detail::sampled_tail(*detail::kernels_named(name), q.data(), scale, span, candidates, kth, lse_k, 256);
+    CHECK(checked == Approx(1.0 - kept).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("an approximate index with the sampled check reports a bound at least its estimate", "[pruning][check]") {
+  const std::size_t n = 3000, d = 16, dv = 2;
+  const auto keys = make_keys(n, d, 30, 51);
+  CollectionConfig config{d, dv, Metric::dot, {}, {.kind = IndexKind::ivf, .ivf_nlist = 16, .ivf_train_size = 1000}};
+  Collection c(config);
+  c.add_batch(keys, test::normal_floats(n * dv, 52));
+  c.wait_until_indexed();
+  for (std::uint64_t seed = 0; seed < 10; ++seed) {
+    const auto q = test::normal_floats(d, 60 + seed);
+    const SoftResult plain = c.query_soft(q, {.top_k = 32, .nprobe = 1});
+    const SoftResult checked = c.query_soft(q, {.top_k = 32, .nprobe = 1, .check_sample = 256});
+    REQUIRE(plain.searched_with == IndexKind::ivf);
+    CHECK_FALSE(checked.tail_bound_guaranteed);
+    CHECK(checked.tail_bound >= plain.tail_bound);
+    CHECK(checked.value == plain.value);  // the check changes the bound, never the answer
+    // With epsilon, the checked bound is what must meet it (or the exact scan answers).
+    const SoftResult adaptive = c.query_soft(q, {.epsilon = 0.05f, .nprobe = 1, .check_sample = 256});
+    CHECK((adaptive.tail_bound <= 0.05 || adaptive.candidates == n));
+  }
+  CollectionConfig flat_config{d, dv, Metric::dot, {}, {.kind = IndexKind::flat}};
+  Collection flat(flat_config);
+  flat.add_batch(keys, test::normal_floats(n * dv, 52));
+  const auto q = test::normal_floats(d, 70);
+  CHECK(flat.query_soft(q, {.top_k = 32, .check_sample = 256}).tail_bound ==
+        flat.query_soft(q, {.top_k = 32}).tail_bound);  // flat: already a guarantee, nothing to check
 }

@@ -612,3 +612,200 @@ TEST_CASE("a full disk at shutdown: the failed snapshot is logged, the exit is c
   Client client(again.client());
   CHECK(client.describe("c").size == acknowledged);
 }
+
+namespace {
+
+// One request at a time over a raw socket, so that every field can be sent as it is (the client
+// library checks some of them before sending). Returns the reply, or nullopt if the server closed.
+struct Exchange {
+  int fd = -1;
+  std::uint16_t port = 0;
+  explicit Exchange(std::uint16_t p) : fd(connect_raw(p)), port(p) {}
+  ~Exchange() { ::close(fd); }
+  std::optional<std::pair<wire::Frame, std::vector<std::byte>>> send(const std::vector<std::byte>& frame) {
+    for (std::size_t at = 0; at < frame.size();) {
+      const ssize_t n = ::send(fd, frame.data() + at, frame.size() - at, MSG_NOSIGNAL);
+      if (n <= 0) return std::nullopt;
+      at += std::size_t(n);
+    }
+    std::vector<std::byte> buffer;
+    for (;;) {
+      const wire::FrameScan scan = wire::scan_frame(buffer, wire::kDefaultMaxFrame + 1024);
+      if (scan.status == wire::FrameScan::Status::complete) {
+        buffer.resize(scan.size);
+        const wire::FrameScan again = wire::scan_frame(buffer, wire::kDefaultMaxFrame + 1024);
+        return std::pair{again.frame, std::move(buffer)};
+      }
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 30000) <= 0) return std::nullopt;
+      std::byte chunk[65536];
+      const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+      if (n <= 0) return std::nullopt;
+      buffer.insert(buffer.end(), chunk, chunk + n);
+    }
+  }
+  void reconnect() {
+    ::close(fd);
+    fd = connect_raw(port);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("every integer field of every request at its extremes is answered or refused with a typed error, in bounded memory, and the directory reopens", "[server][extremes]") {
+  const std::uint64_t u64s[] = {0, 1, (1ull << 31) - 1, 1ull << 31, (1ull << 32) - 1, 1ull << 32, 1ull << 63, ~0ull - 1, ~0ull};
+  std::vector<std::uint64_t> u32s;
+  for (std::uint64_t v : u64s)
+    if (v <= 0xFFFFFFFFull) u32s.push_back(v);
+  test::TempDir dir;
+  std::vector<std::string> accepted;
+  {
+    ServerProcess server(dir.path);
+    Exchange x(server.port);
+    std::uint64_t request_id = 0;
+    int answered = 0, refused = 0;
+    // Sends a request; the reply must carry its id and be a reply to it or a typed error that leaves
+    // the connection usable. Returns the error code (0 for success).
+    auto ask = [&](const wire::Request& request, std::uint64_t id) -> int {
+      const auto reply = x.send(wire::encode_request(request, id));
+      REQUIRE(reply.has_value());  // the server answered and did not close
+      const wire::Frame& f = reply->first;
+      CHECK(f.request_id == id);
+      if (f.opcode == wire::kErrorOpcode) {
+        const auto e = std::get<wire::ErrorReply>(wire::decode_reply(wire::opcode_of(request), f));
+        CHECK(e.code != ErrorCode::internal);
+        CHECK(e.code != ErrorCode::protocol_error);  // every request here is well formed
+        ++refused;
+        return int(e.code);
+      }
+      CHECK(f.opcode == (std::uint8_t(wire::opcode_of(request)) | wire::kReplyBit));
+      ++answered;
+      return 0;
+    };
+    const long rss_before = server.rss_kib();
+    for (std::uint64_t id : u64s) CHECK(ask(wire::Ping{}, id) == 0);  // request ids at their extremes
+    for (std::uint64_t v : {0ull, 1ull, 65534ull, 65535ull}) CHECK(ask(wire::Hello{std::uint16_t(v)}, ++request_id) == 0);
+    REQUIRE(ask(wire::Create{"base", {3, 2, Metric::dot, {}, {}}}, ++request_id) == 0);
+    CollectionConfig flat_config{3, 2, Metric::dot, {}, {}};
+    flat_config.index.kind = IndexKind::flat;
+    REQUIRE(ask(wire::Create{"flat", flat_config}, ++request_id) == 0);
+    CollectionConfig hnsw_config{3, 2, Metric::dot, {}, {}};
+    hnsw_config.index.kind = IndexKind::hnsw;
+    REQUIRE(ask(wire::Create{"hnsw", hnsw_config}, ++request_id) == 0);
+    accepted = {"base", "flat", "hnsw"};
+    std::vector<float> keys, values;
+    for (int i = 0; i < 50; ++i) {
+      const auto k = key_of(std::uint64_t(i));
+      keys.insert(keys.end(), {k[0], k[1], k[2]});
+      values.insert(values.end(), {float(i), -float(i)});
+    }
+    REQUIRE(ask(wire::Add{"base", keys, values}, ++request_id) == 0);
+    REQUIRE(ask(wire::Add{"flat", keys, values}, ++request_id) == 0);
+    REQUIRE(ask(wire::Add{"hnsw", keys, values}, ++request_id) == 0);
+    std::this_thread::sleep_for(500ms);  // the HNSW graph of 50 rows builds in the background meanwhile
+
+    // CollectionConfig: every integer field at every extreme its type holds.
+    using Set = std::function<void(CollectionConfig&, std::uint64_t)>;
+    const std::pair<const char*, Set> config_fields[] = {
+        {"dim", [](CollectionConfig& c, std::uint64_t v) { c.dim = v; }},
+        {"value_dim", [](CollectionConfig& c, std::uint64_t v) { c.value_dim = v; }},
+        {"hnsw_m", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::hnsw, c.index.hnsw_m = v; }},
+        {"ef_construction", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::hnsw, c.index.hnsw_ef_construction = v; }},
+        {"ivf_nlist", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::ivf, c.index.ivf_nlist = v; }},
+        {"ivf_train_size", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::ivf, c.index.ivf_train_size = v; }},
+        {"auto_threshold", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::automatic, c.index.auto_threshold = v; }},
+    };
+    int n = 0;
+    for (const auto& [field, set] : config_fields) {
+      const bool wide = std::string(field) == "ivf_train_size" || std::string(field) == "auto_threshold";  // u64 on the wire
+      for (std::uint64_t v : wide ? std::vector<std::uint64_t>(std::begin(u64s), std::end(u64s)) : u32s) {
+        CAPTURE(field, v);
+        CollectionConfig config{3, 2, Metric::dot, {}, {}};
+        set(config, v);
+        const std::string name = "x" + std::to_string(n++);
+        const int code = ask(wire::Create{name, config}, ++request_id);
+        if (code != 0) {
+          CHECK(code == int(ErrorCode::invalid_argument));
+          continue;
+        }
+        accepted.push_back(name);
+        if (config.dim <= 64 && config.value_dim <= 64)  // rows, so that index builds run on them
+          CHECK(ask(wire::Add{name, std::vector<float>(20 * config.dim, 1.0f), std::vector<float>(20 * config.value_dim, 2.0f)},
+                    ++request_id) == 0);
+      }
+    }
+    for (std::uint64_t v : {0ull, 1ull, 2ull, 254ull, 255ull}) {  // the u8 enums
+      CollectionConfig metric{3, 2, static_cast<Metric>(v), {}, {}};
+      CollectionConfig kind{3, 2, Metric::dot, {}, {}};
+      kind.index.kind = static_cast<IndexKind>(v);
+      for (const CollectionConfig& c : {metric, kind}) {
+        const std::string name = "x" + std::to_string(n++);
+        const int code = ask(wire::Create{name, c}, ++request_id);
+        if (code == 0) accepted.push_back(name);
+        else CHECK(code == int(ErrorCode::invalid_argument));
+      }
+    }
+
+    // QueryOptions: top_m, top_k, ef_search and nprobe at every u32 extreme, soft and hard, on an
+    // exact and a flat collection. top_m is clamped to the collection's size.
+    using Opt = std::function<void(QueryOptions&, std::uint64_t)>;
+    const std::pair<const char*, Opt> option_fields[] = {
+        {"top_m", [](QueryOptions& o, std::uint64_t v) { o.top_m = v; }},
+        {"top_k", [](QueryOptions& o, std::uint64_t v) { o.top_k = v; }},
+        {"ef_search", [](QueryOptions& o, std::uint64_t v) { o.ef_search = v, o.top_k = 5; }},
+        {"nprobe", [](QueryOptions& o, std::uint64_t v) { o.nprobe = v, o.top_k = 5; }},
+    };
+    for (const auto& [field, set] : option_fields)
+      for (std::uint64_t v : u32s)
+        for (const char* name : {"base", "flat", "hnsw"})
+          for (wire::QueryKind kind : {wire::QueryKind::soft, wire::QueryKind::hard}) {
+            CAPTURE(field, v, name, int(kind));
+            QueryOptions o;
+            set(o, v);
+            const wire::Query q{name, kind, o, {1.0f, 0.5f, -0.25f}};
+            const std::uint64_t id = ++request_id;
+            const auto reply = x.send(wire::encode_request(q, id));
+            REQUIRE(reply.has_value());
+            const wire::Reply r = wire::decode_reply(wire::Opcode::query, reply->first, kind);
+            if (const auto* e = std::get_if<wire::ErrorReply>(&r)) {
+              CHECK((e->code == ErrorCode::invalid_argument));
+              ++refused;
+            } else if (const auto* soft = std::get_if<wire::SoftReply>(&r)) {
+              REQUIRE(soft->results.size() == 1);
+              CHECK(soft->results[0].top.size() == std::min<std::uint64_t>(o.top_m, 50));
+              CHECK(std::isfinite(soft->results[0].lse));
+              ++answered;
+            } else {
+              const auto& hard = std::get<wire::HardReply>(r);
+              REQUIRE(hard.results.size() == 1);
+              // Whatever the search effort, the answer is the true argmax: key_of(49) scores highest.
+              CHECK(hard.results[0].id == 49);
+              ++answered;
+            }
+          }
+
+    // Ids at their extremes: get, upsert, remove.
+    for (std::uint64_t id : u64s) {
+      CAPTURE(id);
+      const int got = ask(wire::Get{"base", id}, ++request_id);
+      CHECK((got == 0 || got == int(ErrorCode::unknown_id)));
+      const int put = ask(wire::Upsert{"base", {id}, {1.0f, 2.0f, 3.0f}, {4.0f, 5.0f}}, ++request_id);
+      CHECK(put == (id == kReservedId ? int(ErrorCode::invalid_argument) : 0));
+      const int removed = ask(wire::Remove{"base", {id}}, ++request_id);
+      CHECK(removed == (id == kReservedId ? int(ErrorCode::unknown_id) : 0));
+    }
+    CHECK(answered > 100);
+    CHECK(refused > 50);
+    // Nothing above may cost the server much memory (a request once reserved top_m slots up front).
+    CHECK(server.rss_kib() - rss_before < 256 * 1024);
+    CHECK(ask(wire::Snapshot{}, ++request_id) == 0);
+    const int status = server.stop(SIGTERM);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  ServerProcess again(dir.path);  // every accepted configuration loads again
+  Client client(again.client());
+  std::vector<std::string> names = client.list_collections();
+  std::sort(accepted.begin(), accepted.end());
+  CHECK(names == accepted);
+}

@@ -80,10 +80,15 @@ struct QueryOptions {
   /// Adaptive pruning: k doubles from 16 until tail_bound <= epsilon, in (0, 1); exclusive with top_k.
   /// Past a quarter of the collection the query falls back to the exact scan.
   std::optional<float> epsilon;
-  /// HNSW: candidate list size of the graph search (>= top_k is useful; 64 at least is advised).
+  /// HNSW: candidate list size of the graph search (>= top_k is useful; 64 at least is advised);
+  /// any value is accepted and clamped to [k, index size].
   std::size_t ef_search = 64;
-  /// IVF: inverted lists visited per query.
+  /// IVF: inverted lists visited per query; any value is accepted and clamped to [1, nlist].
   std::size_t nprobe = 16;
+  /// HNSW/IVF pruning: rows sampled outside the candidates and scored exactly to check the tail
+  /// estimate (README, "Sampled check"); with epsilon, k grows until the checked value meets it.
+  /// 0: no check. Ignored for flat, whose bound is already a guarantee.
+  std::size_t check_sample = 0;
   /// Hard retrieval: scan every key even when the collection has an index.
   bool exact = false;
 };
@@ -127,6 +132,18 @@ struct HardBatchResult {
   std::vector<std::uint64_t> ids;   ///< B winning ids
   std::vector<float> scores;        ///< B winning scores
   std::vector<float> values;        ///< B x dv winning values
+};
+
+/// Which answer a query wants.
+enum class Retrieval : std::uint8_t {
+  soft = 0,  ///< the softmax-weighted blend of the values
+  hard = 1,  ///< the value of the best key
+};
+
+/// Answers to n queries, in query order: one shape for the library, the server and the clients.
+struct QueryResults {
+  std::vector<SoftResult> soft;  ///< n results for Retrieval::soft (empty for hard)
+  std::vector<HardResult> hard;  ///< n results for Retrieval::hard (empty for soft)
 };
 
 /// One stored entry, as returned by get().
@@ -216,10 +233,17 @@ class Collection {
   /// for an inconsistent image (row sizes, an id twice, an id at or above next_id).
   [[nodiscard]] static Collection restore(CollectionImage image, std::string* note = nullptr);
 
+  /// The one query entry point: n >= 1 row-major queries (n x d), soft or hard. It picks the path
+  /// itself: the fused batch kernels (n > 1, soft without top_m/top_k/epsilon; hard unless an
+  /// hnsw/ivf/automatic index answers it), else each query on its own (query_soft / query_hard,
+  /// pruned when asked). Each answer equals what that path's method returns, bit for bit; a batch
+  /// answer has candidates = N, tail_bound 0 and no contributors. Throws the first query's error.
+  [[nodiscard]] QueryResults query(std::span<const float> queries, Retrieval kind, const QueryOptions& options = {}) const;
   /// Soft retrieval: softmax(s) . V over every entry. Throws on empty collection or bad query.
   [[nodiscard]] SoftResult query_soft(std::span<const float> query, const QueryOptions& options = {}) const;
   /// Hard retrieval: the value of argmax s_i (ties: smallest id). Only the keys are read. With an
-  /// HNSW or IVF index (and !options.exact) the index's top-1 is taken, which may miss the true best.
+  /// HNSW or IVF index (and !options.exact) the best of the index's top 64 is taken (rescored, ties
+  /// to the smallest id among them), which may miss the true best.
   [[nodiscard]] HardResult query_hard(std::span<const float> query, const QueryOptions& options = {}) const;
   /// Soft retrieval for B row-major queries (B x d); reads the entries once for all of them.
   /// Contributors are not reported in batches: options.top_m must be 0.

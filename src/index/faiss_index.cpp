@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 
 #include "index/pruning_index.hpp"
@@ -226,28 +227,40 @@ class PositionalIndex final : public PruningIndex {
     }
   }
 
-  [[nodiscard]] std::vector<std::uint64_t> search(const float* query, const RowSpan&,
-                                                  const IndexSearch& p) const override {
-    std::vector<std::uint64_t> ids;
-    if (!current_.index || p.k == 0) return ids;
+  // All n queries in one FAISS call. Dead positions are filtered out afterwards, so each query asks
+  // for enough extra results to cover the dead share; queries left short are asked again, wider.
+  [[nodiscard]] std::vector<std::vector<std::uint64_t>> search(const float* queries, const float*, std::size_t n,
+                                                               const RowSpan& all, const IndexSearch& p) const override {
+    std::vector<std::vector<std::uint64_t>> ids(n);
+    if (!current_.index || p.k == 0 || n == 0) return ids;
     const auto total = static_cast<std::size_t>(current_.index->ntotal);
     const std::size_t dead = current_.dead;
-    // Ask for enough extra results to cover the dead positions we expect to filter out; retry wider if not.
     std::size_t ask = std::min(total, p.k + p.k * dead / std::max<std::size_t>(1, total - dead) + 8);
     OmpThreads one(1);
-    for (;;) {
-      std::vector<float> scores(ask);
-      std::vector<Label> labels(ask);
-      run_search(query, ask, p, scores.data(), labels.data());
-      ids.clear();
-      for (Label l : labels) {
-        if (l < 0 || current_.dead_at[static_cast<std::size_t>(l)]) continue;
-        ids.push_back(current_.id_at[static_cast<std::size_t>(l)]);
-        if (ids.size() == p.k) return ids;
+    std::vector<std::size_t> pending(n);  // queries still short of p.k live results
+    for (std::size_t i = 0; i < n; ++i) pending[i] = i;
+    while (!pending.empty()) {
+      std::vector<float> batch(pending.size() * all.dim);
+      for (std::size_t j = 0; j < pending.size(); ++j)
+        std::copy_n(queries + pending[j] * all.dim, all.dim, batch.begin() + static_cast<std::ptrdiff_t>(j * all.dim));
+      std::vector<float> scores(pending.size() * ask);
+      std::vector<Label> labels(pending.size() * ask);
+      run_search(batch.data(), pending.size(), ask, p, scores.data(), labels.data());
+      std::vector<std::size_t> short_of_k;
+      for (std::size_t j = 0; j < pending.size(); ++j) {
+        std::vector<std::uint64_t>& out = ids[pending[j]];
+        out.clear();
+        for (std::size_t c = 0; c < ask && out.size() < p.k; ++c) {
+          const Label l = labels[j * ask + c];
+          if (l < 0 || current_.dead_at[static_cast<std::size_t>(l)]) continue;
+          out.push_back(current_.id_at[static_cast<std::size_t>(l)]);
+        }
+        if (out.size() < p.k && ask < total) short_of_k.push_back(pending[j]);
       }
-      if (ask >= total) return ids;
+      pending = std::move(short_of_k);
       ask = std::min(total, ask * 2);
     }
+    return ids;
   }
 
  private:
@@ -269,15 +282,20 @@ class PositionalIndex final : public PruningIndex {
     return std::max<std::size_t>(1, std::min(by_size, n / 39));
   }
 
-  void run_search(const float* query, std::size_t k, const IndexSearch& p, float* scores, Label* labels) const {
+  // FAISS takes int efSearch and size_t nprobe: ef_search is clamped to [k, positions] (a longer
+  // list than the graph has nodes visits nothing more, and anything past INT_MAX would wrap), nprobe
+  // to [1, nlist].
+  void run_search(const float* queries, std::size_t n, std::size_t k, const IndexSearch& p, float* scores, Label* labels) const {
+    const auto total = static_cast<std::size_t>(current_.index->ntotal);
     if (is_hnsw()) {
       faiss::SearchParametersHNSW params;  // its efSearch default (16) would override the index's: always set it
-      params.efSearch = static_cast<int>(std::max(p.ef_search, k));
-      current_.index->search(1, query, static_cast<Label>(k), scores, labels, &params);
+      const std::size_t ef = std::clamp(p.ef_search, k, std::max(k, total));
+      params.efSearch = static_cast<int>(std::min<std::size_t>(ef, std::numeric_limits<int>::max()));
+      current_.index->search(static_cast<Label>(n), queries, static_cast<Label>(k), scores, labels, &params);
     } else {
       faiss::SearchParametersIVF params;
-      params.nprobe = std::max<std::size_t>(1, p.nprobe);
-      current_.index->search(1, query, static_cast<Label>(k), scores, labels, &params);
+      params.nprobe = std::clamp<std::size_t>(p.nprobe, 1, static_cast<const faiss::IndexIVF&>(*current_.index).nlist);
+      current_.index->search(static_cast<Label>(n), queries, static_cast<Label>(k), scores, labels, &params);
     }
   }
 

@@ -1,16 +1,16 @@
-// The flat index: FAISS's exact inner-product top-k run directly over the collection's key storage.
-#include <faiss/utils/distances.h>
-
+// The flat index: softkv's own fused score + top-k pass over the collection's key storage.
 #include <algorithm>
-#include <limits>
 
 #include "index/pruning_index.hpp"
-#include "thread_pool.hpp"
+#include "scan.hpp"
 
 namespace softkv::detail {
 namespace {
 
 // Stateless: it searches the live storage, so writes need no bookkeeping and never disagree with it.
+// It ranks with the active kernel's own scores (ties to the smaller id), bit-identical to the
+// scores the softmax over the candidates and the exact scan use: no omitted key can score above
+// the k-th candidate, so the tail bound holds by construction, not by agreement with FAISS's rounding.
 class FlatIndex final : public PruningIndex {
  public:
   [[nodiscard]] IndexKind kind() const override { return IndexKind::flat; }
@@ -19,30 +19,16 @@ class FlatIndex final : public PruningIndex {
   void put(std::span<const std::uint64_t>, const float*, const RowSpan&) override {}
   void erase(std::uint64_t, const RowSpan&) override {}
 
-  // The rows are cut into p.parts slices searched on the scan pool (each FAISS call on one OpenMP
-  // thread); the true top k is among the slices' top k, so merging them keeps the search exact.
-  [[nodiscard]] std::vector<std::uint64_t> search(const float* query, const RowSpan& all,
-                                                  const IndexSearch& p) const override {
-    const std::size_t k = std::min(p.k, all.rows);
-    const std::size_t parts = std::clamp<std::size_t>(p.parts, 1, all.rows);
-    std::vector<float> scores(parts * k, -std::numeric_limits<float>::infinity());
-    std::vector<std::int64_t> rows(parts * k, -1);
-    ThreadPool::shared().run(parts, [&](std::size_t part) {
-      const std::size_t begin = all.rows * part / parts, end = all.rows * (part + 1) / parts;
-      const std::size_t kp = std::min(k, end - begin);
-      OmpThreads one(1);
-      faiss::knn_inner_product(query, all.keys + begin * all.dim, all.dim, 1, end - begin, kp, &scores[part * k], &rows[part * k]);
-      for (std::size_t j = 0; j < kp; ++j)
-        if (rows[part * k + j] >= 0) rows[part * k + j] += static_cast<std::int64_t>(begin);
-    });
-    std::vector<std::size_t> order(parts * k);
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                      [&](std::size_t a, std::size_t b) { return scores[a] > scores[b]; });
-    std::vector<std::uint64_t> ids;
-    ids.reserve(k);
-    for (std::size_t i = 0; i < k; ++i)
-      if (rows[order[i]] >= 0) ids.push_back(all.ids[rows[order[i]]]);
+  // One fused pass per query (each spread over p.parts row slices): a pass is memory-bound, and
+  // the scores must be the single-query kernel's, bit for bit, for the bound to hold by construction.
+  [[nodiscard]] std::vector<std::vector<std::uint64_t>> search(const float* queries, const float* scales, std::size_t n,
+                                                               const RowSpan& all, const IndexSearch& p) const override {
+    std::vector<std::vector<std::uint64_t>> ids(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::vector<TopScores::Item> top = top_k_scan(kernels(), queries + i * all.dim, scales[i], all, p.k, p.parts);
+      ids[i].resize(top.size());
+      std::transform(top.begin(), top.end(), ids[i].begin(), [](const TopScores::Item& item) { return item.id; });
+    }
     return ids;
   }
 };

@@ -14,7 +14,7 @@ namespace softkv::detail {
 
 /// Per-query search effort.
 struct IndexSearch {
-  std::size_t k = 0;          ///< candidates wanted
+  std::size_t k = 0;          ///< candidates wanted per query
   std::size_t ef_search = 64; ///< HNSW candidate list
   std::size_t nprobe = 16;    ///< IVF lists visited
   std::size_t parts = 1;      ///< row slices an exhaustive (flat) search runs in parallel
@@ -66,9 +66,13 @@ class PruningIndex {
   /// otherwise returns false and changes nothing. The bytes must be intact (checksummed by the caller).
   virtual bool load(std::span<const std::byte>, const RowSpan&) { return false; }
 
-  /// Ids of up to p.k of the best keys for query (live entries only; order unspecified).
-  [[nodiscard]] virtual std::vector<std::uint64_t> search(const float* query, const RowSpan& all,
-                                                          const IndexSearch& p) const = 0;
+  /// Batch-first, as FAISS is: for each of n row-major queries (n x d, query i split by split_scale
+  /// with factor scales[i], so that its scores are scales[i] * (query . k)), the ids of up to p.k of
+  /// its best keys (live entries only). An exact_top_k() index returns them best first (higher score,
+  /// then smaller id); for the others the order is unspecified, and they may rank by query . k alone
+  /// (the same order up to rounding).
+  [[nodiscard]] virtual std::vector<std::vector<std::uint64_t>> search(const float* queries, const float* scales, std::size_t n,
+                                                                       const RowSpan& all, const IndexSearch& p) const = 0;
 };
 
 /// The index for a collection's configuration; null for IndexKind::exact.

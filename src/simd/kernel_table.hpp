@@ -19,8 +19,8 @@ inline constexpr std::size_t kBatchLanes = 16;
 constexpr std::size_t batch_lanes(std::size_t nq) { return (nq + kBatchLanes - 1) / kBatchLanes * kBatchLanes; }
 
 /// Floats of scratch a batched kernel needs for nq queries of dimension d: the transposed queries
-/// (d x lanes), one block of scores (kScanBlockRows x lanes) and two per-lane vectors.
-constexpr std::size_t batch_scratch_floats(std::size_t nq, std::size_t d) { return batch_lanes(nq) * (d + kScanBlockRows + 2); }
+/// (d x lanes), one block of scores (kScanBlockRows x lanes) and three per-lane vectors.
+constexpr std::size_t batch_scratch_floats(std::size_t nq, std::size_t d) { return batch_lanes(nq) * (d + kScanBlockRows + 3); }
 
 /// A contiguous slice of a collection's storage (row-major keys and values).
 struct RowSpan {
@@ -42,36 +42,50 @@ class ScoreSink {
   ~ScoreSink() = default;
 };
 
-/// Best raw dot product seen so far and its row; row == kNoRow before any row is seen.
+/// Best score seen so far and its row; row == kNoRow before any row with a score above -inf is seen.
+/// A score of +inf or NaN (the true score left the float range) sets overflow instead: it has no
+/// place in the ranking, and the query must fail as a soft query would (numeric_overflow).
 struct ArgMax {
   static constexpr std::size_t kNoRow = std::numeric_limits<std::size_t>::max();
-  float dot = -std::numeric_limits<float>::infinity();  ///< unscaled similarity
-  std::size_t row = kNoRow;                             ///< row within the scanned span
+  float score = -std::numeric_limits<float>::infinity();  ///< s = scale * (q . k), as the soft scan computes it
+  std::size_t row = kNoRow;                               ///< row within the scanned span
+  bool overflow = false;                                  ///< some score was +inf or NaN
 };
 
 /// One instruction set's kernels. All pointers are non-null.
+///
+/// Every single-query kernel computes a row's score the same way, s = scale * dot(q, k) in one
+/// shared routine, so soft, hard, top-k and rescoring see bit-identical scores (the flat index's
+/// tail bound rests on this). Callers pass the query and scale split by split_scale (scan.hpp).
 struct KernelTable {
   std::string_view name;  ///< "scalar", "sse2", "avx2", "avx512"
 
   /// Inner product of two n-float vectors.
   float (*dot)(const float* a, const float* b, std::size_t n);
 
+  /// scores[r] = scale * dot(query, key r) for the span's rows (keys only), as every scan scores them.
+  void (*scores)(const float* query, float scale, const RowSpan& span, float* scores);
+
   /// One streaming pass with an online softmax over span; updates the partial state
   /// (max, sum, acc[value_dim]) in place. sink may be null.
   void (*soft_scan)(const float* query, float scale, const RowSpan& span, float& max, float& sum,
                     float* acc, ScoreSink* sink);
 
-  /// The same for nq row-major queries at once; max, sum have nq entries, acc nq x value_dim.
-  /// scratch holds batch_scratch_floats(nq, dim) floats.
-  void (*soft_scan_batch)(const float* queries, std::size_t nq, float scale, const RowSpan& span,
+  /// The same for nq row-major queries at once, query b with its own scales[b]; max, sum have nq
+  /// entries, acc nq x value_dim. scratch holds batch_scratch_floats(nq, dim) floats.
+  void (*soft_scan_batch)(const float* queries, std::size_t nq, const float* scales, const RowSpan& span,
                           float* max, float* sum, float* acc, float* scratch);
 
-  /// Argmax of q . k over span (keys only); ties go to the smaller id. Updates best in place.
-  void (*hard_scan)(const float* query, const RowSpan& span, ArgMax& best);
+  /// Argmax of s = scale * (q . k) over span (keys only); ties go to the smaller id. Updates best in place.
+  void (*hard_scan)(const float* query, float scale, const RowSpan& span, ArgMax& best);
 
-  /// The same for nq queries; best has nq entries; scratch holds batch_scratch_floats(nq, dim) floats.
-  void (*hard_scan_batch)(const float* queries, std::size_t nq, const RowSpan& span, ArgMax* best,
-                          float* scratch);
+  /// The same for nq queries with scales[b] each; best has nq entries; scratch holds
+  /// batch_scratch_floats(nq, dim) floats.
+  void (*hard_scan_batch)(const float* queries, std::size_t nq, const float* scales, const RowSpan& span,
+                          ArgMax* best, float* scratch);
+
+  /// A pass over the keys only that offers every block's scores to sink (a fused score + top-k pass).
+  void (*top_scan)(const float* query, float scale, const RowSpan& span, ScoreSink& sink);
 };
 
 /// Tables of the compiled paths; each exists in every build, callable only if the CPU supports it.

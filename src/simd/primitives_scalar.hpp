@@ -52,6 +52,12 @@ struct ScalarPrimitives {
       }
   }
 
+  // s[r * lanes + b] *= factor[b].
+  static void scale_columns(float* s, std::size_t rows, std::size_t lanes, const float* factor) {
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t b = 0; b < lanes; ++b) s[r * lanes + b] *= factor[b];
+  }
+
   // out[b] = max over the rows of s[r * lanes + b].
   static void column_max(const float* s, std::size_t rows, std::size_t lanes, float* out) {
     for (std::size_t b = 0; b < lanes; ++b) out[b] = -std::numeric_limits<float>::infinity();

@@ -132,6 +132,13 @@ struct XsimdPrimitives {
     for (; r < rows; ++r) scores_rows<1>(qt, lanes, k + r * d, d, s + r * lanes);
   }
 
+  static void scale_columns(float* s, std::size_t rows, std::size_t lanes, const float* factor) {
+    for (std::size_t b = 0; b < lanes; b += W) {
+      const V f = load(factor + b);
+      for (std::size_t r = 0; r < rows; ++r) (load(s + r * lanes + b) * f).store_unaligned(s + r * lanes + b);
+    }
+  }
+
   static void column_max(const float* s, std::size_t rows, std::size_t lanes, float* out) {
     for (std::size_t b = 0; b < lanes; b += W) {
       V m(-std::numeric_limits<float>::infinity());

@@ -1,0 +1,283 @@
+// Collection's queries: scale resolution, one scoring rule for every path, exact, pruned and batched
+// soft and hard retrieval, and the numeric checks that turn an unrepresentable answer into an error.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <new>
+#include <string>
+
+#include "collection_impl.hpp"
+#include "pruning.hpp"
+#include "scan.hpp"
+#include "simd/kernel_table.hpp"
+#include "softkv/collection.hpp"
+#include "softkv/error.hpp"
+#include "validate.hpp"
+
+namespace softkv {
+namespace {
+
+// Candidates an approximate index is asked for when a hard query goes through it: rescored with our
+// kernel, the best wins with ties to the smallest id, so up to this many tied keys are ordered right.
+constexpr std::size_t kHardCandidates = 64;
+
+// The hard-retrieval side of the rule soft queries follow through their lse: a score above FLT_MAX
+// (or NaN) anywhere, or no score above -FLT_MAX at all, is numeric_overflow.
+void check_best(const detail::ArgMax& best) {
+  if (best.overflow)
+    throw Error(ErrorCode::numeric_overflow, "a score left the float range; use a smaller scale or a larger temperature");
+  if (best.row == detail::ArgMax::kNoRow)
+    throw Error(ErrorCode::numeric_overflow, "every score is below -FLT_MAX; use a smaller scale or a larger temperature");
+}
+
+// Runs a query body; an allocation failure (a huge batch, top_m or top_k) becomes a typed error.
+template <class F>
+auto guard_memory(F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::resource_exhausted, "the query needs more memory than is available");
+  }
+}
+
+// The validated queries, normalised for cosine, each split with the scale (split_scale): the form
+// every kernel takes. scales gets one factor per query.
+// (Templates: Collection::Impl is private and cannot be named here.)
+template <class Impl>
+std::vector<float> scaled_queries(const Impl& impl, std::span<const float> queries, float scale,
+                                  std::vector<float>& scales) {
+  std::size_t count = 0;
+  std::vector<float> q = impl.prepare_queries(queries, count);
+  const std::size_t d = impl.dim();
+  scales.resize(count);
+  for (std::size_t b = 0; b < count; ++b) scales[b] = detail::split_scale(std::span<float>(q.data() + b * d, d), scale);
+  return q;
+}
+
+// The fused soft batch; rows receives the entry count the scan saw (under the same lock).
+template <class Impl>
+SoftBatchResult soft_batch(const Impl& impl, std::span<const float> queries, float scale, const QueryOptions& options,
+                           std::size_t& rows) {
+  std::vector<float> factor;
+  const std::vector<float> q = scaled_queries(impl, queries, scale, factor);
+  const std::size_t nq = factor.size();
+
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const detail::RowSpan span = impl.span();
+  rows = span.rows;
+  const std::size_t parts = impl.parts_for(options, (impl.dim() + impl.value_dim()) * nq);
+  const detail::KernelTable& kernels = detail::kernels();
+  const std::vector<detail::SoftmaxState> states = detail::soft_scan_batch_split(kernels, q.data(), nq, factor.data(), span, parts);
+
+  const std::size_t d = impl.dim(), dv = impl.value_dim();
+  SoftBatchResult result;
+  result.values.resize(nq * dv);
+  result.lse.resize(nq);
+  result.max_score.resize(nq);
+  for (std::size_t b = 0; b < nq; ++b) {
+    result.lse[b] = states[b].lse();
+    Impl::check_lse(result.lse[b]);
+    result.max_score[b] = states[b].max;
+    const std::vector<float> value = detail::blended_value(kernels, q.data() + b * d, factor[b], span, states[b]);
+    std::copy(value.begin(), value.end(), result.values.begin() + static_cast<std::ptrdiff_t>(b * dv));
+  }
+  return result;
+}
+
+}  // namespace
+
+QueryResults Collection::query(std::span<const float> queries, Retrieval kind, const QueryOptions& options) const {
+  const std::size_t d = impl_->dim(), dv = impl_->value_dim();
+  if (queries.empty() || queries.size() % d != 0)
+    throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) + " floats, not a multiple of d = " +
+                                                   std::to_string(d));
+  const std::size_t nq = queries.size() / d;
+  auto row = [&](std::size_t i) { return queries.subspan(i * d, d); };
+  QueryResults out;
+  if (kind == Retrieval::hard) {
+    // hnsw/ivf (and automatic, which becomes ivf) answer through the index, one query at a time;
+    // the fused batch kernel has no index.
+    const IndexKind index = impl_->config().index.kind;
+    const bool approximate = index == IndexKind::hnsw || index == IndexKind::ivf || index == IndexKind::automatic;
+    if (nq == 1 || (approximate && !options.exact)) {
+      for (std::size_t i = 0; i < nq; ++i) out.hard.push_back(query_hard(row(i), options));
+      return out;
+    }
+    const HardBatchResult b = query_hard_batch(queries, options);
+    return guard_memory([&] {
+      for (std::size_t i = 0; i < nq; ++i)
+        out.hard.push_back({b.ids[i], b.scores[i], {b.values.begin() + static_cast<std::ptrdiff_t>(i * dv),
+                                                    b.values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv)}, IndexKind::exact});
+      return std::move(out);
+    });
+  }
+  if (nq == 1 || options.top_m > 0 || options.top_k || options.epsilon) {  // contributors or pruning: one by one
+    for (std::size_t i = 0; i < nq; ++i) out.soft.push_back(query_soft(row(i), options));
+    return out;
+  }
+  const float scale = resolve_scale(options);
+  return guard_memory([&] {
+    std::size_t rows = 0;
+    const SoftBatchResult b = soft_batch(*impl_, queries, scale, options, rows);
+    for (std::size_t i = 0; i < nq; ++i) {
+      SoftResult s;
+      s.value.assign(b.values.begin() + static_cast<std::ptrdiff_t>(i * dv), b.values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv));
+      s.lse = b.lse[i];
+      s.max_score = b.max_score[i];
+      s.candidates = rows;
+      out.soft.push_back(std::move(s));
+    }
+    return std::move(out);
+  });
+}
+
+float Collection::resolve_scale(const QueryOptions& options) const {
+  if (options.scale && options.temperature)
+    throw Error(ErrorCode::invalid_argument, "give a temperature or a scale, not both");
+  if (options.scale) {
+    if (!(std::isfinite(*options.scale) && *options.scale > 0.0f))
+      throw Error(ErrorCode::invalid_argument, "scale must be finite and > 0, got " + std::to_string(*options.scale));
+    return *options.scale;
+  }
+  if (options.temperature) {
+    const float t = *options.temperature;
+    if (!(std::isfinite(t) && t > 0.0f))
+      throw Error(ErrorCode::invalid_argument, "temperature must be finite and > 0, got " + std::to_string(t));
+    const double s = 1.0 / (std::sqrt(static_cast<double>(impl_->dim())) * t);
+    if (!(s <= static_cast<double>(std::numeric_limits<float>::max())))
+      throw Error(ErrorCode::invalid_argument, "temperature " + std::to_string(t) + " is too small: the scale overflows a float");
+    return static_cast<float>(s);
+  }
+  if (impl_->config().scale) return *impl_->config().scale;
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(impl_->dim())));
+}
+
+SoftResult Collection::query_soft(std::span<const float> query, const QueryOptions& options) const {
+  detail::check_dimension(query.size(), impl_->dim(), "query");
+  const float scale = resolve_scale(options);
+  return guard_memory([&] {
+    std::vector<float> factor;
+    const std::vector<float> q = scaled_queries(*impl_, query, scale, factor);
+    const float f = factor[0];
+    impl_->check_pruning(options);
+
+    const auto lock = impl_->read_lock();
+    impl_->require_entries();
+    const detail::RowSpan span = impl_->span();
+    const std::size_t parts = impl_->parts_for(options, impl_->dim() + impl_->value_dim());
+    const detail::KernelTable& kernels = detail::kernels();
+    const bool prune = (options.top_k || options.epsilon) && impl_->use_index(options);
+    // flat with epsilon: every search reads all keys, so after a first cheap try (k = 16) one pass
+    // fetches everything the doubling could still ask for (a quarter of the rows, best first) and
+    // later k take its prefixes, which are exactly the top-k of a fresh pass (ties ordered by id).
+    std::vector<std::size_t> best_first;
+    const bool reuse = prune && options.epsilon && impl_->index()->exact_top_k();
+    const detail::CandidateFinder find = [&](std::size_t k) {
+      if (!reuse) return impl_->index_rows(q.data(), f, k, options);
+      if (best_first.size() < k) best_first = impl_->index_rows(q.data(), f, best_first.empty() ? k : std::max(k, span.rows / 4), options);
+      return std::vector<std::size_t>(best_first.begin(), best_first.begin() + static_cast<std::ptrdiff_t>(std::min(k, best_first.size())));
+    };
+    const std::size_t check = prune && !impl_->index()->exact_top_k() ? options.check_sample : 0;
+    detail::PrunedSoft pruned =
+        !prune          ? detail::exact_soft(kernels, q.data(), f, span, options.top_m, parts)
+        : options.top_k ? detail::pruned_soft(kernels, q.data(), f, span, *options.top_k, options.top_m, parts, find, check)
+                        : detail::adaptive_soft(kernels, q.data(), f, span, *options.epsilon, options.top_m, parts, find, check);
+    detail::SoftScan& scan = pruned.scan;
+
+    SoftResult result;
+    result.lse = scan.state.lse();
+    Collection::Impl::check_lse(result.lse);
+    result.max_score = scan.state.max;
+    result.candidates = pruned.k;
+    result.tail_bound = pruned.tail_bound;
+    const bool scanned_all = pruned.k == span.rows;
+    result.searched_with = scanned_all ? IndexKind::exact : impl_->index()->kind();
+    result.tail_bound_guaranteed = scanned_all || impl_->index()->exact_top_k();
+    result.value = std::move(pruned.value);
+    result.top.reserve(scan.top.size());
+    for (const auto& item : scan.top)
+      result.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - result.lse)), item.score});
+    return result;
+  });
+}
+
+HardResult Collection::query_hard(std::span<const float> query, const QueryOptions& options) const {
+  detail::check_dimension(query.size(), impl_->dim(), "query");
+  const float scale = resolve_scale(options);
+  return guard_memory([&] {
+    std::vector<float> factor;
+    const std::vector<float> q = scaled_queries(*impl_, query, scale, factor);
+    const float f = factor[0];
+
+    const auto lock = impl_->read_lock();
+    impl_->require_entries();
+    const detail::RowSpan span = impl_->span();
+    const detail::KernelTable& kernels = detail::kernels();
+    detail::ArgMax best;
+    HardResult result;
+    const IndexKind index_kind = impl_->use_index(options) ? impl_->index()->kind() : IndexKind::exact;
+    if (index_kind == IndexKind::hnsw || index_kind == IndexKind::ivf) {
+      // The index's best candidates, rescored with our kernel (ties to the smallest id); flat would
+      // read every key like the scan below, so it gains nothing here.
+      for (std::size_t row : impl_->index_rows(q.data(), f, kHardCandidates, options)) {
+        detail::RowSpan one = span;
+        one.keys = span.keys + row * span.dim;
+        one.rows = 1;
+        detail::ArgMax candidate;
+        kernels.hard_scan(q.data(), f, one, candidate);
+        if (candidate.row != detail::ArgMax::kNoRow) candidate.row = row;
+        detail::merge_argmax(candidate, span.ids, best);
+      }
+      result.searched_with = index_kind;
+    }
+    if (best.row == detail::ArgMax::kNoRow && !best.overflow) {
+      best = detail::hard_scan_split(kernels, q.data(), f, span, impl_->parts_for(options, impl_->dim()));
+      result.searched_with = IndexKind::exact;
+    }
+    check_best(best);
+    result.id = span.ids[best.row];
+    result.score = best.score;
+    result.value.assign(span.values + best.row * span.value_dim, span.values + (best.row + 1) * span.value_dim);
+    return result;
+  });
+}
+
+SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, const QueryOptions& options) const {
+  if (options.top_m != 0)
+    throw Error(ErrorCode::invalid_argument, "batched queries do not report contributors: top_m must be 0");
+  const float scale = resolve_scale(options);
+  std::size_t rows = 0;
+  return guard_memory([&] { return soft_batch(*impl_, queries, scale, options, rows); });
+}
+
+HardBatchResult Collection::query_hard_batch(std::span<const float> queries, const QueryOptions& options) const {
+  const float scale = resolve_scale(options);
+  return guard_memory([&] {
+    std::vector<float> factor;
+    const std::vector<float> q = scaled_queries(*impl_, queries, scale, factor);
+    const std::size_t nq = factor.size();
+
+    const auto lock = impl_->read_lock();
+    impl_->require_entries();
+    const detail::RowSpan span = impl_->span();
+    const std::size_t parts = impl_->parts_for(options, impl_->dim() * nq);
+    const std::vector<detail::ArgMax> best =
+        detail::hard_scan_batch_split(detail::kernels(), q.data(), nq, factor.data(), span, parts);
+
+    const std::size_t dv = impl_->value_dim();
+    HardBatchResult result;
+    result.ids.resize(nq);
+    result.scores.resize(nq);
+    result.values.resize(nq * dv);
+    for (std::size_t b = 0; b < nq; ++b) {
+      check_best(best[b]);
+      result.ids[b] = span.ids[best[b].row];
+      result.scores[b] = best[b].score;
+      std::copy_n(span.values + best[b].row * dv, dv, result.values.begin() + static_cast<std::ptrdiff_t>(b * dv));
+    }
+    return result;
+  });
+}
+
+}  // namespace softkv

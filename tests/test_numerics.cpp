@@ -1,0 +1,402 @@
+// Numerics at the edges of float (issue 11, issue 10 items 7 and 9), on every kernel path: each
+// defect as a regression test, and single vs batch as a property over random and adversarial inputs.
+#include <catch2/catch.hpp>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+
+#include "reference.hpp"
+#include "softkv/softkv.hpp"
+
+using namespace softkv;
+
+namespace {
+
+constexpr float kFloatMax = std::numeric_limits<float>::max();
+
+// Restores the default kernel path when a test that forces one ends.
+struct ForcedPath {
+  std::string previous{simd_path()};
+  explicit ForcedPath(std::string_view name) { force_simd_path(name); }
+  ~ForcedPath() { force_simd_path(previous); }
+};
+
+std::string any_path() {
+  const auto paths = available_simd_paths();
+  return std::string(GENERATE_COPY(from_range(paths.begin(), paths.end())));
+}
+
+// The code of the softkv::Error f throws, or nothing.
+template <class F>
+std::optional<ErrorCode> error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return std::nullopt;
+}
+
+std::vector<float> row_of(const std::vector<float>& m, std::size_t d, std::size_t i) {
+  return {m.begin() + static_cast<std::ptrdiff_t>(i * d), m.begin() + static_cast<std::ptrdiff_t>((i + 1) * d)};
+}
+
+bool close(double got, double want, double rel) { return std::fabs(got - want) <= rel * std::max(1.0, std::fabs(want)); }
+
+CollectionConfig with_index(IndexKind kind, std::size_t d, std::size_t dv, Metric metric = Metric::dot) {
+  CollectionConfig c{d, dv, metric, {}, {}};
+  c.index.kind = kind;
+  c.index.ivf_train_size = 500;
+  c.index.ivf_nlist = 8;
+  c.index.hnsw_ef_construction = 40;
+  return c;
+}
+
+// The softmax mass outside `candidates`, measured with the collection's own exact scan (every
+// entry's weight as a contributor).
+double omitted_mass(const Collection& c, const std::vector<float>& q, float scale, const std::set<std::uint64_t>& candidates) {
+  const SoftResult all = c.query_soft(q, {.scale = scale, .top_m = c.size()});
+  REQUIRE(all.top.size() == c.size());
+  double omitted = 0;
+  for (const Contributor& x : all.top)
+    if (!candidates.contains(x.id)) omitted += std::exp(static_cast<double>(x.score) - all.lse);
+  return omitted;
+}
+
+// Checks a flat pruned answer: its candidates are the true top k by (score, smaller id) of the
+// exact scan, and the mass the exact scan puts outside them is within the bound.
+void check_flat_bound(const Collection& c, const std::vector<float>& q, float scale, std::size_t k) {
+  const SoftResult pruned = c.query_soft(q, {.scale = scale, .top_m = k, .top_k = k});
+  REQUIRE(pruned.searched_with == IndexKind::flat);
+  REQUIRE(pruned.tail_bound_guaranteed);
+  REQUIRE(pruned.top.size() == k);
+  std::set<std::uint64_t> candidates;
+  for (const Contributor& x : pruned.top) candidates.insert(x.id);
+  const SoftResult exact = c.query_soft(q, {.scale = scale, .top_m = k});
+  std::set<std::uint64_t> best;
+  for (const Contributor& x : exact.top) best.insert(x.id);
+  CHECK(candidates == best);
+  const double omitted = omitted_mass(c, q, scale, candidates);
+  INFO("omitted " << omitted << ", bound " << pruned.tail_bound);
+  CHECK(omitted <= pruned.tail_bound * (1 + 1e-6) + 1e-12);
+}
+
+}  // namespace
+
+// ---- A: cosine normalisation of tiny and huge rows ------------------------------------------------
+
+TEST_CASE("cosine normalises tiny, denormal and huge keys and queries to finite unit vectors", "[numerics]") {
+  const ForcedPath path(any_path());
+  Collection c({3, 1, Metric::cosine, {}});
+  const std::vector<std::vector<float>> keys = {
+      {1e-39f, 0, 0}, {0, 1e-45f, 0}, {0, 0, 3e38f}, {-3e38f, 3e38f, 0}, {1e-38f, -2e-38f, 2e-38f}};
+  const auto ids = c.add_batch(std::vector<float>{1e-39f, 0, 0, 0, 1e-45f, 0, 0, 0, 3e38f, -3e38f, 3e38f, 0, 1e-38f, -2e-38f, 2e-38f},
+                               std::vector<float>{1, 2, 3, 4, 5});
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    INFO("key " << i);
+    const Entry e = c.get(ids[i]);
+    double norm2 = 0, ref2 = 0, dot = 0;
+    for (std::size_t j = 0; j < 3; ++j) {
+      REQUIRE(std::isfinite(e.key[j]));
+      norm2 += static_cast<double>(e.key[j]) * e.key[j];
+      ref2 += static_cast<double>(keys[i][j]) * keys[i][j];
+      dot += static_cast<double>(e.key[j]) * keys[i][j];
+    }
+    CHECK(std::fabs(norm2 - 1) <= 1e-6);
+    CHECK(dot / std::sqrt(ref2) == Approx(1.0).epsilon(1e-6));  // same direction
+  }
+  // A tiny query means the same as its unit vector: the answer equals the unit query's.
+  for (const float tiny : {1e-39f, 1e-45f, 3e38f}) {
+    INFO("query scale " << tiny);
+    const SoftResult got = c.query_soft(std::vector<float>{tiny, 0, 0}, {.scale = 4.0f});
+    const SoftResult unit = c.query_soft(std::vector<float>{1, 0, 0}, {.scale = 4.0f});
+    CHECK(got.lse == unit.lse);
+    CHECK(got.value == unit.value);
+    CHECK(c.query_hard(std::vector<float>{tiny, 0, 0}).id == ids[0]);
+    const SoftBatchResult batch = c.query_soft_batch(std::vector<float>{tiny, 0, 0, 1, 0, 0}, {.scale = 4.0f});
+    CHECK(close(batch.lse[0], batch.lse[1], 1e-6));
+  }
+}
+
+TEST_CASE("a query that cannot be normalised gets invalid_argument on every query call", "[numerics][errors]") {
+  Collection c({2, 1, Metric::cosine, {}});
+  c.add(std::vector<float>{1, 0}, std::vector<float>{1});
+  const std::vector<float> zero{0, 0};
+  CHECK(error_of([&] { (void)c.query_soft(zero); }) == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)c.query_hard(zero); }) == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)c.query_soft_batch(std::vector<float>{1, 0, 0, 0}); }) == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)c.query_hard_batch(std::vector<float>{1, 0, 0, 0}); }) == ErrorCode::invalid_argument);
+  // A zero key is refused and nothing of its batch is stored.
+  CHECK(error_of([&] { c.add_batch(std::vector<float>{1, 1, 0, 0}, std::vector<float>{2, 3}); }) == ErrorCode::invalid_argument);
+  CHECK(c.size() == 1);
+}
+
+// ---- B: the blend of huge values --------------------------------------------------------------------
+
+TEST_CASE("values near FLT_MAX / N blend to their representable answer, never inf", "[numerics]") {
+  const ForcedPath path(any_path());
+  struct Case {
+    std::size_t n;
+    float value;
+  };
+  for (const Case& k : {Case{2, 3e38f}, Case{1000, 1e37f}, Case{300, -kFloatMax}, Case{5000, 2e35f}}) {
+    INFO("n = " << k.n << ", v = " << k.value);
+    Collection c({2, 2, Metric::dot, {}, {.kind = IndexKind::flat}});
+    std::vector<float> keys(k.n * 2, 1.0f), values(k.n * 2);
+    for (std::size_t i = 0; i < k.n; ++i) values[2 * i] = k.value, values[2 * i + 1] = -k.value * 0.5f;
+    c.add_batch(keys, values);
+    const std::vector<float> q{1, 1};
+    for (const SoftResult& r : {c.query_soft(q), c.query_soft(q, {.threads = 3}), c.query_soft(q, {.top_k = k.n / 2 + 1})}) {
+      CHECK(r.value[0] == Approx(k.value).epsilon(1e-6));
+      CHECK(r.value[1] == Approx(-k.value * 0.5f).epsilon(1e-6));
+    }
+    const SoftBatchResult b = c.query_soft_batch(std::vector<float>{1, 1, 0.5f, 0.5f});
+    for (std::size_t i : {0u, 2u}) {
+      CHECK(b.values[i] == Approx(k.value).epsilon(1e-6));
+      CHECK(b.values[i + 1] == Approx(-k.value * 0.5f).epsilon(1e-6));
+    }
+  }
+  // Mixed huge values with unequal weights against the double reference.
+  const std::size_t n = 700, d = 4, dv = 3;
+  auto keys = test::normal_floats(n * d, 5);
+  auto values = test::normal_floats(n * dv, 6);
+  for (float& v : values) v = std::clamp(v * 1.5e38f, -kFloatMax, kFloatMax);
+  Collection c({d, dv, Metric::dot, 0.3f});
+  c.add_batch(keys, values);
+  const auto q = test::normal_floats(d, 7);
+  const auto ref = test::soft_reference(q.data(), keys.data(), values.data(), n, d, dv, 0.3);
+  const SoftResult r = c.query_soft(q);
+  const SoftBatchResult b = c.query_soft_batch(q);
+  for (std::size_t j = 0; j < dv; ++j) {
+    CHECK(std::fabs(r.value[j] - ref.value[j]) <= 1e-4 * kFloatMax);
+    CHECK(std::fabs(b.values[j] - ref.value[j]) <= 1e-4 * kFloatMax);
+  }
+}
+
+// ---- C, D, issue 10 item 9: one scoring rule for single, batch and hard -----------------------------
+
+TEST_CASE("q . k beyond the float range with a small scale answers, and unrepresentable scores fail the same everywhere",
+          "[numerics]") {
+  const ForcedPath path(any_path());
+  Collection c({1, 1, Metric::dot, {}});
+  c.add(std::vector<float>{1e20f}, std::vector<float>{10});
+  c.add(std::vector<float>{2e20f}, std::vector<float>{20});
+  const std::vector<float> q{1e20f};
+  // True scores 1e40 and 2e40 at the default scale 1: no float holds them.
+  CHECK(error_of([&] { (void)c.query_soft(q); }) == ErrorCode::numeric_overflow);
+  CHECK(error_of([&] { (void)c.query_hard(q); }) == ErrorCode::numeric_overflow);
+  CHECK(error_of([&] { (void)c.query_soft_batch(q); }) == ErrorCode::numeric_overflow);
+  CHECK(error_of([&] { (void)c.query_hard_batch(q); }) == ErrorCode::numeric_overflow);
+  // scale 1e-30: scores 1e10 and 2e10, representable; id 1 wins by a margin of 1e10.
+  const QueryOptions small{.scale = 1e-30f};
+  const HardResult h = c.query_hard(q, small);
+  CHECK(h.id == 1);
+  CHECK(h.score == Approx(2e10).epsilon(1e-6));
+  const HardBatchResult hb = c.query_hard_batch(q, small);
+  CHECK(hb.ids[0] == 1);
+  CHECK(hb.scores[0] == h.score);
+  const SoftResult s = c.query_soft(q, small);
+  CHECK(s.lse == Approx(2e10).epsilon(1e-6));
+  CHECK(s.value[0] == 20.0f);
+  const SoftBatchResult sb = c.query_soft_batch(q, small);
+  CHECK(sb.lse[0] == Approx(2e10).epsilon(1e-6));
+  CHECK(sb.values[0] == 20.0f);
+}
+
+TEST_CASE("a huge scale with a huge query and a tiny key is not folded into an overflow", "[numerics]") {
+  const ForcedPath path(any_path());
+  Collection c({1, 1, Metric::dot, {}});
+  c.add(std::vector<float>{1e-38f}, std::vector<float>{3});
+  const std::vector<float> q{1e20f};
+  const QueryOptions o{.scale = 1e20f};  // scale * q overflows; scale * (q . k) = 100
+  CHECK(c.query_soft(q, o).lse == Approx(100).epsilon(1e-5));
+  CHECK(c.query_soft_batch(q, o).lse[0] == Approx(100).epsilon(1e-5));
+  CHECK(c.query_hard(q, o).score == Approx(100).epsilon(1e-5));
+  CHECK(c.query_hard_batch(q, o).scores[0] == Approx(100).epsilon(1e-5));
+}
+
+TEST_CASE("hard retrieval with overflowing scores is numeric_overflow, exact, indexed and batched", "[numerics]") {
+  const ForcedPath path(any_path());
+  for (IndexKind kind : {IndexKind::exact, IndexKind::flat, IndexKind::hnsw}) {
+    INFO("index " << static_cast<int>(kind));
+    Collection c(with_index(kind, 4, 1));
+    for (float x : {1e30f, 2e30f, -1e30f}) c.add(std::vector<float>(4, x), std::vector<float>{x});
+    c.wait_until_indexed();
+    const std::vector<float> q(4, 1e30f);
+    CHECK(error_of([&] { (void)c.query_soft(q); }) == ErrorCode::numeric_overflow);
+    CHECK(error_of([&] { (void)c.query_hard(q); }) == ErrorCode::numeric_overflow);
+    CHECK(error_of([&] { (void)c.query_hard(q, {.exact = true}); }) == ErrorCode::numeric_overflow);
+    CHECK(error_of([&] { (void)c.query_hard_batch(q); }) == ErrorCode::numeric_overflow);
+    CHECK(error_of([&] { (void)c.query_soft_batch(q); }) == ErrorCode::numeric_overflow);
+    // Scores that all fall below -FLT_MAX have no softmax and no argmax either.
+    const std::vector<float> neg(4, -1e30f);
+    Collection only_positive({4, 1, Metric::dot, {}});
+    only_positive.add(std::vector<float>(4, 1e30f), std::vector<float>{1});
+    CHECK(error_of([&] { (void)only_positive.query_soft(neg); }) == ErrorCode::numeric_overflow);
+    CHECK(error_of([&] { (void)only_positive.query_hard(neg); }) == ErrorCode::numeric_overflow);
+    CHECK(error_of([&] { (void)only_positive.query_hard_batch(neg); }) == ErrorCode::numeric_overflow);
+  }
+}
+
+// ---- E: the flat bound by construction ----------------------------------------------------------------
+
+TEST_CASE("the flat tail bound holds on ill-conditioned scores (every q . k = 0 exactly)", "[numerics][pruning]") {
+  const ForcedPath path(any_path());
+  const std::size_t n = 200, d = 768;
+  std::mt19937_64 rng(42);
+  std::uniform_real_distribution<float> magnitude(0.5e4f, 2e4f);
+  std::vector<float> keys(n * d);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = magnitude(rng);
+    float* k = keys.data() + i * d;
+    for (std::size_t j = 0; j < d; ++j) k[j] = j < d / 2 ? x : -x;
+    std::shuffle(k, k + d, rng);
+  }
+  Collection c({d, 2, Metric::dot, {}, {.kind = IndexKind::flat}});
+  c.add_batch(keys, test::normal_floats(n * 2, 3));
+  const std::vector<float> q(d, 1.0f);
+  for (std::size_t k : {1u, 16u, 64u, 199u}) {
+    INFO("k = " << k);
+    check_flat_bound(c, q, 100.0f, k);
+  }
+}
+
+TEST_CASE("the flat bound holds with ties, duplicates, cosine and removed entries", "[numerics][pruning]") {
+  const ForcedPath path(any_path());
+  const std::size_t d = 16, dv = 3, n = 400;
+  for (Metric metric : {Metric::dot, Metric::cosine}) {
+    INFO("metric " << static_cast<int>(metric));
+    Collection c(with_index(IndexKind::flat, d, dv, metric));
+    auto keys = test::normal_floats(n * d, 9);
+    // 60 copies of one key (ties straddling every k below), ids not in row order.
+    const auto best = test::normal_floats(d, 10, 3.0f);
+    for (std::size_t i = 0; i < n; i += 7)
+      if (i / 7 < 60) std::copy(best.begin(), best.end(), keys.begin() + static_cast<std::ptrdiff_t>(i * d));
+    std::vector<std::uint64_t> ids(n);
+    for (std::size_t i = 0; i < n; ++i) ids[i] = (i * 7919) % 1000 + 1;
+    c.upsert_batch(ids, keys, test::normal_floats(n * dv, 11));
+    for (std::size_t i = 0; i < n; i += 5) c.remove(ids[i]);  // tombstones everywhere
+    for (float scale : {0.1f, 1.0f, 30.0f}) {
+      for (std::size_t k : {1u, 7u, 16u, 59u, 100u}) {
+        INFO("scale " << scale << ", k = " << k);
+        check_flat_bound(c, best, scale, k);
+        check_flat_bound(c, test::normal_floats(d, k), scale, k);
+      }
+    }
+  }
+}
+
+// ---- F: ties to the smallest id through every index ---------------------------------------------------
+
+TEST_CASE("hard retrieval breaks ties by the smallest id on every path, indexes included", "[numerics][indexes]") {
+  const ForcedPath path(any_path());
+  const std::size_t n = 1000, d = 8;
+  auto keys = test::normal_floats(n * d, 21);
+  std::vector<float> best(d, 0.0f);
+  best[0] = 40.0f;
+  std::set<std::uint64_t> tied;
+  for (std::size_t i = 58; i < n && tied.size() < 50; i += 17) {
+    std::copy(best.begin(), best.end(), keys.begin() + static_cast<std::ptrdiff_t>(i * d));
+    tied.insert(i);
+  }
+  for (IndexKind kind : {IndexKind::exact, IndexKind::flat, IndexKind::hnsw, IndexKind::ivf}) {
+    INFO("index " << static_cast<int>(kind));
+    Collection c(with_index(kind, d, 1));
+    c.add_batch(keys, std::vector<float>(n, 1.0f));  // ids = rows
+    c.wait_until_indexed();
+    const HardResult h = c.query_hard(best);
+    CHECK(h.searched_with == (kind == IndexKind::flat ? IndexKind::exact : kind));
+    CHECK(h.id == *tied.begin());
+    CHECK(c.query_hard_batch(best).ids[0] == *tied.begin());
+    if (kind != IndexKind::exact) {
+      const SoftResult s = c.query_soft(best, {.top_m = 3, .top_k = 16});
+      if (kind == IndexKind::flat)
+        for (std::size_t i = 0; i < 3; ++i) CHECK(s.top[i].id == *std::next(tied.begin(), static_cast<std::ptrdiff_t>(i)));
+    }
+  }
+}
+
+// ---- issue 10 item 7: effort and top_m at the ends of their types ------------------------------------
+
+TEST_CASE("ef_search, nprobe, top_k and top_m at the ends of their range are clamped, never wrong", "[numerics][indexes]") {
+  const std::size_t n = 600, d = 8;
+  const auto keys = test::normal_floats(n * d, 31);
+  for (IndexKind kind : {IndexKind::hnsw, IndexKind::ivf}) {
+    INFO("index " << static_cast<int>(kind));
+    Collection c(with_index(kind, d, 2));
+    c.add_batch(keys, test::normal_floats(n * 2, 32));
+    c.wait_until_indexed();
+    for (std::uint64_t effort : {std::uint64_t{1} << 31, (std::uint64_t{1} << 32) - 1, std::uint64_t{1} << 63,
+                                 std::numeric_limits<std::uint64_t>::max()}) {
+      INFO("effort " << effort);
+      for (std::size_t i = 0; i < 5; ++i) {
+        const auto q = test::normal_floats(d, 100 + i);
+        const QueryOptions o{.ef_search = effort, .nprobe = effort};
+        const HardResult exact = c.query_hard(q, {.exact = true});
+        const HardResult indexed = c.query_hard(q, o);
+        CHECK(indexed.searched_with == kind);
+        CHECK(indexed.id == exact.id);  // the widest search is exhaustive
+        CHECK(indexed.score == exact.score);
+        QueryOptions pruned = o;
+        pruned.top_k = 5;
+        pruned.top_m = 5;
+        const SoftResult s = c.query_soft(q, pruned);
+        CHECK(s.candidates == 5);
+        CHECK(s.top.front().id == exact.id);
+      }
+    }
+  }
+  Collection c({d, 2, Metric::dot, {}, {.kind = IndexKind::flat}});
+  c.add_batch(keys, test::normal_floats(n * 2, 32));
+  for (std::size_t m : {std::size_t{1} << 31, (std::size_t{1} << 31) - 1, std::numeric_limits<std::size_t>::max()}) {
+    INFO("top_m " << m);
+    const auto q = test::normal_floats(d, 7);
+    CHECK(c.query_soft(q, {.top_m = m}).top.size() == n);
+    CHECK(c.query_soft(q, {.top_m = m, .top_k = 10}).top.size() == 10);
+    const SoftResult all = c.query_soft(q, {.top_m = m, .top_k = m});  // k >= N: the exact scan
+    CHECK(all.candidates == n);
+    CHECK(all.top.size() == n);
+  }
+}
+
+TEST_CASE("an allocation failure during a query is resource_exhausted", "[numerics][errors]") {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // The sanitizers' allocators abort on a failed allocation instead of throwing std::bad_alloc.
+  WARN("not run under a sanitizer");
+  return;
+#endif
+  Collection c({64, 1, Metric::dot, {}});
+  c.add(std::vector<float>(64, 1.0f), std::vector<float>{1});
+  const std::vector<float> queries(std::size_t{64} << 20, 0.5f);  // 256 MiB of queries: the copy cannot fit
+  std::size_t vm_kib = 0;
+  {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoul(line.substr(7));
+  }
+  REQUIRE(vm_kib > 0);
+  rlimit old{};
+  REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+  rlimit tight = old;
+  tight.rlim_cur = (vm_kib + 64 * 1024) * 1024;  // 64 MiB of headroom
+  if (old.rlim_max != RLIM_INFINITY && old.rlim_max < tight.rlim_cur) {
+    WARN("the address-space limit is already lower than this test needs: not run");
+    return;
+  }
+  REQUIRE(setrlimit(RLIMIT_AS, &tight) == 0);
+  const auto code = error_of([&] { (void)c.query_soft_batch(queries); });
+  const auto hard = error_of([&] { (void)c.query_hard_batch(queries); });
+  setrlimit(RLIMIT_AS, &old);
+  CHECK(code == ErrorCode::resource_exhausted);
+  CHECK(hard == ErrorCode::resource_exhausted);
+  CHECK(to_string(ErrorCode::resource_exhausted) == "resource_exhausted");
+}
