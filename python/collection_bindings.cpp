@@ -14,7 +14,7 @@ namespace {
 
 QueryOptions make_options(std::optional<double> temperature, std::optional<double> scale, long long top_m, long long threads,
                           std::optional<long long> top_k, std::optional<double> epsilon, long long ef_search,
-                          long long nprobe, bool exact) {
+                          long long nprobe, long long check_sample, bool exact) {
   QueryOptions o;
   o.temperature = maybe_float(temperature);
   o.scale = maybe_float(scale);
@@ -24,6 +24,7 @@ QueryOptions make_options(std::optional<double> temperature, std::optional<doubl
   o.epsilon = maybe_float(epsilon);
   o.ef_search = non_negative(ef_search, "ef_search");
   o.nprobe = non_negative(nprobe, "nprobe");
+  o.check_sample = non_negative(check_sample, "check_sample");
   o.exact = exact;
   return o;
 }
@@ -51,71 +52,35 @@ py::object hard_answer(HardResult&& r) {
   return types().hard(r.id, r.score, to_numpy(std::move(r.value)), index_name(r.searched_with));
 }
 
-py::array_t<bool> all_true(std::size_t n) {
-  py::array_t<bool> a(static_cast<py::ssize_t>(n));
-  std::fill_n(a.mutable_data(), n, true);
-  return a;
+// ---- the query side, shared by Collection and CollectionView: everything goes through Collection::query ----
+
+// Runs n >= 1 queries (the library's one entry point, which picks the fused batch kernels or one query at
+// a time) with the GIL released.
+QueryResults run_query(const CollectionView& self, const FloatInput& q, Retrieval kind, const QueryOptions& o) {
+  py::gil_scoped_release nogil;
+  return self.get().query(q.span(), kind, o);
 }
 
-// ---- the query side, shared by Collection and CollectionView ----
-
 py::object query_soft(const CollectionView& self, py::handle query, const QueryOptions& o) {
-  const FloatInput q = float_input(query, 1, self.dim(), "query");
-  SoftResult r;
-  {
-    py::gil_scoped_release nogil;
-    r = self.get().query_soft(q.span(), o);
-  }
-  return soft_answer(std::move(r));
+  QueryResults r = run_query(self, float_input(query, 1, self.dim(), "query"), Retrieval::soft, o);
+  return soft_answer(std::move(r.soft.at(0)));
 }
 
 py::object query_hard(const CollectionView& self, py::handle query, const QueryOptions& o) {
-  const FloatInput q = float_input(query, 1, self.dim(), "query");
-  HardResult r;
-  {
-    py::gil_scoped_release nogil;
-    r = self.get().query_hard(q.span(), o);
-  }
-  return hard_answer(std::move(r));
+  QueryResults r = run_query(self, float_input(query, 1, self.dim(), "query"), Retrieval::hard, o);
+  return hard_answer(std::move(r.hard.at(0)));
 }
 
-// (B, d) queries with B >= 1 (the library's rule, checked here because some batches go row by row).
+// (B, d) queries with B >= 1.
 FloatInput batch_input(py::handle queries, std::size_t d) {
   FloatInput q = float_input(queries, 2, d, "queries");
   if (q.rows == 0) throw Error(ErrorCode::dimension_mismatch, "queries has shape (0, " + std::to_string(d) + "): give at least one row");
   return q;
 }
 
-// Until Collection has one batch-first entry point, a batch routes as softkv-server does: the batched
-// kernel when it answers everything asked, else one query_soft per row (contributors, pruning).
 py::object query_soft_batch(const CollectionView& self, py::handle queries, const QueryOptions& o) {
-  const FloatInput q = batch_input(queries, self.dim());
-  const std::size_t nq = q.rows, d = self.dim(), dv = self.value_dim();
-  std::vector<SoftResult> rows;
-  SoftBatchResult batch;
-  std::size_t size = 0;
-  const bool per_row = o.top_m > 0 || o.top_k || o.epsilon;
-  {
-    py::gil_scoped_release nogil;
-    if (per_row) {
-      rows.reserve(nq);
-      for (std::size_t i = 0; i < nq; ++i) rows.push_back(self.get().query_soft(q.span().subspan(i * d, d), o));
-    } else {
-      batch = self.get().query_soft_batch(q.span(), o);
-      size = self.get().size();
-    }
-  }
-  if (!per_row) {
-    py::tuple searched(nq), top(nq);
-    for (std::size_t i = 0; i < nq; ++i) {
-      searched[i] = index_name(IndexKind::exact);
-      top[i] = types().contributors();
-    }
-    return types().soft_batch(to_numpy(std::move(batch.values), {static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(dv)}),
-                              to_numpy(std::move(batch.lse)), to_numpy(std::move(batch.max_score)),
-                              to_numpy(std::vector<std::uint64_t>(nq, size)), to_numpy(std::vector<double>(nq, 0.0)),
-                              all_true(nq), std::move(searched), std::move(top));
-  }
+  const std::vector<SoftResult> rows = run_query(self, batch_input(queries, self.dim()), Retrieval::soft, o).soft;
+  const std::size_t nq = rows.size(), dv = self.value_dim();
   std::vector<float> values(nq * dv), max_score(nq);
   std::vector<double> lse(nq), tail(nq);
   std::vector<std::uint64_t> candidates(nq);
@@ -136,35 +101,20 @@ py::object query_soft_batch(const CollectionView& self, py::handle queries, cons
                             to_numpy(std::move(tail)), std::move(guaranteed), std::move(searched), std::move(top));
 }
 
-// Hard batches take the batched scan unless an approximate index answers single queries (as the server).
 py::object query_hard_batch(const CollectionView& self, py::handle queries, const QueryOptions& o) {
-  const FloatInput q = batch_input(queries, self.dim());
-  const std::size_t nq = q.rows, d = self.dim(), dv = self.value_dim();
-  const IndexKind kind = self.get().config().index.kind;
-  const bool per_row = !o.exact && (kind == IndexKind::hnsw || kind == IndexKind::ivf || kind == IndexKind::automatic);
-  HardBatchResult batch;
-  std::vector<IndexKind> searched_with(nq, IndexKind::exact);
-  {
-    py::gil_scoped_release nogil;
-    if (per_row) {
-      batch.ids.resize(nq);
-      batch.scores.resize(nq);
-      batch.values.resize(nq * dv);
-      for (std::size_t i = 0; i < nq; ++i) {
-        HardResult r = self.get().query_hard(q.span().subspan(i * d, d), o);
-        batch.ids[i] = r.id;
-        batch.scores[i] = r.score;
-        std::copy(r.value.begin(), r.value.end(), batch.values.begin() + static_cast<std::ptrdiff_t>(i * dv));
-        searched_with[i] = r.searched_with;
-      }
-    } else {
-      batch = self.get().query_hard_batch(q.span(), o);
-    }
-  }
+  const std::vector<HardResult> rows = run_query(self, batch_input(queries, self.dim()), Retrieval::hard, o).hard;
+  const std::size_t nq = rows.size(), dv = self.value_dim();
+  std::vector<std::uint64_t> ids(nq);
+  std::vector<float> scores(nq), values(nq * dv);
   py::tuple searched(nq);
-  for (std::size_t i = 0; i < nq; ++i) searched[i] = index_name(searched_with[i]);
-  return types().hard_batch(to_numpy(std::move(batch.ids)), to_numpy(std::move(batch.scores)),
-                            to_numpy(std::move(batch.values), {static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(dv)}),
+  for (std::size_t i = 0; i < nq; ++i) {
+    ids[i] = rows[i].id;
+    scores[i] = rows[i].score;
+    std::copy(rows[i].value.begin(), rows[i].value.end(), values.begin() + static_cast<std::ptrdiff_t>(i * dv));
+    searched[i] = index_name(rows[i].searched_with);
+  }
+  return types().hard_batch(to_numpy(std::move(ids)), to_numpy(std::move(scores)),
+                            to_numpy(std::move(values), {static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(dv)}),
                             std::move(searched));
 }
 
@@ -175,30 +125,34 @@ void def_query(Class& cls, const char* name, Query query, const char* input, con
       name,
       [query](const CollectionView& self, py::handle q, std::optional<double> temperature, std::optional<double> scale,
               long long top_m, long long threads, std::optional<long long> top_k, std::optional<double> epsilon,
-              long long ef_search, long long nprobe, bool exact) {
-        return query(self, q, make_options(temperature, scale, top_m, threads, top_k, epsilon, ef_search, nprobe, exact));
+              long long ef_search, long long nprobe, long long check_sample, bool exact) {
+        return query(self, q,
+                     make_options(temperature, scale, top_m, threads, top_k, epsilon, ef_search, nprobe, check_sample, exact));
       },
       py::arg(input), py::kw_only(), py::arg("temperature") = py::none(), py::arg("scale") = py::none(), py::arg("top_m") = 0,
       py::arg("threads") = 0, py::arg("top_k") = py::none(), py::arg("epsilon") = py::none(), py::arg("ef_search") = 64,
-      py::arg("nprobe") = 16, py::arg("exact") = false, doc);
+      py::arg("nprobe") = 16, py::arg("check_sample") = 0, py::arg("exact") = false, doc);
 }
 
 template <class Class>
 void def_queries(Class& cls) {
   def_query(cls, "query_soft", query_soft, "query",
             "query_soft(query, *, temperature=None, scale=None, top_m=0, threads=0, top_k=None, epsilon=None, ef_search=64, "
-            "nprobe=16, exact=False) -> SoftResult\n\nSoft retrieval for one (d,) query: softmax(s) . V over every entry, or "
-            "over the top_k (or epsilon-adaptive) candidates of the pruning index. scale = 1 / (sqrt(d) * temperature), or "
-            "give scale (Hopfield's beta); unset: the collection's default. The GIL is released while it runs.");
+            "nprobe=16, check_sample=0, exact=False) -> SoftResult\n\nSoft retrieval for one (d,) query: softmax(s) . V over "
+            "every entry, or over the top_k (or epsilon-adaptive) candidates of the pruning index. scale = 1 / (sqrt(d) * "
+            "temperature), or give scale (Hopfield's beta); unset: the collection's default. check_sample (hnsw/ivf): rows "
+            "sampled outside the candidates to check the tail bound. The GIL is released while it runs.");
   def_query(cls, "query_hard", query_hard, "query",
             "query_hard(query, *, ...) -> HardResult\n\nHard retrieval for one (d,) query: the value of argmax s_i "
-            "(ties: smallest id). With an hnsw/ivf index the index's top-1 is taken unless exact=True.");
+            "(ties: smallest id). With an hnsw/ivf index the best of the index's top 64 is taken unless exact=True.");
   def_query(cls, "query_soft_batch", query_soft_batch, "queries",
-            "query_soft_batch(queries, *, ...) -> SoftBatchResult\n\nSoft retrieval for (B, d) queries. Without top_m, "
-            "top_k or epsilon the entries are read once for all B; with them each row is queried as query_soft would.");
+            "query_soft_batch(queries, *, ...) -> SoftBatchResult\n\nSoft retrieval for (B, d) queries through "
+            "Collection::query: without top_m, top_k or epsilon the entries are read once for all B (candidates = N, no "
+            "contributors); with them each row is answered as query_soft would.");
   def_query(cls, "query_hard_batch", query_hard_batch, "queries",
-            "query_hard_batch(queries, *, ...) -> HardBatchResult\n\nHard retrieval for (B, d) queries; the keys are read "
-            "once for all B (one by one through an hnsw/ivf/automatic index unless exact=True).");
+            "query_hard_batch(queries, *, ...) -> HardBatchResult\n\nHard retrieval for (B, d) queries through "
+            "Collection::query: the keys are read once for all B, or one query at a time through an hnsw/ivf/automatic "
+            "index unless exact=True.");
 }
 
 }  // namespace

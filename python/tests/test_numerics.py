@@ -169,3 +169,17 @@ def test_approximate_indexes_blend_exactly_the_candidates_they_report(data, inde
         np.testing.assert_allclose(r.value, ref, rtol=RTOL, atol=ATOL)
         assert r.lse == pytest.approx(lse, rel=1e-5) and r.max_score == pytest.approx(m, rel=1e-5)
         assert 0.0 <= r.tail_bound <= 1.0
+
+
+def test_the_sampled_check_changes_the_bound_never_the_answer(data):
+    keys, values, queries = data
+    c = make(keys, values, index="ivf", ivf_nlist=16, ivf_train_size=700)
+    c.wait_until_indexed()
+    for q in queries[:4]:
+        plain = c.query_soft(q, temperature=0.2, top_k=16)
+        checked = c.query_soft(q, temperature=0.2, top_k=16, check_sample=256)
+        np.testing.assert_array_equal(checked.value, plain.value)
+        assert checked.candidates == plain.candidates and checked.searched_with == "ivf"
+        assert plain.tail_bound <= checked.tail_bound <= 1.0 and not checked.tail_bound_guaranteed
+    batch = c.query_soft_batch(queries[:2], temperature=0.2, top_k=16, check_sample=256)
+    assert batch.tail_bound[0] == c.query_soft(queries[0], temperature=0.2, top_k=16, check_sample=256).tail_bound

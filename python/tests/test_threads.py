@@ -72,7 +72,7 @@ def big():
 
 def test_the_ticker_tells_a_call_that_keeps_the_gil_from_one_that_releases_it():
     assert ticks_during(lambda: sum(range(3_000_000))) == 0  # a C loop that keeps the GIL
-    assert ticks_during(lambda: time.sleep(0.01)) > 10  # a call that releases it
+    assert ticks_during(lambda: time.sleep(0.01)) > 0  # a call that releases it
 
 
 @pytest.mark.parametrize("call", ["query_soft", "query_hard", "query_soft_batch", "query_hard_batch", "query_soft_top_m"])
