@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "errors.hpp"
 #include "reference.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
@@ -81,6 +82,9 @@ struct ServerProcess {
         std::this_thread::sleep_for(25ms);
       }
     }
+    ::kill(pid, SIGKILL);  // the destructor will not run after a throwing constructor: leave no server behind
+    ::waitpid(pid, nullptr, 0);
+    pid = 0;
     FAIL("softkv-server did not start listening");
   }
   ~ServerProcess() {
@@ -364,8 +368,9 @@ std::size_t open_descriptors(pid_t pid) {
 }  // namespace
 
 // Under AddressSanitizer (scripts/sanitize.sh asan builds the server the same way) freed blocks stay
-// in its quarantine, so the server's RSS no longer follows what it holds: the memory bounds are
-// checked in the plain build only; every other check runs in both.
+// in its quarantine, so the server's RSS no longer follows what it holds, and a failed allocation
+// aborts instead of throwing: the memory bounds (and allocation failure) are checked in the plain
+// build only; every other check runs in both.
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kRssMeasuresTheServer = false;
 #else
