@@ -1,6 +1,6 @@
 """Runs the whole benchmark suite and writes bench/results/RESULTS.md plus PNG plots beside it.
 
-Called by `make bench` (scripts/bench.sh) after the Release build. Every figure comes from a command
+Called by `make bench` (scripts/bench.sh) after the Release build (including the Python module). Every figure comes from a command
 run here, side by side with its peers; the goals of the benchmark issue are evaluated at the end.
 Usage: run_bench.py --build build [--sizes 10000,100000,1000000] [--reps 5] [--server-seconds 5]
 """
@@ -42,6 +42,39 @@ def parse_softkv_bench(text):
 
 def parse_python(text):
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+ [\w ]+?(?:of \d+)?(?: \(argmax\))?): ([\d.]+) ms", text, re.M)}
+
+
+def parse_module(text):
+    """python_module_bench.py: {'overhead soft'/'overhead hard': (python us, C++ us, overhead us)} at N = 1000,
+    and {'softkv soft 1 query': ms, 'numpy soft batch of 64': ms, ...}."""
+    out = {f"overhead {m.group(1)}": tuple(float(m.group(i)) for i in (2, 3, 4))
+           for m in re.finditer(r"^overhead (soft|hard) N = 1000, .*?python ([\d.]+) us, C\+\+ ([\d.]+) us, overhead (-?[\d.]+) us", text, re.M)}
+    out.update({m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+ (?:soft|hard) (?:1 query|batch of \d+)): ([\d.]+) ms", text, re.M)})
+    return out
+
+
+def module_section(m, cpp_numpy_ratio, cpp_torch_ratio, batch):
+    """The goals and the table of the Python module's run."""
+    over = max(m["overhead soft"][2], m["overhead hard"][2])
+    one, npy, tch = m["softkv soft 1 query"], m.get("numpy soft 1 query"), m.get("torch soft 1 query")
+    goals = [("from Python: module overhead <= 5 us per single query (N = 1000, median call)", f"{over:.2f} us", over <= 5)]
+    # "The same multiples as the C++ figures": within 10% of the multiple the C++ benchmark measured in this run.
+    for peer, t, cpp in (("numpy", npy, cpp_numpy_ratio), ("PyTorch", tch, cpp_torch_ratio)):
+        if t and cpp:
+            goals.append((f"from Python, exact soft 1 query: the C++ multiple over {peer} ({cpp:.2f}x), within 10%",
+                          f"{t / one:.2f}x", t / one >= 0.9 * cpp))
+    lines = ["## From Python: the native module (`import softkv`)", "",
+             "Measured by `bench/python_module_bench.py` in one process, softkv first (the baselines' BLAS and OpenMP "
+             "threads busy-wait after their work). Per-call overhead: the median Python call minus the median C++ "
+             "call on the same collection, timed in C++ (N = 1,000, d = dv = 128).", "",
+             f"| call | Python | C++ | overhead |", "|---|---|---|---|",
+             *[f"| {k.replace('overhead ', 'query_')} | {v[0]:.2f} us | {v[1]:.2f} us | {v[2]:.2f} us |" for k, v in m.items()
+               if k.startswith("overhead")], "",
+             f"| query (ms) | softkv | numpy | PyTorch | FAISS IndexFlatIP |", "|---|---|---|---|---|"]
+    for kind in ("soft 1 query", f"soft batch of {batch}", "hard 1 query", f"hard batch of {batch}"):
+        cells = [m.get(f"{who} {kind}") for who in ("softkv", "numpy", "torch", "faiss")]
+        lines.append(f"| {kind} | " + " | ".join(f"{c:.2f}" if c else "n/a" for c in cells) + " |")
+    return goals, lines + [""]
 
 
 def free_port():
@@ -158,6 +191,9 @@ def main():
     wide = run([f"{a.build}/bench/softkv_bench", "--n", str(wide_n), "--d", "768", "--dv", "64", "--reps", str(a.reps)])
     wide_py = run(["/usr/bin/python3", "bench/python_peers.py", "--n", str(wide_n), "--d", "768", "--dv", "64", "--reps", str(a.reps)])
     raw.append((f"N = {wide_n}, d = 768, dv = 64", wide + "\n" + wide_py))
+    module_text = run(["/usr/bin/python3", "bench/python_module_bench.py", "--n", str(big), "--reps", str(a.reps)],
+                      env={**os.environ, "PYTHONPATH": os.path.join(a.build, "python")})
+    raw.append((f"Python module, N = {big}, d = dv = 128", module_text))
     prune = run([f"{a.build}/bench/pruning_bench", "--n", str(big), "--queries", "100"])
     server = server_section(a.build, a.server_seconds)
     plot(os.path.join(a.out, "latency_vs_n.png"), os.path.join(a.out, "pruning_error_vs_speedup.png"), sizes, soft, py, prune)
@@ -182,6 +218,9 @@ def main():
         ("hard, 1 query: >= 4x FAISS IndexFlatIP top-1", f"{faiss / hard:.2f}x", faiss / hard >= 4),
         ("pruned soft (IVF): >= 50x the exact scan at rel. error <= 1e-2", f"{best_prune:.1f}x", best_prune >= 50),
     ]
+    module_goals, module_lines = module_section(parse_module(module_text), npy / one[0] if npy else None,
+                                                tch / one[0] if tch else None, 64)
+    goals += module_goals
     for c in (16, 64):
         if ("redis", c) in server:
             ratio = server[("softkv", c)][0] / server[("redis", c)][0]
@@ -216,6 +255,7 @@ def main():
                      (f"{r[0]:,.0f} | {r[1]:.0f} us | {r[2]:.0f} us | {100 * k[0] / r[0]:.0f}% |" if r else "n/a | | | |"))
     lines += ["", "The softkv request is a hard query on N = 1,000, d = 128 (one key in, one 128-float value out); "
               "the redis request is a GET of a 3-byte value: the reference cost of a round trip on this machine.", "",
+              *module_lines,
               "## Pruned soft retrieval", "", "![error vs speed-up](pruning_error_vs_speedup.png)", "", "```", prune.strip(), "```", "",
               ]
     # Why missed goals were missed: written by hand from measurements (bench/analysis.md), kept with the results.

@@ -5,8 +5,8 @@
 # The defaults take about 15 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/install-deps.sh python3-torch python3-matplotlib redis-server redis-tools
+./scripts/install-deps.sh python3-torch python3-faiss python3-matplotlib redis-server redis-tools
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j "$(nproc)" --target softkv_bench pruning_bench load_gen softkv-server
+cmake --build build -j "$(nproc)" --target softkv_bench pruning_bench load_gen softkv-server softkv_python
 /usr/bin/python3 bench/run_bench.py --build build --sizes "${BENCH_SIZES:-10000,100000,1000000}" \
   --reps "${BENCH_REPS:-5}" --server-seconds "${BENCH_SERVER_SECONDS:-5}"

@@ -15,7 +15,9 @@ packages=(
   libcli11-dev libspdlog-dev    # command-line parsing and logs
   zlib1g-dev                    # reading the gzip idx files of the data set example
   dataset-fashion-mnist         # the real data set of examples/fashion_mnist
-  python3 python3-numpy         # Python client
+  python3 python3-numpy         # Python client and module
+  pybind11-dev python3-dev      # the native Python module (import softkv)
+  python3-pytest                # its tests
 )
 packages+=("$@")                # extra packages a caller needs (e.g. scripts/fuzz.sh: clang)
 

@@ -1,8 +1,9 @@
-"""The Python client against a live softkv-server (run by ctest).
+"""The Python client (softkv.Client) against a live softkv-server (run by ctest).
 
-Usage: test_client.py --server PATH/softkv-server --cli PATH/softkv
+Usage: PYTHONPATH=BUILD/python test_client.py --server PATH/softkv-server --cli PATH/softkv
 Checks answers against a float64 numpy reference, bit-for-bit against the C++ client (through the
-softkv command-line tool writing .npy), typed errors, and the CLI's .npy/.fvecs loading.
+softkv command-line tool writing .npy) and against the native module on the same data, typed errors
+(the same softkv.Error subclasses the module raises), and the CLI's .npy/.fvecs loading.
 """
 
 import argparse
@@ -16,8 +17,9 @@ import unittest
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "clients", "python"))
-from softkv_client import Client, SoftkvError  # noqa: E402
+import softkv
+from softkv import Client
+from softkv import Error as SoftkvError
 
 ARGS = None
 PORT = None
@@ -83,6 +85,55 @@ class ClientTest(unittest.TestCase):
         np.testing.assert_array_equal(soft, np.load(soft_out))
         np.testing.assert_array_equal(hard, np.load(hard_out))
         self.assertEqual(single.value.dtype, np.float32)
+
+    def test_answers_are_bit_for_bit_the_native_modules_in_the_same_classes(self):
+        local = softkv.Collection(self.d, self.dv)
+        np.testing.assert_array_equal(local.add_batch(self.keys, self.values), self.ids)
+        with Client(port=PORT) as c:
+            for options in ({}, {"temperature": 0.25, "top_m": 4}, {"scale": 3.0}):
+                remote, here = c.query_soft("py", self.queries[1], **options), local.query_soft(self.queries[1], **options)
+                self.assertIs(type(remote), softkv.SoftResult)
+                np.testing.assert_array_equal(remote.value, here.value)
+                self.assertEqual((remote.lse, remote.max_score, remote.candidates), (here.lse, here.max_score, here.candidates))
+                self.assertEqual(remote.top, here.top)
+                np.testing.assert_array_equal(remote.top.ids, here.top.ids)
+            remote, here = c.query_soft_batch("py", self.queries), local.query_soft_batch(self.queries)
+            self.assertIs(type(remote), softkv.SoftBatchResult)
+            for field in ("values", "lse", "max_score", "candidates", "tail_bound", "tail_bound_guaranteed"):
+                np.testing.assert_array_equal(getattr(remote, field), getattr(here, field), err_msg=field)
+            self.assertEqual(remote.searched_with, here.searched_with)
+            remote, here = c.query_hard_batch("py", self.queries), local.query_hard_batch(self.queries)
+            self.assertIs(type(remote), softkv.HardBatchResult)
+            for field in ("ids", "scores", "values"):
+                np.testing.assert_array_equal(getattr(remote, field), getattr(here, field), err_msg=field)
+            h = c.query_hard("py", self.queries[2])
+            self.assertIs(type(h), softkv.HardResult)
+            self.assertEqual((h.id, h.score), (local.query_hard(self.queries[2]).id, local.query_hard(self.queries[2]).score))
+
+    def test_describe_is_the_dict_database_stats_gives(self):
+        with Client(port=PORT) as c, tempfile.TemporaryDirectory() as d:
+            with softkv.Database(d, fsync="never") as db:
+                db.create_collection("py", self.d, self.dv)
+                db.add("py", self.keys, self.values)
+                local = db.stats("py")
+            remote = c.describe("py")
+        self.assertEqual(set(remote), set(local))
+        for key in ("name", "size", "dim", "value_dim", "metric", "index"):
+            self.assertEqual(remote[key], local[key], key)
+
+    def test_errors_are_the_modules_subclasses(self):
+        with Client(port=PORT) as c:
+            for call, cls in ((lambda: c.query_soft("py", np.ones(self.d + 1)), softkv.DimensionMismatch),
+                              (lambda: c.query_soft("py", np.ones((2, self.d))), softkv.DimensionMismatch),
+                              (lambda: c.query_soft("py", np.ones(self.d), temperature=-1.0), softkv.InvalidArgument),
+                              (lambda: c.get("py", 10**9), softkv.UnknownId),
+                              (lambda: c.query_hard("missing", np.ones(self.d)), softkv.UnknownCollection),
+                              (lambda: c.create_collection("py", dim=2, value_dim=2), softkv.CollectionExists)):
+                with self.assertRaises(cls) as e:
+                    call()
+                self.assertEqual(e.exception.code, cls.code)
+                self.assertTrue(e.exception.message)
+            c.ping()
 
     def test_errors_are_typed_and_the_connection_survives(self):
         with Client(port=PORT) as c:

@@ -1,23 +1,26 @@
-"""softkv_client: a Python client for softkv-server (docs/PROTOCOL.md), standard library + numpy.
+"""softkv.Client: the pure-Python TCP client of softkv-server (docs/PROTOCOL.md), standard library + numpy.
 
-    from softkv_client import Client
-    with Client(port=7878) as c:
+    import softkv
+    with softkv.Client(port=7878) as c:
         c.create_collection("memory", dim=128, value_dim=64)
-        ids = c.add("memory", keys, values)               # numpy (n, d) and (n, dv), float32
+        ids = c.add("memory", keys, values)               # numpy (n, d) and (n, dv); any real dtype
         r = c.query_soft("memory", q, temperature=0.5, top_m=3)
-        r.value, r.lse, r.top                             # numpy (dv,), float, [(id, weight, score)]
+        r.value, r.lse, r.top.ids                         # numpy (dv,), float, (3,) uint64
         values = c.query_soft_batch("memory", Q).values   # numpy (B, dv)
 
-Errors from the server raise SoftkvError with the server's code (see PROTOCOL.md).
+Answers are the same classes the native module returns (softkv.SoftResult, ...), bit for bit the
+library's; error frames raise the same softkv.Error subclasses (e.g. softkv.DimensionMismatch).
 """
 
 from __future__ import annotations
 
 import socket
 import struct
-from dataclasses import dataclass, field
 
 import numpy as np
+
+from ._errors import Error, make_error
+from ._results import Contributors, HardBatchResult, HardResult, SoftBatchResult, SoftResult
 
 PROTOCOL_VERSION = 1
 _ERROR_OPCODE = 0xFF
@@ -31,54 +34,15 @@ _OP = {
 METRICS = {"dot": 0, "cosine": 1}
 INDEXES = {"exact": 0, "flat": 1, "hnsw": 2, "ivf": 3, "automatic": 4}
 INDEX_NAMES = {v: k for k, v in INDEXES.items()}
-ERROR_NAMES = {
-    1: "dimension_mismatch", 2: "empty_collection", 3: "non_finite", 4: "unknown_id", 5: "invalid_argument",
-    6: "unknown_collection", 7: "collection_exists", 8: "corrupt_file", 9: "io_error", 10: "frame_too_large",
-    11: "protocol_error", 12: "unsupported", 13: "numeric_overflow", 14: "unauthenticated", 15: "server_busy",
-    16: "resource_exhausted", 17: "internal",
-}
+
+SoftkvError = Error  # the name this client's errors had before it joined the softkv package
 
 
-class SoftkvError(Exception):
-    """An error frame from the server: .code (int), .name (e.g. 'non_finite'), .message."""
-
-    def __init__(self, code: int, message: str):
-        self.code = code
-        self.name = ERROR_NAMES.get(code, f"error_{code}")
-        self.message = message
-        super().__init__(f"{self.name}: {message}")
-
-
-@dataclass
-class SoftResult:
-    """One soft answer: the blended value and how it was obtained."""
-    value: np.ndarray
-    lse: float
-    max_score: float
-    candidates: int
-    tail_bound: float
-    tail_bound_guaranteed: bool
-    searched_with: str
-    top: list = field(default_factory=list)  # [(id, weight, score)], highest weight first
-
-
-@dataclass
-class HardResult:
-    """One hard answer: the best entry's id, score and value."""
-    id: int
-    score: float
-    value: np.ndarray
-    searched_with: str
-
-
-@dataclass
-class SoftBatch:
-    """Soft answers for B queries; .values stacks them as a (B, dv) array."""
-    results: list
-
-    @property
-    def values(self) -> np.ndarray:
-        return np.stack([r.value for r in self.results])
+def _queries(queries, ndim: int, what: str) -> np.ndarray:
+    q = np.asarray(queries, dtype=np.float32)
+    if q.ndim != ndim:
+        raise make_error(1, f"{what} has shape {q.shape}; give {'one (d,) vector' if ndim == 1 else 'a (B, d) array'}")
+    return q
 
 
 class _Writer:
@@ -113,7 +77,7 @@ class _Reader:
     def get(self, fmt: str):
         size = struct.calcsize("<" + fmt)
         if self.at + size > len(self.b):
-            raise SoftkvError(11, "reply ends early")
+            raise make_error(11, "reply ends early")
         values = struct.unpack_from("<" + fmt, self.b, self.at)
         self.at += size
         return values if len(values) > 1 else values[0]
@@ -128,7 +92,7 @@ class _Reader:
         n = self.get("I")
         size = n * np.dtype(dtype).itemsize
         if self.at + size > len(self.b):
-            raise SoftkvError(11, "reply array runs past the frame")
+            raise make_error(11, "reply array runs past the frame")
         a = np.frombuffer(self.b, dtype="<" + np.dtype(dtype).str[1:], count=n, offset=self.at).copy()
         self.at += size
         return a
@@ -138,7 +102,7 @@ class Client:
     """One connection to softkv-server. Not thread safe: one Client per thread.
 
     max_frame is the largest frame sent or accepted (match the server's --max-frame): a request
-    that would exceed it raises SoftkvError frame_too_large before anything is sent.
+    that would exceed it raises softkv.FrameTooLarge before anything is sent.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 7878, token: str | None = None, timeout: float = 60.0,
@@ -155,6 +119,7 @@ class Client:
             self._call("auth", _Writer().string(token))
 
     def close(self):
+        """Closes the connection."""
         self.sock.close()
 
     def __enter__(self):
@@ -169,7 +134,7 @@ class Client:
         while left:
             chunk = self.sock.recv(min(left, 1 << 20))
             if not chunk:
-                raise SoftkvError(9, "the server closed the connection")
+                raise make_error(9, "the server closed the connection")
             chunks.append(chunk)
             left -= len(chunk)
         return b"".join(chunks)
@@ -178,43 +143,48 @@ class Client:
         self.next_id += 1
         body = payload.bytes()
         if 9 + len(body) > self.max_frame:  # the server's own check, made before sending: the connection stays usable
-            raise SoftkvError(10, f"request frame of {9 + len(body)} bytes exceeds the limit of {self.max_frame} "
-                                  "(max_frame; the server's --max-frame)")
+            raise make_error(10, f"request frame of {9 + len(body)} bytes exceeds the limit of {self.max_frame} "
+                                 "(max_frame; the server's --max-frame)")
         self.sock.sendall(struct.pack("<IBQ", 9 + len(body), _OP[op], self.next_id) + body)
         (length,) = struct.unpack("<I", self._recv_exact(4))
         if length > self.max_frame:
-            raise SoftkvError(10, f"reply frame of {length} bytes exceeds the limit of {self.max_frame}")
+            raise make_error(10, f"reply frame of {length} bytes exceeds the limit of {self.max_frame}")
         if length < 9:
-            raise SoftkvError(11, f"reply frame length {length} is shorter than a frame header")
+            raise make_error(11, f"reply frame length {length} is shorter than a frame header")
         frame = self._recv_exact(length)
         opcode, request_id = struct.unpack_from("<BQ", frame)
         r = _Reader(frame[9:])
         if opcode == _ERROR_OPCODE:
             code = r.get("H")
-            raise SoftkvError(code, r.string())
+            raise make_error(code, r.string())
         if opcode != _OP[op] | _REPLY_BIT or request_id != self.next_id:
-            raise SoftkvError(11, f"unexpected reply opcode {opcode:#x} id {request_id}")
+            raise make_error(11, f"unexpected reply opcode {opcode:#x} id {request_id}")
         return r
 
     # ---- operations ----
     def ping(self):
+        """A round trip that does nothing: checks the connection (and the server's liveness)."""
         self._call("ping", _Writer())
 
     def create_collection(self, name: str, dim: int, value_dim: int, metric: str = "dot", scale: float | None = None,
                           index: str = "exact", hnsw_m: int = 32, hnsw_ef_construction: int = 80, ivf_nlist: int = 0,
                           ivf_train_size: int = 0, auto_threshold: int = 10000, rebuild_fraction: float = 0.25):
+        """Creates a collection; the arguments are those of softkv.Collection."""
         w = _Writer().string(name).put("IIBBf", dim, value_dim, METRICS[metric], scale is not None, scale or 0.0)
         w.put("BIIIQQf", INDEXES[index], hnsw_m, hnsw_ef_construction, ivf_nlist, ivf_train_size, auto_threshold, rebuild_fraction)
         self._call("create", w)
 
     def drop_collection(self, name: str):
+        """Drops a collection and its entries."""
         self._call("drop", _Writer().string(name))
 
     def list_collections(self) -> list:
+        """Names of all collections, sorted."""
         r = self._call("list", _Writer())
         return [r.string() for _ in range(r.get("I"))]
 
     def describe(self, name: str) -> dict:
+        """Size and shape of a collection: the dict softkv.Database.stats returns."""
         r = self._call("describe", _Writer().string(name))
         out = {"name": r.string(), "size": r.get("Q"), "dim": r.get("I"), "value_dim": r.get("I")}
         out["metric"] = "cosine" if r.get("B") == 1 else "dot"
@@ -228,9 +198,11 @@ class Client:
         return r.array(np.uint64)
 
     def upsert(self, name: str, ids, keys, values):
+        """Inserts or replaces n entries by id: (n,) ids, (n, d) keys, (n, dv) values."""
         self._call("upsert", _Writer().string(name).array(ids, np.uint64).array(keys, np.float32).array(values, np.float32))
 
     def remove(self, name: str, ids):
+        """Removes entries by id; softkv.UnknownId (removing nothing) if one is absent."""
         self._call("remove", _Writer().string(name).array(ids, np.uint64))
 
     def get(self, name: str, id: int):
@@ -246,37 +218,56 @@ class Client:
         return self._call("query", w.array(queries, np.float32))
 
     def query_soft_batch(self, name: str, queries, temperature=None, scale=None, top_m=0, top_k=None, epsilon=None,
-                         ef_search=64, nprobe=16) -> SoftBatch:
-        """Soft retrieval for one (d,) or many (B, d) queries."""
-        r = self._query(name, 0, queries, temperature, scale, top_m, top_k, epsilon, ef_search, nprobe, False)
+                         ef_search=64, nprobe=16) -> SoftBatchResult:
+        """Soft retrieval for (B, d) queries; answers as the native Collection.query_soft_batch gives them."""
+        r = self._query(name, 0, _queries(queries, 2, "queries"), temperature, scale, top_m, top_k, epsilon, ef_search,
+                        nprobe, False)
+        return SoftBatchResult.from_results(self._soft_results(r), 0)
+
+    def _soft_results(self, r: _Reader) -> list:
         results = []
         for _ in range(r.get("I")):
             lse, max_score, candidates, tail = r.get("dfQd")
             guaranteed, searched = r.get("BB")
             top = [r.get("Qff") for _ in range(r.get("I"))]
+            contributors = Contributors(np.array([t[0] for t in top], dtype=np.uint64),
+                                        np.array([t[1] for t in top], dtype=np.float32),
+                                        np.array([t[2] for t in top], dtype=np.float32)) if top else Contributors()
             results.append(SoftResult(r.array(np.float32), lse, max_score, candidates, tail, bool(guaranteed),
-                                      INDEX_NAMES.get(searched, "?"), top))
-        return SoftBatch(results)
+                                      INDEX_NAMES.get(searched, "?"), contributors))
+        return results
 
-    def query_soft(self, name: str, query, **options) -> SoftResult:
-        return self.query_soft_batch(name, np.asarray(query).reshape(-1), **options).results[0]
+    def query_soft(self, name: str, query, temperature=None, scale=None, top_m=0, top_k=None, epsilon=None,
+                   ef_search=64, nprobe=16) -> SoftResult:
+        """Soft retrieval for one (d,) query: a SoftResult."""
+        r = self._query(name, 0, _queries(query, 1, "query"), temperature, scale, top_m, top_k, epsilon, ef_search, nprobe,
+                        False)
+        return self._soft_results(r)[0]
 
-    def query_hard_batch(self, name: str, queries, temperature=None, scale=None, exact=False, ef_search=64, nprobe=16) -> list:
-        """Hard retrieval for one (d,) or many (B, d) queries: a list of HardResult."""
-        r = self._query(name, 1, queries, temperature, scale, 0, None, None, ef_search, nprobe, exact)
+    def query_hard_batch(self, name: str, queries, temperature=None, scale=None, exact=False, ef_search=64,
+                         nprobe=16) -> HardBatchResult:
+        """Hard retrieval for (B, d) queries: a HardBatchResult (iterating it yields HardResult)."""
+        r = self._query(name, 1, _queries(queries, 2, "queries"), temperature, scale, 0, None, None, ef_search, nprobe, exact)
+        return HardBatchResult.from_results(self._hard_results(r), 0)
+
+    def _hard_results(self, r: _Reader) -> list:
         out = []
         for _ in range(r.get("I")):
             id_, score, searched = r.get("QfB")
             out.append(HardResult(id_, score, r.array(np.float32), INDEX_NAMES.get(searched, "?")))
         return out
 
-    def query_hard(self, name: str, query, **options) -> HardResult:
-        return self.query_hard_batch(name, np.asarray(query).reshape(-1), **options)[0]
+    def query_hard(self, name: str, query, temperature=None, scale=None, exact=False, ef_search=64, nprobe=16) -> HardResult:
+        """Hard retrieval for one (d,) query: a HardResult."""
+        r = self._query(name, 1, _queries(query, 1, "query"), temperature, scale, 0, None, None, ef_search, nprobe, exact)
+        return self._hard_results(r)[0]
 
     def snapshot(self):
+        """Asks the server to write a snapshot now."""
         self._call("snapshot", _Writer())
 
     def stats(self) -> dict:
+        """The server's version, kernel path and counters (collections, connections, requests, last_sequence)."""
         r = self._call("stats", _Writer())
         out = {"server_version": r.string(), "simd_path": r.string()}
         out["collections"], out["connections"], out["requests"], out["last_sequence"] = r.get("QQQQ")

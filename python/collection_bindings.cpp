@@ -1,0 +1,289 @@
+// Python bindings of Collection and CollectionView: query options as keywords, answers as the
+// softkv result classes, batches routed as softkv-server routes them. The GIL is released around the library.
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+
+namespace softkv::python {
+namespace {
+
+QueryOptions make_options(std::optional<double> temperature, std::optional<double> scale, long long top_m, long long threads,
+                          std::optional<long long> top_k, std::optional<double> epsilon, long long ef_search,
+                          long long nprobe, long long check_sample, bool exact) {
+  QueryOptions o;
+  o.temperature = maybe_float(temperature);
+  o.scale = maybe_float(scale);
+  o.top_m = non_negative(top_m, "top_m");
+  o.threads = non_negative(threads, "threads");
+  if (top_k) o.top_k = non_negative(*top_k, "top_k");
+  o.epsilon = maybe_float(epsilon);
+  o.ef_search = non_negative(ef_search, "ef_search");
+  o.nprobe = non_negative(nprobe, "nprobe");
+  o.check_sample = non_negative(check_sample, "check_sample");
+  o.exact = exact;
+  return o;
+}
+
+// ---- answers: softkv structs -> the Python result classes ----
+
+py::object contributors(const std::vector<Contributor>& top) {
+  if (top.empty()) return types().contributors();
+  std::vector<std::uint64_t> ids(top.size());
+  std::vector<float> weights(top.size()), scores(top.size());
+  for (std::size_t i = 0; i < top.size(); ++i) {
+    ids[i] = top[i].id;
+    weights[i] = top[i].weight;
+    scores[i] = top[i].score;
+  }
+  return types().contributors(to_numpy(std::move(ids)), to_numpy(std::move(weights)), to_numpy(std::move(scores)));
+}
+
+py::object soft_answer(SoftResult&& r) {
+  return types().soft(to_numpy(std::move(r.value)), r.lse, r.max_score, r.candidates, r.tail_bound, r.tail_bound_guaranteed,
+                      index_name(r.searched_with), contributors(r.top));
+}
+
+py::object hard_answer(HardResult&& r) {
+  return types().hard(r.id, r.score, to_numpy(std::move(r.value)), index_name(r.searched_with));
+}
+
+// ---- the query side, shared by Collection and CollectionView: everything goes through Collection::query ----
+
+// Runs n >= 1 queries (the library's one entry point, which picks the fused batch kernels or one query at
+// a time) with the GIL released.
+QueryResults run_query(const CollectionView& self, const FloatInput& q, Retrieval kind, const QueryOptions& o) {
+  py::gil_scoped_release nogil;
+  return self.get().query(q.span(), kind, o);
+}
+
+py::object query_soft(const CollectionView& self, py::handle query, const QueryOptions& o) {
+  QueryResults r = run_query(self, float_input(query, 1, self.dim(), "query"), Retrieval::soft, o);
+  return soft_answer(std::move(r.soft.at(0)));
+}
+
+py::object query_hard(const CollectionView& self, py::handle query, const QueryOptions& o) {
+  QueryResults r = run_query(self, float_input(query, 1, self.dim(), "query"), Retrieval::hard, o);
+  return hard_answer(std::move(r.hard.at(0)));
+}
+
+// (B, d) queries with B >= 1.
+FloatInput batch_input(py::handle queries, std::size_t d) {
+  FloatInput q = float_input(queries, 2, d, "queries");
+  if (q.rows == 0) throw Error(ErrorCode::dimension_mismatch, "queries has shape (0, " + std::to_string(d) + "): give at least one row");
+  return q;
+}
+
+py::object query_soft_batch(const CollectionView& self, py::handle queries, const QueryOptions& o) {
+  const std::vector<SoftResult> rows = run_query(self, batch_input(queries, self.dim()), Retrieval::soft, o).soft;
+  const std::size_t nq = rows.size(), dv = self.value_dim();
+  std::vector<float> values(nq * dv), max_score(nq);
+  std::vector<double> lse(nq), tail(nq);
+  std::vector<std::uint64_t> candidates(nq);
+  py::array_t<bool> guaranteed(static_cast<py::ssize_t>(nq));
+  py::tuple searched(nq), top(nq);
+  for (std::size_t i = 0; i < nq; ++i) {
+    std::copy(rows[i].value.begin(), rows[i].value.end(), values.begin() + static_cast<std::ptrdiff_t>(i * dv));
+    lse[i] = rows[i].lse;
+    max_score[i] = rows[i].max_score;
+    candidates[i] = rows[i].candidates;
+    tail[i] = rows[i].tail_bound;
+    guaranteed.mutable_at(i) = rows[i].tail_bound_guaranteed;
+    searched[i] = index_name(rows[i].searched_with);
+    top[i] = contributors(rows[i].top);
+  }
+  return types().soft_batch(to_numpy(std::move(values), {static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(dv)}),
+                            to_numpy(std::move(lse)), to_numpy(std::move(max_score)), to_numpy(std::move(candidates)),
+                            to_numpy(std::move(tail)), std::move(guaranteed), std::move(searched), std::move(top));
+}
+
+py::object query_hard_batch(const CollectionView& self, py::handle queries, const QueryOptions& o) {
+  const std::vector<HardResult> rows = run_query(self, batch_input(queries, self.dim()), Retrieval::hard, o).hard;
+  const std::size_t nq = rows.size(), dv = self.value_dim();
+  std::vector<std::uint64_t> ids(nq);
+  std::vector<float> scores(nq), values(nq * dv);
+  py::tuple searched(nq);
+  for (std::size_t i = 0; i < nq; ++i) {
+    ids[i] = rows[i].id;
+    scores[i] = rows[i].score;
+    std::copy(rows[i].value.begin(), rows[i].value.end(), values.begin() + static_cast<std::ptrdiff_t>(i * dv));
+    searched[i] = index_name(rows[i].searched_with);
+  }
+  return types().hard_batch(to_numpy(std::move(ids)), to_numpy(std::move(scores)),
+                            to_numpy(std::move(values), {static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(dv)}),
+                            std::move(searched));
+}
+
+// Binds a query method with the options as keyword-only arguments (the same set on every query).
+template <class Class, class Query>
+void def_query(Class& cls, const char* name, Query query, const char* input, const char* doc) {
+  cls.def(
+      name,
+      [query](const CollectionView& self, py::handle q, std::optional<double> temperature, std::optional<double> scale,
+              long long top_m, long long threads, std::optional<long long> top_k, std::optional<double> epsilon,
+              long long ef_search, long long nprobe, long long check_sample, bool exact) {
+        return query(self, q,
+                     make_options(temperature, scale, top_m, threads, top_k, epsilon, ef_search, nprobe, check_sample, exact));
+      },
+      py::arg(input), py::kw_only(), py::arg("temperature") = py::none(), py::arg("scale") = py::none(), py::arg("top_m") = 0,
+      py::arg("threads") = 0, py::arg("top_k") = py::none(), py::arg("epsilon") = py::none(), py::arg("ef_search") = 64,
+      py::arg("nprobe") = 16, py::arg("check_sample") = 0, py::arg("exact") = false, doc);
+}
+
+template <class Class>
+void def_queries(Class& cls) {
+  def_query(cls, "query_soft", query_soft, "query",
+            "query_soft(query, *, temperature=None, scale=None, top_m=0, threads=0, top_k=None, epsilon=None, ef_search=64, "
+            "nprobe=16, check_sample=0, exact=False) -> SoftResult\n\nSoft retrieval for one (d,) query: softmax(s) . V over "
+            "every entry, or over the top_k (or epsilon-adaptive) candidates of the pruning index. scale = 1 / (sqrt(d) * "
+            "temperature), or give scale (Hopfield's beta); unset: the collection's default. check_sample (hnsw/ivf): rows "
+            "sampled outside the candidates to check the tail bound. The GIL is released while it runs.");
+  def_query(cls, "query_hard", query_hard, "query",
+            "query_hard(query, *, ...) -> HardResult\n\nHard retrieval for one (d,) query: the value of argmax s_i "
+            "(ties: smallest id). With an hnsw/ivf index the best of the index's top 64 is taken unless exact=True.");
+  def_query(cls, "query_soft_batch", query_soft_batch, "queries",
+            "query_soft_batch(queries, *, ...) -> SoftBatchResult\n\nSoft retrieval for (B, d) queries through "
+            "Collection::query: without top_m, top_k or epsilon the entries are read once for all B (candidates = N, no "
+            "contributors); with them each row is answered as query_soft would.");
+  def_query(cls, "query_hard_batch", query_hard_batch, "queries",
+            "query_hard_batch(queries, *, ...) -> HardBatchResult\n\nHard retrieval for (B, d) queries through "
+            "Collection::query: the keys are read once for all B, or one query at a time through an hnsw/ivf/automatic "
+            "index unless exact=True.");
+}
+
+}  // namespace
+
+void bind_collections(py::module_& m) {
+  auto view = py::class_<CollectionView>(m, "CollectionView",
+      "A collection's query side, shared with a Database (Database.collection(name)): soft and hard queries over "
+      "numpy arrays. Writes go through the Database, which logs them. Safe to query from many threads at once.");
+  view.def_property_readonly("config", [](const CollectionView& c) { return config_dict(c.get().config()); },
+                             "The configuration as a dict (dim, value_dim, metric, scale, index and its parameters).")
+      .def_property_readonly("dim", &CollectionView::dim, "Key (and query) dimension d.")
+      .def_property_readonly("value_dim", &CollectionView::value_dim, "Value dimension dv.")
+      .def("__len__", [](const CollectionView& c) { py::gil_scoped_release nogil; return c.get().size(); }, "Number of entries.")
+      .def("size", [](const CollectionView& c) { py::gil_scoped_release nogil; return c.get().size(); }, "Number of entries.")
+      .def("__contains__", [](const CollectionView& c, py::handle id) {
+             const std::uint64_t v = id_value(id);
+             py::gil_scoped_release nogil;
+             return c.get().contains(v);
+           }, py::arg("id"), "Whether an entry has this id.")
+      .def("get", [](const CollectionView& c, py::handle id) {
+             const std::uint64_t v = id_value(id);
+             Entry e;
+             {
+               py::gil_scoped_release nogil;
+               e = c.get().get(v);
+             }
+             return py::make_tuple(to_numpy(std::move(e.key)), to_numpy(std::move(e.value)));
+           }, py::arg("id"), "(key, value) of the entry with this id, as float32 arrays (the key as stored: unit length "
+                              "under cosine); raises softkv.UnknownId.")
+      .def("ids", [](const CollectionView& c) {
+             std::vector<std::uint64_t> ids;
+             {
+               py::gil_scoped_release nogil;
+               ids = c.get().ids();
+             }
+             return to_numpy(std::move(ids));
+           }, "All ids as a uint64 array, in storage order (not sorted).")
+      .def_property_readonly("next_id", [](const CollectionView& c) { py::gil_scoped_release nogil; return c.get().next_id(); },
+                             "The id add() assigns next: one above the largest id ever stored.")
+      .def("wait_until_indexed", [](const CollectionView& c) { py::gil_scoped_release nogil; c.get().wait_until_indexed(); },
+           "Blocks (GIL released) until background index work (IVF training, HNSW/IVF builds) has finished.")
+      .def_property_readonly("index_building", [](const CollectionView& c) { return c.get().index_building(); },
+                             "Whether background index work is running now.")
+      .def("resolve_scale", [](const CollectionView& c, std::optional<double> temperature, std::optional<double> scale) {
+             QueryOptions o;
+             o.temperature = maybe_float(temperature);
+             o.scale = maybe_float(scale);
+             return c.get().resolve_scale(o);
+           }, py::kw_only(), py::arg("temperature") = py::none(), py::arg("scale") = py::none(),
+           "The score scale a query with these options uses; raises softkv.InvalidArgument for a bad T or scale.");
+  def_queries(view);
+  view.def("__repr__", [](py::handle self) {
+    const CollectionConfig& config = self.cast<const CollectionView&>().get().config();
+    return "<softkv." + py::str(py::type::handle_of(self).attr("__name__")).cast<std::string>() + " dim=" +
+           std::to_string(config.dim) + " value_dim=" + std::to_string(config.value_dim) +
+           " metric=" + (config.metric == Metric::cosine ? "cosine" : "dot") + " index=" +
+           index_name(config.index.kind).cast<std::string>() + " size=" +
+           std::to_string(self.cast<const CollectionView&>().get().size_hint()) + ">";
+  });
+  view.def("_time_native", [](const CollectionView& c, py::handle query, long long reps, bool hard) {
+        const FloatInput q = float_input(query, 1, c.dim(), "query");
+        const std::size_t n = std::max<std::size_t>(1, non_negative(reps, "reps"));
+        std::vector<double> seconds(n);
+        py::gil_scoped_release nogil;
+        for (double& s : seconds) {
+          const auto t0 = std::chrono::steady_clock::now();
+          if (hard) {
+            (void)c.get().query_hard(q.span());
+          } else {
+            (void)c.get().query_soft(q.span());
+          }
+          s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        std::nth_element(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(n / 2), seconds.end());
+        return seconds[n / 2];
+      }, py::arg("query"), py::arg("reps"), py::arg("hard") = false,
+      "Benchmark hook (bench/python_module_bench.py): the median seconds of one bare C++ query_soft or query_hard "
+      "with default options, timed in C++ with no Python in the loop.");
+
+  py::class_<OwnedCollection, CollectionView>(m, "Collection",
+      "A set of (id, key, value) float vectors queried by soft (softmax-weighted) or hard (argmax) retrieval, held in "
+      "this process (no persistence: see Database). Inputs are numpy arrays: float32 C-contiguous arrays are read "
+      "without a copy, anything else real-valued is converted once. Queries may run from many threads at once (the "
+      "GIL is released); a write waits for running queries.")
+      .def(py::init([](long long dim, long long value_dim, const std::string& metric, std::optional<double> scale,
+                       const std::string& index, long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
+                       long long ivf_train_size, long long auto_threshold, double rebuild_fraction) {
+             return OwnedCollection(std::make_shared<Collection>(make_config(dim, value_dim, metric, scale, index, hnsw_m,
+                                                                             hnsw_ef_construction, ivf_nlist, ivf_train_size,
+                                                                             auto_threshold, rebuild_fraction)));
+           }), SOFTKV_CONFIG_ARGS,
+           "Collection(dim, value_dim, *, metric='dot', scale=None, index='exact', hnsw_m=32, hnsw_ef_construction=80, "
+           "ivf_nlist=0, ivf_train_size=0, auto_threshold=10000, rebuild_fraction=0.25)\n\nAn empty collection; metric "
+           "'dot' or 'cosine'; index 'exact', 'flat', 'hnsw', 'ivf' or 'automatic' (pruned queries with top_k/epsilon).")
+      .def("add", [](const OwnedCollection& c, py::handle key, py::handle value) {
+             const FloatInput k = float_input(key, 1, c.dim(), "key"), v = float_input(value, 1, c.value_dim(), "value");
+             py::gil_scoped_release nogil;
+             return c.write().add(k.span(), v.span());
+           }, py::arg("key"), py::arg("value"), "Adds one entry ((d,) key, (dv,) value) and returns its new id.")
+      .def("add_batch", [](const OwnedCollection& c, py::handle keys, py::handle values) {
+             const FloatInput k = float_input(keys, 2, c.dim(), "keys"), v = float_input(values, 2, c.value_dim(), "values");
+             std::vector<std::uint64_t> ids;
+             {
+               py::gil_scoped_release nogil;
+               ids = c.write().add_batch(k.span(), v.span());
+             }
+             return to_numpy(std::move(ids));
+           }, py::arg("keys"), py::arg("values"), "Adds (n, d) keys and (n, dv) values; returns their new ids (uint64 array).")
+      .def("upsert", [](const OwnedCollection& c, py::handle id, py::handle key, py::handle value) {
+             const std::uint64_t i = id_value(id);
+             const FloatInput k = float_input(key, 1, c.dim(), "key"), v = float_input(value, 1, c.value_dim(), "value");
+             py::gil_scoped_release nogil;
+             c.write().upsert(i, k.span(), v.span());
+           }, py::arg("id"), py::arg("key"), py::arg("value"), "Inserts or replaces the entry with this id (any id but 2^64-1).")
+      .def("upsert_batch", [](const OwnedCollection& c, py::handle ids, py::handle keys, py::handle values) {
+             const auto i = id_input(ids, "ids");
+             const FloatInput k = float_input(keys, 2, c.dim(), "keys"), v = float_input(values, 2, c.value_dim(), "values");
+             py::gil_scoped_release nogil;
+             c.write().upsert_batch({i.data(), static_cast<std::size_t>(i.size())}, k.span(), v.span());
+           }, py::arg("ids"), py::arg("keys"), py::arg("values"), "Inserts or replaces n entries: (n,) ids, (n, d) keys, (n, dv) values.")
+      .def("remove", [](const OwnedCollection& c, py::handle id) {
+             const std::uint64_t i = id_value(id);
+             py::gil_scoped_release nogil;
+             c.write().remove(i);
+           }, py::arg("id"), "Removes the entry with this id; raises softkv.UnknownId if there is none.")
+      .def("remove_batch", [](const OwnedCollection& c, py::handle ids) {
+             const auto i = id_input(ids, "ids");
+             py::gil_scoped_release nogil;
+             c.write().remove_batch({i.data(), static_cast<std::size_t>(i.size())});
+           }, py::arg("ids"), "Removes distinct ids, all or nothing (softkv.UnknownId or softkv.InvalidArgument first).");
+
+}
+
+}  // namespace softkv::python

@@ -1,0 +1,169 @@
+// softkv's native Python module (_softkv, re-exported by the softkv package): the Python classes it
+// answers with, the error translation (softkv::Error -> softkv.Error subclasses) and module functions.
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+
+namespace softkv::python {
+
+PythonTypes& types() {
+  static PythonTypes t;
+  return t;
+}
+
+py::handle index_name(IndexKind kind) {
+  const auto i = static_cast<std::size_t>(kind);
+  return i < 5 ? types().index_names[i] : types().index_names[0];
+}
+
+std::size_t non_negative(long long v, const char* field) {
+  if (v < 0) throw Error(ErrorCode::invalid_argument, std::string(field) + " must be >= 0, got " + std::to_string(v));
+  return static_cast<std::size_t>(v);
+}
+
+std::optional<float> maybe_float(const std::optional<double>& v) {
+  return v ? std::optional<float>(static_cast<float>(*v)) : std::nullopt;
+}
+
+namespace {
+
+Metric metric_from(const std::string& name) {
+  if (name == "dot") return Metric::dot;
+  if (name == "cosine") return Metric::cosine;
+  throw Error(ErrorCode::invalid_argument, "metric must be 'dot' or 'cosine', got '" + name + "'");
+}
+
+IndexKind index_from(const std::string& name) {
+  static const char* const names[] = {"exact", "flat", "hnsw", "ivf", "automatic"};
+  for (std::size_t i = 0; i < 5; ++i)
+    if (name == names[i]) return static_cast<IndexKind>(i);
+  throw Error(ErrorCode::invalid_argument, "index must be one of exact, flat, hnsw, ivf, automatic; got '" + name + "'");
+}
+
+}  // namespace
+
+CollectionConfig make_config(long long dim, long long value_dim, const std::string& metric, std::optional<double> scale,
+                             const std::string& index, long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
+                             long long ivf_train_size, long long auto_threshold, double rebuild_fraction) {
+  CollectionConfig c;
+  c.dim = non_negative(dim, "dim");
+  c.value_dim = non_negative(value_dim, "value_dim");
+  c.metric = metric_from(metric);
+  c.scale = maybe_float(scale);
+  c.index.kind = index_from(index);
+  c.index.hnsw_m = non_negative(hnsw_m, "hnsw_m");
+  c.index.hnsw_ef_construction = non_negative(hnsw_ef_construction, "hnsw_ef_construction");
+  c.index.ivf_nlist = non_negative(ivf_nlist, "ivf_nlist");
+  c.index.ivf_train_size = non_negative(ivf_train_size, "ivf_train_size");
+  c.index.auto_threshold = non_negative(auto_threshold, "auto_threshold");
+  c.index.rebuild_fraction = static_cast<float>(rebuild_fraction);
+  check_config(c);
+  return c;
+}
+
+py::dict config_dict(const CollectionConfig& c) {
+  py::dict d;
+  d["dim"] = c.dim;
+  d["value_dim"] = c.value_dim;
+  d["metric"] = c.metric == Metric::cosine ? "cosine" : "dot";
+  d["scale"] = c.scale ? py::object(py::float_(*c.scale)) : py::object(py::none());
+  d["index"] = index_name(c.index.kind);
+  d["hnsw_m"] = c.index.hnsw_m;
+  d["hnsw_ef_construction"] = c.index.hnsw_ef_construction;
+  d["ivf_nlist"] = c.index.ivf_nlist;
+  d["ivf_train_size"] = c.index.ivf_train_size;
+  d["auto_threshold"] = c.index.auto_threshold;
+  d["rebuild_fraction"] = c.index.rebuild_fraction;
+  return d;
+}
+
+namespace {
+
+std::string error_message(const Error& e) {
+  const std::string what = e.what(), prefix = std::string(to_string(e.code())) + ": ";
+  return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
+}
+
+}  // namespace
+}  // namespace softkv::python
+
+PYBIND11_MODULE(_softkv, m) {
+  using namespace softkv;
+  using namespace softkv::python;
+  m.doc() = "softkv's native module: use it through the softkv package (import softkv).";
+
+  const py::module_ results = py::module_::import("softkv._results");
+  const py::module_ errors = py::module_::import("softkv._errors");
+  PythonTypes& t = types();
+  t.soft = py::object(results.attr("SoftResult")).release();
+  t.hard = py::object(results.attr("HardResult")).release();
+  t.soft_batch = py::object(results.attr("SoftBatchResult")).release();
+  t.hard_batch = py::object(results.attr("HardBatchResult")).release();
+  t.contributors = py::object(results.attr("Contributors")).release();
+  t.make_error = py::object(errors.attr("make_error")).release();
+  const char* const names[] = {"exact", "flat", "hnsw", "ivf", "automatic"};
+  for (std::size_t i = 0; i < 5; ++i) t.index_names[i] = py::str(names[i]).release();
+
+  // The error tiers of softkv-server's replies: an Error keeps its code, a failed allocation is
+  // resource_exhausted, any other C++ exception from the library is internal (a bug to report).
+  // pybind11's own exceptions (a Python error in flight, a failed argument cast) pass through unchanged.
+  py::register_exception_translator([](std::exception_ptr p) {
+    const auto raise = [](ErrorCode code, const std::string& message) {
+      const py::object err = types().make_error(static_cast<int>(code), message);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
+    };
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      raise(e.code(), error_message(e));
+    } catch (const std::bad_alloc&) {
+      raise(ErrorCode::resource_exhausted, "out of memory: the request needs more memory than is available");
+    } catch (const py::error_already_set&) {
+      throw;
+    } catch (const py::builtin_exception&) {
+      throw;
+    } catch (const std::exception& e) {
+      raise(ErrorCode::internal, std::string("unexpected exception in softkv (please report it): ") + e.what());
+    }
+  });
+
+  bind_collections(m);
+  bind_database(m);
+
+  m.def("check_config", [](long long dim, long long value_dim, const std::string& metric, std::optional<double> scale,
+                           const std::string& index, long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
+                           long long ivf_train_size, long long auto_threshold, double rebuild_fraction) {
+          return config_dict(make_config(dim, value_dim, metric, scale, index, hnsw_m, hnsw_ef_construction, ivf_nlist,
+                                         ivf_train_size, auto_threshold, rebuild_fraction));
+        }, SOFTKV_CONFIG_ARGS,
+        "Checks a collection configuration against softkv's limits (softkv.InvalidArgument naming the first bad field) "
+        "and returns it as a dict.");
+  m.def("simd_path", [] { return std::string(simd_path()); },
+        "Name of the kernel path in use: 'scalar', 'sse2', 'avx2' or 'avx512'.");
+  m.def("available_simd_paths", [] {
+          std::vector<std::string> out;
+          for (const auto p : available_simd_paths()) out.emplace_back(p);
+          return out;
+        }, "Every kernel path this CPU can run, from the portable scalar reference to the widest.");
+  m.def("force_simd_path", [](const std::string& name) { force_simd_path(name); }, py::arg("name"),
+        "Forces a kernel path for the whole process (call it before querying); softkv.Unsupported if the CPU lacks it.");
+  m.def("_error_names", [] {
+          py::dict out;
+          for (int code = 1; code < 256; ++code) {
+            const std::string_view name = to_string(static_cast<ErrorCode>(code));
+            if (name != "unknown_error") out[py::int_(code)] = std::string(name);
+          }
+          return out;
+        }, "Every softkv::ErrorCode of this build and its name (the tests check softkv's classes against it).");
+  m.def("_input_stats", [] {
+          py::dict out;
+          out["conversions"] = input_stats().conversions.load(std::memory_order_relaxed);
+          out["last_address"] = input_stats().last_address.load(std::memory_order_relaxed);
+          return out;
+        }, "How many inputs were converted (copied) so far and the address of the last float buffer passed to softkv.");
+  m.attr("__version__") = kVersion;
+}
