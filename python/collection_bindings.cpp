@@ -196,6 +196,15 @@ void bind_collections(py::module_& m) {
            "Blocks (GIL released) until background index work (IVF training, HNSW/IVF builds) has finished.")
       .def_property_readonly("index_building", [](const CollectionView& c) { return c.get().index_building(); },
                              "Whether background index work is running now.")
+      .def_property("coalescing", [](const CollectionView& c) { return c.get().coalescing(); },
+                    [](const CollectionView& c, bool on) { c.get().set_coalescing(on); },
+                    "Whether concurrent single queries share passes over the rows (on by default).")
+      .def("coalescing_stats", [](const CollectionView& c) {
+             const CoalescingStats s = c.get().coalescing_stats();
+             py::dict d;
+             d["queries"] = s.queries, d["passes"] = s.passes, d["max_batch"] = s.max_batch;
+             return d;
+           }, "Coalesced single queries: {'queries', 'passes', 'max_batch'}.")
       .def("resolve_scale", [](const CollectionView& c, std::optional<double> temperature, std::optional<double> scale) {
              QueryOptions o;
              o.temperature = maybe_float(temperature);

@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("softkv-server {} on {}:{}, kernel path {}, data {}, {} collection(s) loaded in {:.2f} s, fsync {}, coalescing {}", softkv::kVersion,
                  config.host, server.port(), softkv::simd_path(), data, db.list_collections().size(), secs, fsync, coalesce);
-    spdlog::info("connect with: softkv --port {} stats   (or softkv::Client / clients/python/softkv_client.py)", server.port());
+    spdlog::info("connect with: softkv --port {} stats   (or softkv::Client / Python softkv.Client)", server.port());
     std::thread waiter([&] {
       char sig = 0;
       while (::read(signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {

@@ -27,7 +27,7 @@ _ERROR_OPCODE = 0xFF
 _REPLY_BIT = 0x80
 _OP = {
     "hello": 0x01, "auth": 0x02, "ping": 0x03,
-    "create": 0x10, "drop": 0x11, "list": 0x12, "describe": 0x13,
+    "create": 0x10, "drop": 0x11, "list": 0x12, "describe": 0x13, "query_stats": 0x14,
     "add": 0x20, "upsert": 0x21, "remove": 0x22, "get": 0x23,
     "query": 0x30, "snapshot": 0x40, "stats": 0x41,
 }
@@ -182,6 +182,12 @@ class Client:
         """Names of all collections, sorted."""
         r = self._call("list", _Writer())
         return [r.string() for _ in range(r.get("I"))]
+
+    def query_stats(self, name: str) -> dict:
+        """A collection's coalesced single queries: {'queries', 'passes', 'max_batch'} (opcode 0x14)."""
+        r = self._call("query_stats", _Writer().string(name))
+        queries, passes, max_batch = r.get("QQQ")
+        return {"queries": queries, "passes": passes, "max_batch": max_batch}
 
     def describe(self, name: str) -> dict:
         """Size and shape of a collection: the dict softkv.Database.stats returns."""

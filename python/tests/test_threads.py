@@ -131,3 +131,24 @@ def test_database_writes_snapshots_and_index_builds_release_the_gil(tmp_path):
         c.wait_until_indexed()
         t1 = time.perf_counter()
     assert not c.index_building and ticker.ticks_inside(t0, t1) > 0
+
+
+def test_threads_querying_one_collection_share_passes(big):
+    """Coalescing: single queries from Python threads (the GIL released) wait for and share passes."""
+    c, _ = big
+    c.coalescing = True
+    before = c.coalescing_stats()
+    queries = np.random.default_rng(5).standard_normal((32, c.dim)).astype(np.float32)
+    threads = [threading.Thread(target=lambda q=q: c.query_soft(q)) for q in queries]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = c.coalescing_stats()
+    assert after["queries"] - before["queries"] == 32
+    assert after["passes"] - before["passes"] <= 32
+    c.coalescing = False
+    assert not c.coalescing
+    c.query_soft(queries[0])
+    assert c.coalescing_stats()["queries"] == after["queries"]  # off: not coalesced
+    c.coalescing = True

@@ -121,6 +121,18 @@ class ClientTest(unittest.TestCase):
         for key in ("name", "size", "dim", "value_dim", "metric", "index"):
             self.assertEqual(remote[key], local[key], key)
 
+    def test_query_stats_counts_the_collections_coalesced_queries(self):
+        with Client(port=PORT) as c:
+            before = c.query_stats("py")
+            c.query_soft("py", self.queries[0])
+            c.query_hard("py", self.queries[1])
+            after = c.query_stats("py")
+            self.assertEqual(set(after), {"queries", "passes", "max_batch"})
+            self.assertEqual(after["queries"], before["queries"] + 2)
+            self.assertGreaterEqual(after["passes"], before["passes"] + 1)
+            with self.assertRaises(softkv.UnknownCollection):
+                c.query_stats("no-such-collection")
+
     def test_errors_are_the_modules_subclasses(self):
         with Client(port=PORT) as c:
             for call, cls in ((lambda: c.query_soft("py", np.ones(self.d + 1)), softkv.DimensionMismatch),
