@@ -72,20 +72,31 @@ int main(int argc, char** argv) {
   app.add_option("--n", n, "entries (with --setup)");
   app.add_option("--d", d, "dimension (with --setup)");
   app.add_flag("--setup", setup, "create and fill the collection 'load' first");
-  app.add_option("--op", op, "hard (a query) or ping (the round trip alone)")->check(CLI::IsMember({"hard", "ping"}));
+  app.add_option("--op", op, "hard or soft (one query per request) or ping (the round trip alone)")
+      ->check(CLI::IsMember({"hard", "soft", "ping"}));
   CLI11_PARSE(app, argc, argv);
   const softkv::ClientOptions options{"127.0.0.1", port};
   {
     softkv::Client c(options);
     if (setup) {
       if (c.list_collections().empty()) c.create_collection("load", {d, d, softkv::Metric::dot, {}, {}});
-      c.add("load", softkv::bench::uniform_floats(n * d, 1), softkv::bench::uniform_floats(n * d, 2));
+      // In pieces of at most 32 MiB of floats, under the server's 64 MiB frame limit.
+      const std::size_t rows = std::max<std::size_t>(1, (32u << 20) / (8 * d));
+      for (std::size_t at = 0; at < n; at += rows) {
+        const std::size_t m = std::min(rows, n - at);
+        c.add("load", softkv::bench::uniform_floats(m * d, 1 + at), softkv::bench::uniform_floats(m * d, 2 + at));
+      }
     }
-    if (op == "hard") d = c.describe("load").dim;
+    if (op != "ping") d = c.describe("load").dim;
   }
-  softkv::wire::Request request = softkv::wire::Ping{};
-  if (op == "hard") request = softkv::wire::Query{"load", softkv::wire::QueryKind::hard, {}, softkv::bench::uniform_floats(d, 100)};
-  const std::vector<std::byte> frame = softkv::wire::encode_request(request, 1);
+  // Each connection sends its own query (soft at temperature 1, or hard), over and over.
+  auto frame_for = [&](std::size_t i) {
+    softkv::wire::Request request = softkv::wire::Ping{};
+    if (op != "ping")
+      request = softkv::wire::Query{"load", op == "hard" ? softkv::wire::QueryKind::hard : softkv::wire::QueryKind::soft, {},
+                                    softkv::bench::uniform_floats(d, 100 + i)};
+    return softkv::wire::encode_request(request, 1);
+  };
 
   const int ep = ::epoll_create1(0);
   std::vector<Conn> conns(connections);
@@ -100,9 +111,11 @@ int main(int argc, char** argv) {
   latencies.reserve(std::size_t(seconds * 200000));
   std::size_t errors = 0;
   const auto until = Clock::now() + std::chrono::duration<double>(seconds);
-  for (auto& c : conns) {
-    c.sent = Clock::now();
-    send_all(c.fd, frame);
+  std::vector<std::vector<std::byte>> frames;
+  for (std::size_t i = 0; i < connections; ++i) frames.push_back(frame_for(i));
+  for (std::size_t i = 0; i < connections; ++i) {
+    conns[i].sent = Clock::now();
+    send_all(conns[i].fd, frames[i]);
   }
   std::vector<epoll_event> events(connections);
   std::byte buf[65536];
@@ -122,7 +135,7 @@ int main(int argc, char** argv) {
       errors += static_cast<std::uint8_t>(c.reply[4]) == softkv::wire::kErrorOpcode;
       c.reply.clear();
       c.sent = now;
-      send_all(c.fd, frame);
+      send_all(c.fd, frames[events[k].data.u64]);
     }
   }
   for (auto& c : conns) ::close(c.fd);
@@ -132,7 +145,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::sort(latencies.begin(), latencies.end());
-  std::printf("softkv %s: connections %zu, %.0f requests/s, p50 %.1f us, p99 %.1f us\n", op == "ping" ? "ping" : "hard query", connections,
+  std::printf("softkv %s: connections %zu, %.1f requests/s, p50 %.1f us, p99 %.1f us\n",
+              op == "ping" ? "ping" : op == "hard" ? "hard query" : "soft query", connections,
               double(latencies.size()) / seconds, latencies[latencies.size() / 2],
               latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)]);
   return 0;

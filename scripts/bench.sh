@@ -10,3 +10,5 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" --target softkv_bench pruning_bench load_gen softkv-server softkv_python
 /usr/bin/python3 bench/run_bench.py --build build --sizes "${BENCH_SIZES:-10000,100000,1000000}" \
   --reps "${BENCH_REPS:-5}" --server-seconds "${BENCH_SERVER_SECONDS:-5}"
+# Coalesced queries: softkv-server with --coalesce on and off under load (bench/results/COALESCING.md).
+/usr/bin/python3 bench/coalescing_bench.py --build build --seconds "${BENCH_SERVER_SECONDS:-6}"
