@@ -12,9 +12,7 @@
 #include <unordered_map>
 
 #include "collection_impl.hpp"
-#include "pruning.hpp"
 #include "scan.hpp"
-#include "simd/kernel_table.hpp"
 #include "softkv/error.hpp"
 #include "thread_pool.hpp"
 #include "validate.hpp"

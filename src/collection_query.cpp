@@ -128,16 +128,24 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
   return result;
 }
 
+// The waiting queries of one pass side by side (row-major nq x d) with their factors, as the batch kernels take them.
+template <class Pending>
+void gather(std::span<Pending* const> members, std::size_t d, std::vector<float>& q, std::vector<float>& factor) {
+  q.resize(members.size() * d);
+  factor.resize(members.size());
+  for (std::size_t b = 0; b < members.size(); ++b) {
+    std::copy_n(members[b]->query, d, q.begin() + static_cast<std::ptrdiff_t>(b * d));
+    factor[b] = members[b]->factor;
+  }
+}
+
 // One coalesced pass of soft queries: the fused batch kernel over every row once, each query with its
 // own factor; contributors, for the queries that want them, from a keys-only top-m pass each.
 template <class Impl>
 void soft_pass(const Impl& impl, std::span<detail::SoftPending* const> members, const QueryOptions& options) {
   const std::size_t nq = members.size(), d = impl.dim(), dv = impl.value_dim();
-  std::vector<float> q(nq * d), factor(nq);
-  for (std::size_t b = 0; b < nq; ++b) {
-    std::copy_n(members[b]->query, d, q.begin() + static_cast<std::ptrdiff_t>(b * d));
-    factor[b] = members[b]->factor;
-  }
+  std::vector<float> q, factor;
+  gather(members, d, q, factor);
   const auto lock = impl.read_lock();
   impl.require_entries();
   const detail::RowSpan span = impl.span();
@@ -202,11 +210,8 @@ HardResult hard_one(const Impl& impl, const float* q, float f, const QueryOption
 template <class Impl>
 void hard_pass(const Impl& impl, std::span<detail::HardPending* const> members, const QueryOptions& options) {
   const std::size_t nq = members.size(), d = impl.dim(), dv = impl.value_dim();
-  std::vector<float> q(nq * d), factor(nq);
-  for (std::size_t b = 0; b < nq; ++b) {
-    std::copy_n(members[b]->query, d, q.begin() + static_cast<std::ptrdiff_t>(b * d));
-    factor[b] = members[b]->factor;
-  }
+  std::vector<float> q, factor;
+  gather(members, d, q, factor);
   const auto lock = impl.read_lock();
   impl.require_entries();
   const detail::RowSpan span = impl.span();
