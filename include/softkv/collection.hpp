@@ -23,7 +23,7 @@ enum class Metric : std::uint8_t {
 /// How a collection finds the candidates of a pruned query (top_k or epsilon).
 enum class IndexKind : std::uint8_t {
   exact = 0,      ///< no pruning index: every query scans every entry (the default)
-  flat = 1,       ///< exact inner-product top-k (FAISS) over the stored keys; the tail bound is a guarantee
+  flat = 1,       ///< exact top-k by softkv's own fused score + top-k pass over the stored keys; the tail bound is a guarantee
   hnsw = 2,       ///< FAISS HNSW graph (inner product); approximate, the tail bound is an estimate
   ivf = 3,        ///< FAISS inverted lists (inner product), trained once ivf_train_size entries exist
   automatic = 4,  ///< exact scan below auto_threshold entries, IVF from there on
