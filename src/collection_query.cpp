@@ -128,6 +128,14 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
   return result;
 }
 
+// Serves pending through its coalescer (alone at once, or in a later pass) and returns its answer or rethrows its error.
+template <class Pending, class Alone, class Batch>
+auto served(detail::Coalescer<Pending>& coalescer, Pending& pending, const Alone& alone, const Batch& batch) {
+  coalescer.run(pending, alone, batch);
+  if (pending.error) std::rethrow_exception(pending.error);
+  return std::move(pending.result);
+}
+
 // The waiting queries of one pass side by side (row-major nq x d) with their factors, as the batch kernels take them.
 template <class Pending>
 void gather(std::span<Pending* const> members, std::size_t d, std::vector<float>& q, std::vector<float>& factor) {
@@ -309,11 +317,9 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
     pending.query = q.data();
     pending.factor = factor[0];
     pending.top_m = options.top_m;
-    impl_->soft_coalescer().run(
-        pending, [&](detail::SoftPending& me) { me.result = soft_one(*impl_, me.query, me.factor, options); },
-        [&](std::span<detail::SoftPending* const> members) { soft_pass(*impl_, members, options); });
-    if (pending.error) std::rethrow_exception(pending.error);
-    return std::move(pending.result);
+    return served(impl_->soft_coalescer(), pending,
+                  [&](detail::SoftPending& me) { me.result = soft_one(*impl_, me.query, me.factor, options); },
+                  [&](std::span<detail::SoftPending* const> members) { soft_pass(*impl_, members, options); });
   });
 }
 
@@ -330,11 +336,9 @@ HardResult Collection::query_hard(std::span<const float> query, const QueryOptio
     detail::HardPending pending;
     pending.query = q.data();
     pending.factor = factor[0];
-    impl_->hard_coalescer().run(
-        pending, [&](detail::HardPending& me) { me.result = hard_one(*impl_, me.query, me.factor, options); },
-        [&](std::span<detail::HardPending* const> members) { hard_pass(*impl_, members, options); });
-    if (pending.error) std::rethrow_exception(pending.error);
-    return std::move(pending.result);
+    return served(impl_->hard_coalescer(), pending,
+                  [&](detail::HardPending& me) { me.result = hard_one(*impl_, me.query, me.factor, options); },
+                  [&](std::span<detail::HardPending* const> members) { hard_pass(*impl_, members, options); });
   });
 }
 
