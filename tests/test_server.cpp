@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <stdexcept>
 #include <random>
@@ -60,10 +61,20 @@ struct RunningServer {
 
 // A bare TCP connection for sending bytes no well-behaved client would. It throws rather than using
 // Catch2's macros, which are not thread safe (the pipelining test uses it from many threads).
+// The largest send buffer the kernel grows a TCP socket to (the third field of tcp_wmem).
+std::size_t tcp_wmem_max() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_wmem");
+  std::size_t low = 0, initial = 0, high = 0;
+  if (in >> low >> initial >> high) return high;
+  return std::size_t(32) << 20;  // unknown: assume a generous 32 MiB
+}
+
 struct RawSocket {
   int fd = -1;
-  explicit RawSocket(std::uint16_t port) {
+  // receive_buffer > 0 fixes the kernel's receive buffer (no autotuning) before connecting.
+  explicit RawSocket(std::uint16_t port, int receive_buffer = 0) {
     fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (receive_buffer > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
@@ -324,8 +335,13 @@ TEST_CASE("a client that stops reading its replies is disconnected at the reply 
   client.create_collection("wide", {4, 16384, Metric::dot, {}, {}});  // each get answers with a 64 KiB value
   const std::uint64_t id = client.add("wide", test::normal_floats(4, 1), test::normal_floats(16384, 2)).at(0);
   const std::size_t reply_bytes = wire::encode_reply(wire::Opcode::get, 1, wire::GetReply{client.get("wide", id)}).size();
-  const std::size_t requests = 500;   // ~32 MiB of replies: far more than the socket buffers hold
-  RawSocket raw(s.server->port());
+  // The replies must be far more than the kernel can buffer between the two ends, or every byte
+  // arrives and nothing is cut off (a CI machine with tcp_rmem max = 32 MiB took all 32 MiB once).
+  // The client's receive buffer is pinned small; the server's send buffer can grow to tcp_wmem max.
+  constexpr int kReceiveBuffer = 64 * 1024;
+  const std::size_t buffered = tcp_wmem_max() + 4 * kReceiveBuffer;
+  const std::size_t requests = std::max<std::size_t>(500, 4 * buffered / reply_bytes);
+  RawSocket raw(s.server->port(), kReceiveBuffer);
   std::vector<std::byte> pipelined;
   for (std::size_t i = 0; i < requests; ++i) {
     const auto f = wire::encode_request(wire::Get{"wide", id}, i + 1);
