@@ -23,7 +23,11 @@ namespace softkv {
 // ---------------------------------------------------------------------------------------------
 // Collection::Impl: writes and images
 
-Collection::Impl::Impl(const CollectionConfig& config) : config_(config), index_(detail::make_pruning_index(config)) {}
+Collection::Impl::Impl(const CollectionConfig& config)
+    : config_(config),
+      keys_(config.key_precision, config.dim),
+      values_(config.value_precision, config.value_dim),
+      index_(detail::make_pruning_index(config)) {}
 
 Collection::Impl::~Impl() {
   if (builder_.joinable()) builder_.join();
@@ -61,6 +65,10 @@ Rows Collection::Impl::prepare(std::span<const std::uint64_t> ids, std::span<con
   if (stored.data() == buffer.data()) rows.keys = std::move(buffer);
   else rows.keys.assign(stored.begin(), stored.end());
   rows.values.assign(values.begin(), values.end());
+  // Compact storage: a value its precision cannot hold is refused here, before the log sees it
+  // (cosine keys are checked after normalising, which keeps them within every range).
+  detail::check_range(config_.key_precision, rows.keys.data(), n, dim(), "keys");
+  detail::check_range(config_.value_precision, rows.values.data(), n, value_dim(), "values");
   return rows;
 }
 
@@ -71,25 +79,32 @@ void Collection::Impl::put(std::uint64_t id, const float* key, const float* valu
   } else {
     slot = ids_.size();
     ids_.push_back(id);
-    keys_.resize(keys_.size() + dim());
-    values_.resize(values_.size() + value_dim());
+    keys_.resize(slot + 1);
+    values_.resize(slot + 1);
     slot_of_.emplace(id, slot);
   }
-  std::copy_n(key, dim(), keys_.begin() + static_cast<std::ptrdiff_t>(slot * dim()));
-  std::copy_n(value, value_dim(), values_.begin() + static_cast<std::ptrdiff_t>(slot * value_dim()));
+  keys_.set(slot, key);
+  values_.set(slot, value);
   next_id_ = std::max(next_id_, id + 1);
 }
 
 void Collection::Impl::store(std::span<const std::uint64_t> ids, const float* keys, const float* values) {
   const std::size_t n = ids.size();
   ids_.reserve(ids_.size() + n);
-  keys_.reserve(keys_.size() + n * dim());
-  values_.reserve(values_.size() + n * value_dim());
+  keys_.reserve(ids_.size() + n);
+  values_.reserve(ids_.size() + n);
   slot_of_.reserve(slot_of_.size() + n);
   for (std::size_t r = 0; r < n; ++r) put(ids[r], keys + r * dim(), values + r * value_dim());
   size_hint_.store(ids_.size(), std::memory_order_relaxed);
   if (!index_) return;
-  index_->put(ids, keys, span());
+  if (config_.key_precision == Precision::f32) {
+    index_->put(ids, keys, span());
+    return start_build_if_due();
+  }
+  // The index keeps float32 copies of the keys as stored (rounded), so it ranks what the scans score.
+  std::vector<float> rounded(n * dim());
+  for (std::size_t r = 0; r < n; ++r) keys_.get(*row_of(ids[r]), rounded.data() + r * dim());
+  index_->put(ids, rounded.data(), span());
   start_build_if_due();
 }
 
@@ -123,21 +138,19 @@ void Collection::Impl::remove(std::span<const std::uint64_t> ids) {
   }
   for (std::uint64_t id : ids)
     if (!slot_of_.contains(id)) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
-  const std::size_t d = dim(), dv = value_dim();
   for (std::uint64_t id : ids) {
     const auto it = slot_of_.find(id);
     const std::size_t slot = it->second;
     const std::size_t last = ids_.size() - 1;
     if (slot != last) {
-      std::copy_n(keys_.begin() + static_cast<std::ptrdiff_t>(last * d), d, keys_.begin() + static_cast<std::ptrdiff_t>(slot * d));
-      std::copy_n(values_.begin() + static_cast<std::ptrdiff_t>(last * dv), dv,
-                  values_.begin() + static_cast<std::ptrdiff_t>(slot * dv));
+      keys_.copy_row(last, slot);
+      values_.copy_row(last, slot);
       ids_[slot] = ids_[last];
       slot_of_[ids_[slot]] = slot;
     }
     ids_.pop_back();
-    keys_.resize(last * d);
-    values_.resize(last * dv);
+    keys_.resize(last);
+    values_.resize(last);
     slot_of_.erase(it);
     if (index_) index_->erase(id, span());
   }
@@ -156,8 +169,13 @@ CollectionImage Collection::Impl::image() const {
   std::shared_lock lock(mutex_);
   image.next_id = next_id_;
   image.rows.ids = ids_;
-  image.rows.keys.assign(keys_.begin(), keys_.end());
-  image.rows.values.assign(values_.begin(), values_.end());
+  const std::size_t n = ids_.size();
+  image.rows.keys.resize(n * dim());
+  image.rows.values.resize(n * value_dim());
+  for (std::size_t r = 0; r < n; ++r) {
+    keys_.get(r, image.rows.keys.data() + r * dim());
+    values_.get(r, image.rows.values.data() + r * value_dim());
+  }
   if (index_) image.index = index_->save();
   return image;
 }
@@ -176,9 +194,20 @@ std::string Collection::Impl::restore(CollectionImage image) {
     if (!slot_of_.emplace(rows.ids[i], i).second)
       throw Error(ErrorCode::corrupt_file, "id " + std::to_string(rows.ids[i]) + " appears twice");
   }
+  // Images hold rows as stored, which encode back to the same bits; anything else must still fit the range.
+  try {
+    detail::check_range(config_.key_precision, rows.keys.data(), n, dim(), "keys");
+    detail::check_range(config_.value_precision, rows.values.data(), n, value_dim(), "values");
+  } catch (const Error& e) {
+    throw Error(ErrorCode::corrupt_file, std::string("the image's ") + e.what());
+  }
   ids_ = std::move(rows.ids);
-  keys_.assign(rows.keys.begin(), rows.keys.end());
-  values_.assign(rows.values.begin(), rows.values.end());
+  keys_.resize(n);
+  values_.resize(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    keys_.set(r, rows.keys.data() + r * dim());
+    values_.set(r, rows.values.data() + r * value_dim());
+  }
   next_id_ = image.next_id;
   size_hint_.store(n, std::memory_order_relaxed);
   if (!index_) return {};
@@ -320,11 +349,10 @@ Entry Collection::get(std::uint64_t id) const {
   const auto lock = impl_->read_lock();
   const auto row = impl_->row_of(id);
   if (!row) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
-  const detail::RowSpan s = impl_->span();
   Entry e;
   e.id = id;
-  e.key.assign(s.keys + *row * s.dim, s.keys + (*row + 1) * s.dim);
-  e.value.assign(s.values + *row * s.value_dim, s.values + (*row + 1) * s.value_dim);
+  e.key = impl_->key_of(*row);
+  e.value = impl_->value_of(*row);
   return e;
 }
 

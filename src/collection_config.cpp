@@ -25,6 +25,10 @@ void check_config(const CollectionConfig& c) {
   require(c.value_dim >= 1 && c.value_dim <= L::kMaxDimension, range("value_dim", c.value_dim, 1, L::kMaxDimension));
   require(c.metric == Metric::dot || c.metric == Metric::cosine, "unknown metric " + std::to_string(int(c.metric)));
   require(!c.scale || (std::isfinite(*c.scale) && *c.scale > 0.0f), "the default scale must be finite and > 0");
+  require(c.key_precision <= Precision::i8, "unknown key_precision " + std::to_string(int(c.key_precision)));
+  require(c.value_precision <= Precision::bf16,
+          c.value_precision == Precision::i8 ? std::string("value_precision i8 is not supported (keys only): use f16 or bf16")
+                                             : "unknown value_precision " + std::to_string(int(c.value_precision)));
   const IndexConfig& i = c.index;
   require(i.kind <= IndexKind::automatic, "unknown index kind " + std::to_string(int(i.kind)));
   // Upper bounds hold whatever the kind (the values are stored and encoded); the lower bounds only

@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "aligned_buffer.hpp"
+#include "stored_rows.hpp"
 #include "coalescer.hpp"
 #include "index/pruning_index.hpp"
 #include "scan.hpp"
@@ -64,10 +64,23 @@ class Collection::Impl {
   [[nodiscard]] std::shared_lock<detail::WriterFirstMutex> read_lock() const { return std::shared_lock(mutex_); }
   /// The rows as one view for the scans.
   [[nodiscard]] detail::RowSpan span() const {
-    return {keys_.data(), values_.data(), ids_.data(), ids_.size(), dim(), value_dim()};
+    return {keys_.data(), values_.data(), ids_.data(), ids_.size(), dim(), value_dim(),
+            keys_.precision(), values_.precision(), keys_.scales()};
   }
   /// Number of entries.
   [[nodiscard]] std::size_t rows() const noexcept { return ids_.size(); }
+  /// Key of row r as float32 (as stored: rounded to the key precision).
+  [[nodiscard]] std::vector<float> key_of(std::size_t r) const {
+    std::vector<float> k(dim());
+    keys_.get(r, k.data());
+    return k;
+  }
+  /// Value of row r as float32 (as stored: rounded to the value precision).
+  [[nodiscard]] std::vector<float> value_of(std::size_t r) const {
+    std::vector<float> v(value_dim());
+    values_.get(r, v.data());
+    return v;
+  }
   /// The row holding id, if any.
   [[nodiscard]] std::optional<std::size_t> row_of(std::uint64_t id) const;
   /// The pruning index (null for IndexKind::exact).
@@ -137,12 +150,12 @@ class Collection::Impl {
   // The builder: prepare under the shared lock, build with no lock, install under the exclusive lock.
   void run_builds();
 
-  // Storage: row i holds ids_[i], keys_[i*d ..], values_[i*dv ..]. Removal moves the last row into
-  // the hole, so scans never see gaps and need no tombstone test.
+  // Storage: row i holds ids_[i], key row i of keys_, value row i of values_, each at the config's
+  // precision. Removal moves the last row into the hole, so scans never see gaps and need no tombstone test.
   CollectionConfig config_;
   mutable detail::WriterFirstMutex mutex_;
-  detail::FloatBuffer keys_;
-  detail::FloatBuffer values_;
+  detail::StoredRows keys_;
+  detail::StoredRows values_;
   std::vector<std::uint64_t> ids_;
   std::unordered_map<std::uint64_t, std::size_t> slot_of_;
   std::uint64_t next_id_ = 0;

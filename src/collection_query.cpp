@@ -193,9 +193,7 @@ HardResult hard_one(const Impl& impl, const float* q, float f, const QueryOption
     // The index's best candidates, rescored with our kernel (ties to the smallest id); flat would
     // read every key like the scan below, so it gains nothing here.
     for (std::size_t row : impl.index_rows(q, f, kHardCandidates, options)) {
-      detail::RowSpan one = span;
-      one.keys = span.keys + row * span.dim;
-      one.rows = 1;
+      const detail::RowSpan one = span.sub(row, 1);
       detail::ArgMax candidate;
       kernels.hard_scan(q, f, one, candidate);
       if (candidate.row != detail::ArgMax::kNoRow) candidate.row = row;
@@ -210,14 +208,14 @@ HardResult hard_one(const Impl& impl, const float* q, float f, const QueryOption
   check_best(best);
   result.id = span.ids[best.row];
   result.score = best.score;
-  result.value.assign(span.values + best.row * span.value_dim, span.values + (best.row + 1) * span.value_dim);
+  result.value = detail::value_vector(span, best.row);
   return result;
 }
 
 // One coalesced pass of exact hard queries: the batched argmax over the keys once.
 template <class Impl>
 void hard_pass(const Impl& impl, std::span<detail::HardPending* const> members, const QueryOptions& options) {
-  const std::size_t nq = members.size(), d = impl.dim(), dv = impl.value_dim();
+  const std::size_t nq = members.size(), d = impl.dim();
   std::vector<float> q, factor;
   gather(members, d, q, factor);
   const auto lock = impl.read_lock();
@@ -230,7 +228,7 @@ void hard_pass(const Impl& impl, std::span<detail::HardPending* const> members, 
     try {
       check_best(best[b]);
       const std::size_t row = best[b].row;
-      m.result = {span.ids[row], best[b].score, {span.values + row * dv, span.values + (row + 1) * dv}, IndexKind::exact};
+      m.result = {span.ids[row], best[b].score, detail::value_vector(span, row), IndexKind::exact};
     } catch (...) {
       m.error = std::current_exception();
     }
@@ -373,7 +371,7 @@ HardBatchResult Collection::query_hard_batch(std::span<const float> queries, con
       check_best(best[b]);
       result.ids[b] = span.ids[best[b].row];
       result.scores[b] = best[b].score;
-      std::copy_n(span.values + best[b].row * dv, dv, result.values.begin() + static_cast<std::ptrdiff_t>(b * dv));
+      detail::value_row(span, best[b].row, result.values.data() + b * dv);
     }
     return result;
   });

@@ -16,6 +16,7 @@
 #include "codec/records.hpp"
 #include "config_limits.hpp"
 #include "overloaded.hpp"
+#include "precision.hpp"
 #include "softkv/error.hpp"
 #include "storage/directory.hpp"
 #include "storage/file.hpp"
@@ -190,7 +191,10 @@ CollectionStats Database::stats(std::string_view name) const {
   s.value_dim = c->config().value_dim;
   s.metric = c->config().metric;
   s.index = c->config().index.kind;
-  s.bytes_in_memory = s.size * (8 + 4 * (s.dim + s.value_dim));
+  // Compact storage: elements at their precision, plus one float scale per row for i8 keys.
+  const Precision kp = c->config().key_precision, vp = c->config().value_precision;
+  s.bytes_in_memory = s.size * (8 + s.dim * detail::element_bytes(kp) + (kp == Precision::i8 ? 4 : 0) +
+                                s.value_dim * detail::element_bytes(vp));
   s.bytes_on_disk = impl_->journal_->snapshot_bytes(s.name);
   return s;
 }

@@ -67,8 +67,7 @@ double sampled_tail(const KernelTable& kernels, const float* query, float scale,
     }
   }
   std::vector<float> keys(rows.size() * span.dim), scores(rows.size());
-  for (std::size_t i = 0; i < rows.size(); ++i)
-    std::copy_n(span.keys + rows[i] * span.dim, span.dim, keys.begin() + static_cast<std::ptrdiff_t>(i * span.dim));
+  for (std::size_t i = 0; i < rows.size(); ++i) key_row(span, rows[i], keys.data() + i * span.dim);
   const RowSpan sampled{keys.data(), nullptr, nullptr, rows.size(), span.dim, 0};
   kernels.scores(query, scale, sampled, scores.data());
   const double top = *std::max_element(scores.begin(), scores.end());
@@ -106,13 +105,14 @@ PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float sca
   if (k >= span.rows) return exact_soft(kernels, query, scale, span, top_m, exact_parts);
   const std::vector<std::size_t> rows = find(k);
   if (rows.empty()) return exact_soft(kernels, query, scale, span, top_m, exact_parts);
-  // Gather the candidates into one small contiguous span and run the same kernel as the exact path.
+  // Gather the candidates into one small contiguous span and run the same kernel as the exact path;
+  // compact rows are widened exactly, so their scores are the bits the exact scan computes.
   const std::size_t d = span.dim, dv = span.value_dim;
   std::vector<float> keys(rows.size() * d), values(rows.size() * dv);
   std::vector<std::uint64_t> ids(rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    std::copy_n(span.keys + rows[i] * d, d, keys.begin() + static_cast<std::ptrdiff_t>(i * d));
-    std::copy_n(span.values + rows[i] * dv, dv, values.begin() + static_cast<std::ptrdiff_t>(i * dv));
+    key_row(span, rows[i], keys.data() + i * d);
+    value_row(span, rows[i], values.data() + i * dv);
     ids[i] = span.ids[rows[i]];
   }
   const RowSpan candidates{keys.data(), values.data(), ids.data(), rows.size(), d, dv};

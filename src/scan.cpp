@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 
+#include "precision.hpp"
 #include "thread_pool.hpp"
 
 namespace softkv::detail {
@@ -17,12 +18,7 @@ constexpr std::size_t kBatchChunk = 64;
 RowSpan slice(const RowSpan& span, std::size_t part, std::size_t parts) {
   const std::size_t begin = span.rows * part / parts;
   const std::size_t end = span.rows * (part + 1) / parts;
-  RowSpan sub = span;
-  sub.keys = span.keys + begin * span.dim;
-  sub.values = span.values != nullptr ? span.values + begin * span.value_dim : nullptr;
-  sub.ids = span.ids + begin;
-  sub.rows = end - begin;
-  return sub;
+  return span.sub(begin, end - begin);
 }
 
 std::size_t part_begin(const RowSpan& span, std::size_t part, std::size_t parts) {
@@ -34,6 +30,22 @@ bool all_finite(const std::vector<float>& v) {
 }
 
 }  // namespace
+
+void key_row(const RowSpan& span, std::size_t r, float* out) {
+  decode_row(span.key_precision, static_cast<const std::byte*>(span.keys) + r * span.key_row_bytes(), span.dim,
+             span.key_scales != nullptr ? span.key_scales[r] : 1.0f, out);
+}
+
+void value_row(const RowSpan& span, std::size_t r, float* out) {
+  decode_row(span.value_precision, static_cast<const std::byte*>(span.values) + r * span.value_row_bytes(), span.value_dim,
+             1.0f, out);
+}
+
+std::vector<float> value_vector(const RowSpan& span, std::size_t r) {
+  std::vector<float> v(span.value_dim);
+  value_row(span, r, v.data());
+  return v;
+}
 
 void merge_argmax(const ArgMax& part, const std::uint64_t* ids, ArgMax& best) {
   best.overflow = best.overflow || part.overflow;
@@ -95,15 +107,14 @@ std::vector<float> blended_value(const KernelTable& k, const float* query, float
   std::vector<double> acc(dv, 0.0);
   double sum = 0.0;
   std::vector<float> scores(std::min(span.rows, kScanBlockRows));
+  std::vector<float> v(dv);
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
-    RowSpan block = span;
-    block.keys = span.keys + start * span.dim;
-    block.rows = std::min(kScanBlockRows, span.rows - start);
+    const RowSpan block = span.sub(start, std::min(kScanBlockRows, span.rows - start));
     k.scores(query, scale, block, scores.data());
     for (std::size_t r = 0; r < block.rows; ++r) {
       const double w = std::exp(static_cast<double>(scores[r]) - static_cast<double>(state.max));
       sum += w;
-      const float* v = span.values + (start + r) * dv;
+      value_row(span, start + r, v.data());
       for (std::size_t i = 0; i < dv; ++i) acc[i] += w * static_cast<double>(v[i]);
     }
   }

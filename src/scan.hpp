@@ -11,6 +11,13 @@
 
 namespace softkv::detail {
 
+/// Key row r of span as float32 (exact for every precision: what the kernels score).
+void key_row(const RowSpan& span, std::size_t r, float* out);
+/// Value row r of span as float32.
+void value_row(const RowSpan& span, std::size_t r, float* out);
+/// Value row r of span as a vector of value_dim floats.
+std::vector<float> value_vector(const RowSpan& span, std::size_t r);
+
 /// How many parts a scan of rows x floats_per_row should use: requested if non-zero, otherwise
 /// enough that each part streams at least ~1 MiB, at most max_parts; never more than rows.
 std::size_t choose_parts(std::size_t rows, std::size_t floats_per_row, std::size_t requested,

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "softkv/precision.hpp"
+
 namespace softkv {
 
 /// The one id no entry may have: it keeps "next id = largest id + 1" from wrapping.
@@ -47,6 +49,9 @@ struct CollectionConfig {
   Metric metric = Metric::dot;      ///< similarity used for scores
   std::optional<float> scale;       ///< default score scale; unset means 1 / sqrt(d)
   IndexConfig index;                ///< pruning index used by queries with top_k or epsilon
+  // Compact storage (issue 14).
+  Precision key_precision = Precision::f32;    ///< how keys are stored: f32, f16, bf16 or i8
+  Precision value_precision = Precision::f32;  ///< how values are stored: f32, f16 or bf16
 };
 
 /// The accepted range of every CollectionConfig field. check_config enforces it at creation, and every
@@ -62,7 +67,7 @@ struct ConfigLimits {
 };
 
 /// Throws Error(invalid_argument) naming the first field of config outside ConfigLimits (or an unknown
-/// metric or index kind, or a scale that is not finite and > 0); returns normally otherwise.
+/// metric, index kind or precision, i8 values, or a scale that is not finite and > 0); returns normally otherwise.
 void check_config(const CollectionConfig& config);
 
 /// Per-query knobs. Scores are s_i = scale * sim(q, k_i).
@@ -156,8 +161,8 @@ struct QueryResults {
 /// One stored entry, as returned by get().
 struct Entry {
   std::uint64_t id = 0;          ///< its id
-  std::vector<float> key;        ///< its key as stored (unit length for cosine collections)
-  std::vector<float> value;      ///< its value
+  std::vector<float> key;        ///< its key as stored (unit length for cosine collections; rounded to the key precision)
+  std::vector<float> value;      ///< its value as stored (rounded to the value precision)
 };
 
 /// n entries, row-major: the unit of a write (see Collection::prepare and Collection::apply).
@@ -167,7 +172,8 @@ struct Rows {
   std::vector<float> values;       ///< n x dv values
 };
 
-/// A collection's entries at one moment, keys as stored: what a snapshot keeps (Collection::image).
+/// A collection's entries at one moment, keys and values as stored (rounded to the collection's
+/// precisions, each exactly representable in it): what a snapshot keeps (Collection::image).
 struct CollectionImage {
   CollectionConfig config;        ///< its configuration
   std::uint64_t next_id = 0;      ///< the id add() assigns next

@@ -48,4 +48,14 @@ CollectionConfig get_config(ByteReader& r) {
   return c;
 }
 
+void put_config_precision(ByteWriter& w, const CollectionConfig& c) {
+  w.put(static_cast<std::uint8_t>(c.key_precision));
+  w.put(static_cast<std::uint8_t>(c.value_precision));
+}
+
+void get_config_precision(ByteReader& r, CollectionConfig& c) {
+  c.key_precision = static_cast<Precision>(r.get<std::uint8_t>("key_precision"));
+  c.value_precision = static_cast<Precision>(r.get<std::uint8_t>("value_precision"));
+}
+
 }  // namespace softkv::detail

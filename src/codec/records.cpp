@@ -35,6 +35,9 @@ EncodedMutation encode_mutation(const Mutation& m) {
       Overloaded{
           [&](const mutation::Create& c) {
             put_config(w, c.config);
+            // Compact collections only, so a float32 collection's record is byte-identical to the old one.
+            if (c.config.key_precision != Precision::f32 || c.config.value_precision != Precision::f32)
+              put_config_precision(w, c.config);
             return RecordType::create;
           },
           [](const mutation::Drop&) { return RecordType::drop; },
@@ -64,9 +67,12 @@ Mutation decode_mutation(RecordType type, std::span<const std::byte> payload, co
   std::string name = r.get_string("collection name");
   Mutation m;
   switch (type) {
-    case RecordType::create:
-      m = mutation::Create{std::move(name), get_config(r)};
+    case RecordType::create: {
+      CollectionConfig config = get_config(r);
+      if (r.remaining() != 0) get_config_precision(r, config);  // compact storage (absent before issue 14)
+      m = mutation::Create{std::move(name), config};
       break;
+    }
     case RecordType::drop:
       m = mutation::Drop{std::move(name)};
       break;

@@ -20,6 +20,7 @@
 
 #include "index/pruning_index.hpp"
 #include "codec/bytes.hpp"
+#include "scan.hpp"  // key_row
 
 namespace softkv::detail {
 
@@ -307,7 +308,10 @@ class PositionalIndex final : public PruningIndex {
 };
 
 PositionalBuild::PositionalBuild(const PositionalIndex& owner, const RowSpan& all)
-    : owner_(owner), ids_(all.ids, all.ids + all.rows), keys_(all.keys, all.keys + all.rows * all.dim), dim_(all.dim) {}
+    : owner_(owner), ids_(all.ids, all.ids + all.rows), keys_(all.rows * all.dim), dim_(all.dim) {
+  // FAISS gets float32 copies of the keys as stored (compact keys widened exactly).
+  for (std::size_t r = 0; r < all.rows; ++r) key_row(all, r, keys_.data() + r * all.dim);
+}
 
 void PositionalBuild::run() { built = owner_.build(ids_.data(), keys_.data(), ids_.size(), dim_); }
 

@@ -21,7 +21,8 @@ struct PathInfo {
 
 const PathInfo kPaths[] = {
     {"avx512", &avx512_kernels, [] { auto a = xsimd::available_architectures(); return a.avx512f && a.avx512dq; }},  // xsimd 8.1 uses DQ in avx512f code
-    {"avx2", &avx2_kernels, [] { return xsimd::available_architectures().fma3_avx2 != 0; }},
+    // F16C widens f16 rows on this path; every AVX2 CPU has it, but it is a separate CPUID bit.
+    {"avx2", &avx2_kernels, [] { return xsimd::available_architectures().fma3_avx2 != 0 && __builtin_cpu_supports("f16c") != 0; }},
     {"sse2", &sse2_kernels, [] { return xsimd::available_architectures().sse2 != 0; }},
     {"scalar", &scalar_kernels, [] { return true; }},
 };

@@ -6,6 +6,8 @@
 #include <limits>
 #include <string_view>
 
+#include "softkv/precision.hpp"
+
 namespace softkv::detail {
 
 /// Rows a scan streams through in one block: keys and values of a block stay in L2 between passes.
@@ -22,14 +24,38 @@ constexpr std::size_t batch_lanes(std::size_t nq) { return (nq + kBatchLanes - 1
 /// (d x lanes), one block of scores (kScanBlockRows x lanes) and three per-lane vectors.
 constexpr std::size_t batch_scratch_floats(std::size_t nq, std::size_t d) { return batch_lanes(nq) * (d + kScanBlockRows + 3); }
 
-/// A contiguous slice of a collection's storage (row-major keys and values).
+/// A contiguous slice of a collection's storage (row-major keys and values, each at its precision).
+/// Kernels widen compact rows to float32 a block at a time (exactly: every f16, bf16 and
+/// power-of-two-scaled i8 element is a float32) and score them with the float32 inner loops.
 struct RowSpan {
-  const float* keys = nullptr;     ///< rows x dim
-  const float* values = nullptr;   ///< rows x value_dim (may be null for key-only scans)
+  const void* keys = nullptr;      ///< rows x dim elements of key_precision
+  const void* values = nullptr;    ///< rows x value_dim elements of value_precision (may be null for key-only scans)
   const std::uint64_t* ids = nullptr;  ///< rows ids, for tie-breaking and contributors
   std::size_t rows = 0;            ///< number of rows
   std::size_t dim = 0;             ///< d
   std::size_t value_dim = 0;       ///< dv
+  Precision key_precision = Precision::f32;    ///< element type of keys
+  Precision value_precision = Precision::f32;  ///< element type of values
+  const float* key_scales = nullptr;           ///< i8 keys: one scale per row (key = q * scale)
+
+  /// Bytes of one key row.
+  [[nodiscard]] std::size_t key_row_bytes() const noexcept { return dim * bytes_of(key_precision); }
+  /// Bytes of one value row.
+  [[nodiscard]] std::size_t value_row_bytes() const noexcept { return value_dim * bytes_of(value_precision); }
+  /// Rows [begin, begin + count) as a span of their own.
+  [[nodiscard]] RowSpan sub(std::size_t begin, std::size_t count) const noexcept {
+    RowSpan s = *this;
+    s.keys = static_cast<const char*>(keys) + begin * key_row_bytes();
+    s.values = values != nullptr ? static_cast<const char*>(values) + begin * value_row_bytes() : nullptr;
+    s.ids = ids != nullptr ? ids + begin : nullptr;
+    s.key_scales = key_scales != nullptr ? key_scales + begin : nullptr;
+    s.rows = count;
+    return s;
+  }
+  /// The float32 keys of an f32 span (null otherwise).
+  [[nodiscard]] const float* f32_keys() const noexcept { return key_precision == Precision::f32 ? static_cast<const float*>(keys) : nullptr; }
+  /// Bytes per element at precision p.
+  static constexpr std::size_t bytes_of(Precision p) noexcept { return p == Precision::f32 ? 4 : p == Precision::i8 ? 1 : 2; }
 };
 
 /// Receives each block's scores during a soft scan (used to collect the top-m contributors).

@@ -3,11 +3,25 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
+
+#include "precision.hpp"
 
 namespace softkv::detail {
 
 struct ScalarPrimitives {
+  // Compact rows to float32 (exact): the portable conversions of precision.cpp.
+  static void widen_f16(const std::uint16_t* h, std::size_t n, float* out) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = from_f16(h[i]);
+  }
+  static void widen_bf16(const std::uint16_t* h, std::size_t n, float* out) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = from_bf16(h[i]);
+  }
+  static void widen_i8(const std::int8_t* q, std::size_t n, float scale, float* out) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
+  }
+
   static float dot(const float* a, const float* b, std::size_t n) {
     float s = 0.0f;
     for (std::size_t i = 0; i < n; ++i) s += a[i] * b[i];

@@ -3,11 +3,14 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 
+#include <immintrin.h>
 #include <xsimd/xsimd.hpp>
 
 #include "kernel_table.hpp"
+#include "precision.hpp"
 
 namespace softkv::detail {
 
@@ -18,6 +21,71 @@ struct XsimdPrimitives {
   static_assert(kBatchLanes % W == 0, "batched kernels step through the lanes a whole vector at a time");
 
   static V load(const float* p) { return V::load_unaligned(p); }
+
+  // Compact rows to float32, exactly, in registers: each TU compiles the widest form its flags allow
+  // (AVX-512F vcvtph2ps / vpmovzxwd / vpmovsxbd; F16C and AVX2 on the avx2 path; SSE2 unpacks, with
+  // the portable f16 decoder, on the sse2 path). The tails use the portable conversions.
+  static void widen_f16(const std::uint16_t* h, std::size_t n, float* out) {
+    std::size_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+#endif
+    for (; i < n; ++i) out[i] = from_f16(h[i]);
+  }
+
+  static void widen_bf16(const std::uint16_t* h, std::size_t n, float* out) {
+    std::size_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) {
+      const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i)));
+      _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
+    }
+#elif defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) {
+      const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
+      _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
+    }
+#elif defined(__SSE2__)
+    const __m128i zero = _mm_setzero_si128();
+    for (; i + 8 <= n; i += 8) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i));
+      _mm_storeu_ps(out + i, _mm_castsi128_ps(_mm_unpacklo_epi16(zero, x)));
+      _mm_storeu_ps(out + i + 4, _mm_castsi128_ps(_mm_unpackhi_epi16(zero, x)));
+    }
+#endif
+    for (; i < n; ++i) out[i] = from_bf16(h[i]);
+  }
+
+  static void widen_i8(const std::int8_t* q, std::size_t n, float scale, float* out) {
+    std::size_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 s = _mm512_set1_ps(scale);
+    for (; i + 16 <= n; i += 16) {
+      const __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
+      _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_cvtepi32_ps(x), s));
+    }
+#elif defined(__AVX2__)
+    const __m256 s = _mm256_set1_ps(scale);
+    for (; i + 8 <= n; i += 8) {
+      const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i)));
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(x), s));
+    }
+#elif defined(__SSE2__)
+    const __m128 s = _mm_set1_ps(scale);
+    for (; i + 16 <= n; i += 16) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i));
+      const __m128i lo = _mm_unpacklo_epi8(x, x), hi = _mm_unpackhi_epi8(x, x);  // each byte in a 16-bit lane's top
+      const __m128i parts[4] = {_mm_unpacklo_epi16(lo, lo), _mm_unpackhi_epi16(lo, lo), _mm_unpacklo_epi16(hi, hi),
+                                _mm_unpackhi_epi16(hi, hi)};  // each byte in a 32-bit lane's top
+      for (int j = 0; j < 4; ++j) _mm_storeu_ps(out + i + 4 * j, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(parts[j], 24)), s));
+    }
+#endif
+    for (; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
+  }
 
   static float dot(const float* a, const float* b, std::size_t n) {
     V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);  // four chains hide the FMA latency

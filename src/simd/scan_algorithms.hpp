@@ -1,6 +1,6 @@
 // The scan algorithms, written once over a primitives policy P and instantiated per instruction set.
 //
-// P provides: dot, max, exp_shifted, scale, axpy, and for the batched scans scores_block,
+// P provides: widen_f16, widen_bf16, widen_i8 (compact rows to float32, exactly), dot, max, exp_shifted, scale, axpy, and for the batched scans scores_block,
 // scale_columns, column_max, exp_columns, blend_block over lane-major blocks (see primitives_scalar.hpp for the
 // reference semantics). Include this only from a kernels_*.cpp.
 #pragma once
@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "kernel_table.hpp"
 
@@ -26,6 +27,56 @@ inline void raise_max(float new_max, float& max, float& sum, float* acc, std::si
   max = new_max;
 }
 
+// Floats of scratch a kernel widens compact rows into: a whole block of 256 rows up to d = 128.
+inline constexpr std::size_t kWidenFloats = 32768;
+
+// Rows of a span as float32, a chunk at a time: f32 rows are read in place, compact rows are widened
+// into scratch with P's conversions (exact) and handed to the same float32 loops. A block is widened
+// in chunks of at most kWidenFloats floats; every loop below treats rows independently or in row
+// order, so the chunking never changes a result.
+template <class P>
+class Widener {
+ public:
+  // fn(keys as float, first row of the chunk within the block, rows in the chunk)
+  template <class Fn>
+  void keys(const RowSpan& s, std::size_t start, std::size_t rows, Fn&& fn) {
+    run(s.keys, s.key_precision, s.key_scales, s.dim, start, rows, fn);
+  }
+  template <class Fn>
+  void values(const RowSpan& s, std::size_t start, std::size_t rows, Fn&& fn) {
+    run(s.values, s.value_precision, nullptr, s.value_dim, start, rows, fn);
+  }
+
+ private:
+  template <class Fn>
+  void run(const void* base, Precision p, const float* scales, std::size_t width, std::size_t start, std::size_t rows, Fn& fn) {
+    if (p == Precision::f32) {
+      fn(static_cast<const float*>(base) + start * width, std::size_t{0}, rows);
+      return;
+    }
+    std::size_t chunk = kWidenFloats / width;
+    chunk = chunk < 1 ? 1 : chunk > kScanBlockRows ? kScanBlockRows : chunk;
+    if (chunk > rows) chunk = rows;
+    if (buffer_.size() < chunk * width) buffer_.resize(chunk * width);
+    float* out = buffer_.data();
+    const char* bytes = static_cast<const char*>(base) + start * width * RowSpan::bytes_of(p);
+    for (std::size_t off = 0; off < rows; off += chunk) {
+      const std::size_t n = rows - off < chunk ? rows - off : chunk;
+      if (p == Precision::i8) {
+        const auto* q = reinterpret_cast<const std::int8_t*>(bytes) + off * width;
+        for (std::size_t r = 0; r < n; ++r) P::widen_i8(q + r * width, width, scales[start + off + r], out + r * width);
+      } else {
+        const auto* h = reinterpret_cast<const std::uint16_t*>(bytes) + off * width;
+        if (p == Precision::f16) P::widen_f16(h, n * width, out);
+        else P::widen_bf16(h, n * width, out);
+      }
+      fn(static_cast<const float*>(out), off, n);
+    }
+  }
+
+  std::vector<float> buffer_;
+};
+
 // The one place a single query's scores are computed: every kernel below calls it, so soft, hard,
 // top-k and rescoring see the same bits for the same row. Not inlined, so that no caller's context
 // can change how the compiler contracts it.
@@ -37,9 +88,12 @@ template <class P>
 
 template <class P>
 void score_span(const float* q, float scale, const RowSpan& span, float* out) {
+  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    score_rows<P>(q, scale, span.keys + start * span.dim, rows, span.dim, out + start);
+    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+      score_rows<P>(q, scale, k, n, span.dim, out + start + off);
+    });
   }
 }
 
@@ -51,14 +105,18 @@ void soft_scan(const float* q, float scale, const RowSpan& span, float& max, flo
   alignas(64) float weights[kScanBlockRows];
   const std::size_t d = span.dim;
   const std::size_t dv = span.value_dim;
+  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    score_rows<P>(q, scale, span.keys + start * d, rows, d, scores);
+    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+      score_rows<P>(q, scale, k, n, d, scores + off);
+    });
     raise_max<P>(P::max(scores, rows), max, sum, acc, dv);
     sum += P::exp_shifted(scores, rows, max, weights);
     if (sink != nullptr) sink->offer(scores, start, rows);
-    const float* values = span.values + start * dv;
-    for (std::size_t r = 0; r < rows; ++r) P::axpy(acc, weights[r], values + r * dv, dv);
+    widen.values(span, start, rows, [&](const float* v, std::size_t off, std::size_t n) {
+      for (std::size_t r = 0; r < n; ++r) P::axpy(acc, weights[off + r], v + r * dv, dv);
+    });
   }
 }
 
@@ -66,9 +124,12 @@ void soft_scan(const float* q, float scale, const RowSpan& span, float& max, flo
 template <class P>
 void top_scan(const float* q, float scale, const RowSpan& span, ScoreSink& sink) {
   alignas(64) float scores[kScanBlockRows];
+  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    score_rows<P>(q, scale, span.keys + start * span.dim, rows, span.dim, scores);
+    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+      score_rows<P>(q, scale, k, n, span.dim, scores + off);
+    });
     sink.offer(scores, start, rows);
   }
 }
@@ -103,9 +164,12 @@ void soft_scan_batch(const float* queries, std::size_t nq, const float* scales, 
     shift[b] = 0.0f;
     factor[b] = b < nq ? scales[b] : 0.0f;
   }
+  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    P::scores_block(qt, lanes, span.keys + start * d, rows, d, scores);
+    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+      P::scores_block(qt, lanes, k, n, d, scores + off * lanes);
+    });
     P::scale_columns(scores, rows, lanes, factor);
     P::column_max(scores, rows, lanes, block);
     for (std::size_t b = 0; b < nq; ++b) {
@@ -114,7 +178,9 @@ void soft_scan_batch(const float* queries, std::size_t nq, const float* scales, 
     }
     P::exp_columns(scores, rows, lanes, shift, block);
     for (std::size_t b = 0; b < nq; ++b) sum[b] += block[b];
-    P::blend_block(scores, lanes, nq, span.values + start * dv, rows, dv, acc);
+    widen.values(span, start, rows, [&](const float* v, std::size_t off, std::size_t n) {
+      P::blend_block(scores + off * lanes, lanes, nq, v, n, dv, acc);
+    });
   }
 }
 
@@ -136,9 +202,12 @@ inline void offer_argmax(float score, std::size_t row, const std::uint64_t* ids,
 template <class P>
 void hard_scan(const float* q, float scale, const RowSpan& span, ArgMax& best) {
   alignas(64) float scores[kScanBlockRows];
+  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    score_rows<P>(q, scale, span.keys + start * span.dim, rows, span.dim, scores);
+    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+      score_rows<P>(q, scale, k, n, span.dim, scores + off);
+    });
     for (std::size_t r = 0; r < rows; ++r) offer_argmax(scores[r], start + r, span.ids, best);
   }
 }
@@ -151,9 +220,12 @@ void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, 
   float* qt = scratch;
   float* scores = qt + d * lanes;
   transpose_queries(queries, nq, d, qt, lanes);
+  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    P::scores_block(qt, lanes, span.keys + start * d, rows, d, scores);
+    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+      P::scores_block(qt, lanes, k, n, d, scores + off * lanes);
+    });
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t b = 0; b < nq; ++b) offer_argmax(scales[b] * scores[r * lanes + b], start + r, span.ids, best[b]);
   }

@@ -15,6 +15,7 @@
 #include "codec/config.hpp"
 #include "codec/crc32.hpp"
 #include "config_limits.hpp"
+#include "precision.hpp"
 #include "softkv/error.hpp"
 
 namespace softkv::detail {
@@ -57,6 +58,36 @@ CollectionConfig load_config_v1(Archive& ar) {
   throw Error(ErrorCode::corrupt_file, file + " at byte " + std::to_string(offset) + ": " + what);
 }
 
+// Bytes one row of `width` elements takes in a version-3 snapshot (i8 rows carry their float scale).
+std::uint64_t stored_row_bytes(Precision p, std::uint64_t width) {
+  return width * element_bytes(p) + (p == Precision::i8 ? 4 : 0);
+}
+
+// n rows of floats (as stored: exactly representable at p) in their compact form: the elements, then
+// the i8 scales. Encoding them again gives back the same bits (precision.hpp, i8_scale).
+std::vector<std::byte> compact_rows(Precision p, const std::vector<float>& rows, std::size_t n, std::size_t width) {
+  const std::size_t row_bytes = width * element_bytes(p);
+  std::vector<std::byte> out(n * stored_row_bytes(p, width));
+  for (std::size_t r = 0; r < n; ++r) {
+    const float* x = rows.data() + r * width;
+    const float scale = p == Precision::i8 ? i8_scale(x, width) : 1.0f;
+    encode_row(p, x, width, scale, out.data() + r * row_bytes);
+    if (p == Precision::i8) std::memcpy(out.data() + n * row_bytes + r * 4, &scale, 4);
+  }
+  return out;
+}
+
+std::vector<float> widen_rows(Precision p, const std::vector<std::byte>& bytes, std::size_t n, std::size_t width) {
+  const std::size_t row_bytes = width * element_bytes(p);
+  std::vector<float> out(n * width);
+  for (std::size_t r = 0; r < n; ++r) {
+    float scale = 1.0f;
+    if (p == Precision::i8) std::memcpy(&scale, bytes.data() + n * row_bytes + r * 4, 4);
+    decode_row(p, bytes.data() + r * row_bytes, width, scale, out.data() + r * width);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::byte> encode_snapshot(const SnapshotImage& snapshot) {
@@ -67,13 +98,17 @@ std::vector<std::byte> encode_snapshot(const SnapshotImage& snapshot) {
     for (const NamedImage& c : snapshot.collections) {
       ar(std::uint16_t(c.name.size()), cereal::binary_data(c.name.data(), c.name.size()));
       ByteWriter config;
-      put_config(config, c.image.config);
+      const CollectionConfig& cc = c.image.config;
+      put_config(config, cc);
+      put_config_precision(config, cc);
       ar(std::uint16_t(config.bytes().size()), cereal::binary_data(config.bytes().data(), config.bytes().size()));
       const Rows& rows = c.image.rows;
-      ar(c.image.next_id, std::uint64_t{rows.ids.size()});
-      ar(cereal::binary_data(rows.ids.data(), rows.ids.size() * sizeof(std::uint64_t)),
-         cereal::binary_data(rows.keys.data(), rows.keys.size() * sizeof(float)),
-         cereal::binary_data(rows.values.data(), rows.values.size() * sizeof(float)));
+      const std::size_t n = rows.ids.size();
+      ar(c.image.next_id, std::uint64_t{n});
+      ar(cereal::binary_data(rows.ids.data(), n * sizeof(std::uint64_t)));
+      const std::vector<std::byte> keys = compact_rows(cc.key_precision, rows.keys, n, cc.dim);
+      const std::vector<std::byte> values = compact_rows(cc.value_precision, rows.values, n, cc.value_dim);
+      ar(cereal::binary_data(keys.data(), keys.size()), cereal::binary_data(values.data(), values.size()));
     }
   }
   const std::string payload = std::move(payload_stream).str();
@@ -83,7 +118,7 @@ std::vector<std::byte> encode_snapshot(const SnapshotImage& snapshot) {
 
 SnapshotImage decode_snapshot(std::span<const std::byte> bytes, const std::string& file) {
   const OpenedBlob blob = open_blob(bytes, kSnapshotMagic, file);
-  if (blob.version != 1 && blob.version != 2) corrupt(file, 8, "unsupported format version " + std::to_string(blob.version));
+  if (blob.version < 1 || blob.version > 3) corrupt(file, 8, "unsupported format version " + std::to_string(blob.version));
   const std::span<const std::byte> payload = blob.payload;
   SpanBuf buf(payload);
   std::istream in(&buf);
@@ -112,6 +147,7 @@ SnapshotImage decode_snapshot(std::span<const std::byte> bytes, const std::strin
         ar(cereal::binary_data(config_bytes.data(), config_size));
         ByteReader r(config_bytes);
         config = get_config(r);
+        if (blob.version >= 3) get_config_precision(r, config);
         if (r.remaining() != 0) corrupt(file, at(), "unexpected bytes after the configuration");
       }
       config = fit_index_limits(config);  // index settings from before ConfigLimits (recovery logs them at replay)
@@ -123,14 +159,17 @@ SnapshotImage decode_snapshot(std::span<const std::byte> bytes, const std::strin
       std::uint64_t n = 0;
       ar(col.image.next_id, n);
       const std::uint64_t left = payload.size() - buf.consumed();
-      const std::uint64_t d = config.dim, dv = config.value_dim;  // bounded by check_config: 4 (d + dv) cannot overflow
-      if (n > left / (8 + 4 * (d + dv))) corrupt(file, at(), "entry count or dimensions larger than the file");
+      const std::uint64_t d = config.dim, dv = config.value_dim;  // bounded by check_config: 4 (d + dv) + 8 cannot overflow
+      const std::uint64_t key_bytes = stored_row_bytes(config.key_precision, d);
+      const std::uint64_t value_bytes = stored_row_bytes(config.value_precision, dv);
+      if (n > left / (8 + key_bytes + value_bytes)) corrupt(file, at(), "entry count or dimensions larger than the file");
       Rows& rows = col.image.rows;
       rows.ids.resize(n);
-      rows.keys.resize(n * d);
-      rows.values.resize(n * dv);
-      ar(cereal::binary_data(rows.ids.data(), n * sizeof(std::uint64_t)), cereal::binary_data(rows.keys.data(), n * d * sizeof(float)),
-         cereal::binary_data(rows.values.data(), n * dv * sizeof(float)));
+      std::vector<std::byte> keys(n * key_bytes), values(n * value_bytes);
+      ar(cereal::binary_data(rows.ids.data(), n * sizeof(std::uint64_t)), cereal::binary_data(keys.data(), keys.size()),
+         cereal::binary_data(values.data(), values.size()));
+      rows.keys = widen_rows(config.key_precision, keys, n, d);
+      rows.values = widen_rows(config.value_precision, values, n, dv);
       image.collections.push_back(std::move(col));
     }
   } catch (const cereal::Exception& e) {

@@ -1,0 +1,434 @@
+// Compact storage (f16, bf16, i8 keys): conversions, every kernel path x precision, the error bound, range errors, persistence.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "errors.hpp"
+#include "precision.hpp"
+#include "reference.hpp"
+#include "scan.hpp"
+#include "simd/kernel_table.hpp"
+#include "softkv/softkv.hpp"
+#include "temp_dir.hpp"
+
+using namespace softkv;
+using namespace softkv::detail;
+
+namespace {
+
+std::uint32_t bits(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
+
+// The value of binary16 bits h, computed independently of from_f16 (in double).
+double f16_value(std::uint16_t h) {
+  const int sign = h >> 15, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  const double v = exp == 0 ? std::ldexp(man, -24) : exp == 31 ? std::numeric_limits<double>::infinity()
+                                                               : std::ldexp(1024 + man, exp - 25);
+  return sign ? -v : v;
+}
+
+struct Case {
+  Precision key, value;
+};
+const Case kCases[] = {{Precision::f32, Precision::f32}, {Precision::f16, Precision::f16},   {Precision::bf16, Precision::bf16},
+                       {Precision::i8, Precision::f16},  {Precision::i8, Precision::bf16},   {Precision::f16, Precision::f32},
+                       {Precision::i8, Precision::f32},  {Precision::f32, Precision::bf16}};
+
+std::string name_of(const Case& c) {
+  return std::string(precision_name(c.key)) + "/" + std::string(precision_name(c.value));
+}
+
+// Rows stored at a precision (bytes + i8 scales) next to their float32 widening.
+struct Stored {
+  Precision precision;
+  std::size_t width;
+  std::vector<std::byte> bytes;
+  std::vector<float> scales, widened;
+  Stored(Precision p, const std::vector<float>& x, std::size_t n, std::size_t w)
+      : precision(p), width(w), bytes(n * w * element_bytes(p)), scales(n, 1.0f), widened(n * w) {
+    for (std::size_t r = 0; r < n; ++r) {
+      if (p == Precision::i8) scales[r] = i8_scale(x.data() + r * w, w);
+      encode_row(p, x.data() + r * w, w, scales[r], bytes.data() + r * w * element_bytes(p));
+      decode_row(p, bytes.data() + r * w * element_bytes(p), w, scales[r], widened.data() + r * w);
+    }
+  }
+};
+
+// A compact span and the float32 span of the same (widened) rows.
+struct Slice {
+  std::size_t n, d, dv;
+  Stored keys, values;
+  std::vector<std::uint64_t> ids;
+  Slice(const Case& c, std::size_t n_, std::size_t d_, std::size_t dv_, std::uint64_t seed, float key_stddev = 1.0f)
+      : n(n_), d(d_), dv(dv_), keys(c.key, test::normal_floats(n_ * d_, seed, key_stddev), n_, d_),
+        values(c.value, test::normal_floats(n_ * dv_, seed + 1), n_, dv_), ids(n_) {
+    std::iota(ids.begin(), ids.end(), 0);
+  }
+  [[nodiscard]] RowSpan compact() const {
+    return {keys.bytes.data(), values.bytes.data(), ids.data(), n, d, dv, keys.precision, values.precision,
+            keys.precision == Precision::i8 ? keys.scales.data() : nullptr};
+  }
+  [[nodiscard]] RowSpan widened() const { return {keys.widened.data(), values.widened.data(), ids.data(), n, d, dv}; }
+};
+
+std::vector<const KernelTable*> all_paths() {
+  std::vector<const KernelTable*> tables;
+  for (std::string_view name : available_simd_paths()) tables.push_back(kernels_named(name));
+  return tables;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+// Collects every score a scan offers.
+struct AllScores final : ScoreSink {
+  std::vector<float> scores;
+  explicit AllScores(std::size_t n) : scores(n) {}
+  void offer(const float* s, std::size_t first, std::size_t count) override { std::copy_n(s, count, scores.begin() + first); }
+};
+
+}  // namespace
+
+TEST_CASE("f16 conversion: every binary16 value decodes exactly and encodes back; ties round to even", "[precision]") {
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const auto h16 = static_cast<std::uint16_t>(h);
+    if ((h & 0x7C00) == 0x7C00) continue;  // infinities and NaNs are never stored
+    const float f = from_f16(h16);
+    REQUIRE(static_cast<double>(f) == f16_value(h16));
+    REQUIRE(to_f16(f) == h16);
+    // Halfway to the next magnitude: rounds to the even neighbour; a hair either side rounds to the nearer.
+    if ((h & 0x7FFF) == 0x7BFF) continue;
+    const float next = from_f16(static_cast<std::uint16_t>(h + 1));
+    const double mid_d = (static_cast<double>(f) + next) / 2;
+    const float mid = static_cast<float>(mid_d);
+    REQUIRE(static_cast<double>(mid) == mid_d);
+    const std::uint16_t even = (h & 1) == 0 ? h16 : static_cast<std::uint16_t>(h + 1);
+    REQUIRE(to_f16(mid) == even);
+    REQUIRE(to_f16(std::nextafter(mid, f)) == h16);
+    REQUIRE(to_f16(std::nextafter(mid, next)) == static_cast<std::uint16_t>(h + 1));
+  }
+  CHECK(to_f16(65519.0f) == 0x7BFF);  // below the halfway point to 65536: the largest finite value
+  CHECK(to_f16(1e-9f) == 0);          // below half the smallest subnormal
+  CHECK(max_magnitude(Precision::f16) == 65504.0f);
+}
+
+TEST_CASE("bf16 conversion: decodes by a shift, encodes to nearest even", "[precision]") {
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const auto h16 = static_cast<std::uint16_t>(h);
+    if ((h & 0x7F80) == 0x7F80) continue;
+    const float f = from_bf16(h16);
+    REQUIRE(bits(f) == h << 16);
+    REQUIRE(to_bf16(f) == h16);
+    if ((h & 0x7FFF) == 0x7F7F) continue;
+    const std::uint32_t mid_bits = (h << 16) | 0x8000u;  // halfway to the next magnitude
+    float mid;
+    std::memcpy(&mid, &mid_bits, 4);
+    REQUIRE(to_bf16(mid) == ((h & 1) == 0 ? h16 : static_cast<std::uint16_t>(h + 1)));
+  }
+  CHECK(std::isinf(from_bf16(to_bf16(std::numeric_limits<float>::max()))));  // why FLT_MAX is refused for bf16
+  CHECK(std::isfinite(from_bf16(to_bf16(max_magnitude(Precision::bf16)))));
+}
+
+TEST_CASE("i8 scale: the smallest power of two that fits max|x| in 127 steps; quantising is idempotent", "[precision]") {
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  const std::vector<std::vector<float>> rows = {{0, 0, 0},    {1, -1, 0.5f}, {127, 3, -5},   {127.5f, 0, 1},  {-128, 1, 2},
+                                                {max_magnitude(Precision::i8), -1e38f, 1}, {tiny, 0, -tiny}, {1e-30f, 3e-31f, 0}, {63.5f, 1, 2},
+                                                {0.1f, -0.37f, 0.99f}};
+  for (const auto& row : rows) {
+    const float s = i8_scale(row.data(), row.size());
+    int e = 0;
+    CHECK(std::frexp(s, &e) == 0.5f);  // a power of two
+    double m = 0;
+    for (float x : row) m = std::max(m, std::fabs(static_cast<double>(x)));
+    CHECK(m <= 127.0 * s);
+    if (m > 0 && s > tiny) CHECK(m > 127.0 * s / 2);  // the next smaller power of two would not fit
+    std::vector<std::byte> q(row.size()), q2(row.size());
+    std::vector<float> back(row.size());
+    encode_row(Precision::i8, row.data(), row.size(), s, q.data());
+    decode_row(Precision::i8, q.data(), row.size(), s, back.data());
+    for (std::size_t i = 0; i < row.size(); ++i) CHECK(std::fabs(back[i] - static_cast<double>(row[i])) <= s / 2.0);
+    const float s2 = i8_scale(back.data(), back.size());
+    CHECK(s2 == s);
+    encode_row(Precision::i8, back.data(), back.size(), s2, q2.data());
+    CHECK(q == q2);
+  }
+}
+
+TEST_CASE("every kernel path at every precision equals the float32 kernel on the stored rows, bit for bit", "[precision][kernels]") {
+  const std::vector<std::size_t> dims = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 127, 128, 129, 300, 768};
+  for (const KernelTable* k : all_paths()) {
+    for (const Case& c : kCases) {
+      for (std::size_t d : dims) {
+        const std::size_t n = d >= 300 ? 300 : 517, dv = d == 768 ? 129 : d;  // two and a bit blocks; d = 300/768 widen in chunks
+        INFO(k->name << " " << name_of(c) << " d=" << d);
+        const Slice s(c, n, d, dv, 100 + d);
+        const RowSpan cs = s.compact(), fs = s.widened();
+        const std::vector<float> q = test::normal_floats(d, 7 + d);
+        const float scale = 0.37f;
+
+        std::vector<float> sc(n), sf(n);
+        k->scores(q.data(), scale, cs, sc.data());
+        k->scores(q.data(), scale, fs, sf.data());
+        REQUIRE(same_bits(sc, sf));
+
+        float mc = -INFINITY, sumc = 0, mf = -INFINITY, sumf = 0;
+        std::vector<float> accc(dv, 0.0f), accf(dv, 0.0f);
+        AllScores sinkc(n), sinkf(n);
+        k->soft_scan(q.data(), scale, cs, mc, sumc, accc.data(), &sinkc);
+        k->soft_scan(q.data(), scale, fs, mf, sumf, accf.data(), &sinkf);
+        REQUIRE(bits(mc) == bits(mf));
+        REQUIRE(bits(sumc) == bits(sumf));
+        REQUIRE(same_bits(accc, accf));
+        REQUIRE(same_bits(sinkc.scores, sf));
+
+        AllScores topc(n);
+        k->top_scan(q.data(), scale, cs, topc);
+        REQUIRE(same_bits(topc.scores, sf));
+
+        ArgMax hc, hf;
+        k->hard_scan(q.data(), scale, cs, hc);
+        k->hard_scan(q.data(), scale, fs, hf);
+        REQUIRE(hc.row == hf.row);
+        REQUIRE(bits(hc.score) == bits(hf.score));
+
+        // The stored rows against a double reference: the kernel is exact for what is stored.
+        const test::SoftReference ref = test::soft_reference(q.data(), s.keys.widened.data(), s.values.widened.data(), n, d, dv, scale);
+        CHECK(std::fabs(mc + std::log(static_cast<double>(sumc)) - ref.lse) <= 1e-4 * std::max(1.0, std::fabs(ref.lse)));
+        double err = 0;
+        for (std::size_t j = 0; j < dv; ++j) err = std::max(err, std::fabs(accc[j] / sumc - ref.value[j]));
+        CHECK(err <= 1e-4 * 4);
+
+        // Batches of 3 and 19 queries (padding lanes, more than one lane vector).
+        for (std::size_t nq : {std::size_t{3}, std::size_t{19}}) {
+          const std::vector<float> qs = test::normal_floats(nq * d, 11 + d + nq);
+          const std::vector<float> scales(nq, scale);
+          std::vector<float> scratch(batch_scratch_floats(nq, d));
+          std::vector<float> maxc(nq, -INFINITY), sumbc(nq, 0.0f), acbc(nq * dv, 0.0f);
+          std::vector<float> maxf(nq, -INFINITY), sumbf(nq, 0.0f), acbf(nq * dv, 0.0f);
+          k->soft_scan_batch(qs.data(), nq, scales.data(), cs, maxc.data(), sumbc.data(), acbc.data(), scratch.data());
+          k->soft_scan_batch(qs.data(), nq, scales.data(), fs, maxf.data(), sumbf.data(), acbf.data(), scratch.data());
+          REQUIRE(same_bits(maxc, maxf));
+          REQUIRE(same_bits(sumbc, sumbf));
+          REQUIRE(same_bits(acbc, acbf));
+          std::vector<ArgMax> bc(nq), bf(nq);
+          k->hard_scan_batch(qs.data(), nq, scales.data(), cs, bc.data(), scratch.data());
+          k->hard_scan_batch(qs.data(), nq, scales.data(), fs, bf.data(), scratch.data());
+          for (std::size_t b = 0; b < nq; ++b) {
+            REQUIRE(bc[b].row == bf[b].row);
+            REQUIRE(bits(bc[b].score) == bits(bf[b].score));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a compact collection answers within the documented bound of the float32 answer", "[precision]") {
+  // README, "Compact storage": per element, f16 rounds to 2^-11 relative, bf16 to 2^-8, i8 to
+  // s/2 <= max|k|/127 absolute. Scores move by at most delta = scale * sum_j |q_j| |dk_j|; weights by a
+  // factor within e^{+-2 delta}; the value by (e^{2 delta} - 1) max|v| plus the values' own rounding.
+  const std::size_t n = 2000, d = 128, dv = 64;
+  for (const Case& c : kCases) {
+    for (const Metric metric : {Metric::dot, Metric::cosine}) {
+      for (const float temperature : {1.0f, 0.1f}) {
+        for (const bool adversarial : {false, true}) {
+          INFO(name_of(c) << " cosine=" << (metric == Metric::cosine) << " T=" << temperature << " adversarial=" << adversarial);
+          std::vector<float> keys = test::normal_floats(n * d, 5), values = test::normal_floats(n * dv, 6);
+          if (adversarial) {  // magnitudes near the f16 limit, mixed signs, one huge element per i8 row
+            for (std::size_t i = 0; i < keys.size(); ++i) keys[i] *= (i % 7 == 0) ? 4000.0f : 1.0f;
+            for (std::size_t i = 0; i < values.size(); ++i) values[i] = (i % 2 ? -1.0f : 1.0f) * 60000.0f * std::tanh(values[i]);
+          }
+          CollectionConfig base{d, dv, metric, std::nullopt, {}};
+          base.scale = adversarial && metric == Metric::dot ? 1e-4f / temperature : 1.0f / (std::sqrt(float(d)) * temperature);
+          CollectionConfig compact = base;
+          compact.key_precision = c.key;
+          compact.value_precision = c.value;
+          Collection exact(base), small(compact);
+          exact.add_batch(keys, values);
+          small.add_batch(keys, values);
+          const float scale = *base.scale;
+          for (std::uint64_t seed = 0; seed < 3; ++seed) {
+            std::vector<float> q = test::normal_floats(d, 50 + seed);
+            const SoftResult a = exact.query_soft(q), b = small.query_soft(q);
+            if (metric == Metric::cosine) {
+              double norm = 0;
+              for (float x : q) norm += double(x) * x;
+              for (float& x : q) x = static_cast<float>(x / std::sqrt(norm));
+            }
+            // delta from the stored keys, computed in double from the rows as the collection holds them.
+            double delta = 0, vmax = 0, vround = 0;
+            for (std::uint64_t id = 0; id < n; ++id) {
+              const Entry ea = exact.get(id), eb = small.get(id);
+              double dk = 0;
+              for (std::size_t j = 0; j < d; ++j) dk += std::fabs(double(q[j])) * std::fabs(double(ea.key[j]) - eb.key[j]);
+              delta = std::max(delta, scale * dk);
+              for (std::size_t j = 0; j < dv; ++j) {
+                vmax = std::max(vmax, std::fabs(double(ea.value[j])));
+                vround = std::max(vround, std::fabs(double(ea.value[j]) - eb.value[j]));
+              }
+            }
+            const double bound = std::expm1(2 * delta) * vmax + vround;
+            const double float_noise = 1e-5 * vmax + 1e-30;  // both answers' own float32 rounding
+            CHECK(test::max_abs_diff(a.value, b.value) <= bound + float_noise);
+            CHECK(std::fabs(a.lse - b.lse) <= delta + 1e-5 * std::max(1.0, std::fabs(a.lse)));
+            const HardResult ha = exact.query_hard(q), hb = small.query_hard(q);
+            CHECK(std::fabs(double(ha.score) - hb.score) <= 2 * delta + 1e-5 * std::max(1.0f, std::fabs(ha.score)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("compact collections: get returns the stored rows, every query path runs, cosine keys are normalised first", "[precision]") {
+  const std::size_t n = 700, d = 33, dv = 17;
+  const std::vector<float> keys = test::normal_floats(n * d, 1), values = test::normal_floats(n * dv, 2);
+  for (const Case& c : kCases) {
+    for (const IndexKind kind : {IndexKind::exact, IndexKind::flat, IndexKind::ivf}) {
+      INFO(name_of(c) << " index " << int(kind));
+      CollectionConfig config{d, dv, Metric::cosine, std::nullopt, {}};
+      config.index.kind = kind;
+      config.index.ivf_nlist = 8;
+      config.key_precision = c.key;
+      config.value_precision = c.value;
+      Collection col(config);
+      col.add_batch(keys, values);
+      col.wait_until_indexed();
+      for (std::uint64_t id : {0ull, 350ull, 699ull}) {
+        const Entry e = col.get(id);
+        // Normalise, then round: the stored key is the rounding of the unit key.
+        std::vector<float> unit(keys.begin() + long(id * d), keys.begin() + long((id + 1) * d));
+        double norm = 0;
+        for (float x : unit) norm += double(x) * x;
+        for (float& x : unit) x = static_cast<float>(x / std::sqrt(norm));
+        const Stored sk(c.key, unit, 1, d);
+        const Stored sv(c.value, std::vector<float>(values.begin() + long(id * dv), values.begin() + long((id + 1) * dv)), 1, dv);
+        for (std::size_t j = 0; j < d; ++j) CHECK(std::fabs(e.key[j] - sk.widened[j]) <= 1e-7f);  // normalise may differ by an ulp
+        CHECK(same_bits(e.value, sv.widened));
+      }
+      const std::vector<float> q = test::normal_floats(2 * d, 9);
+      QueryOptions pruned;
+      if (kind != IndexKind::exact) pruned.top_k = n;  // every row: equals the exact answer
+      const SoftResult exact = col.query_soft(std::span(q.data(), d));
+      if (kind != IndexKind::exact) {
+        const SoftResult p = col.query_soft(std::span(q.data(), d), pruned);
+        CHECK(test::max_abs_diff(p.value, exact.value) <= 1e-5);
+        QueryOptions eps;
+        eps.epsilon = 0.5f;
+        CHECK_NOTHROW(col.query_soft(std::span(q.data(), d), eps));
+      }
+      const HardResult h = col.query_hard(std::span(q.data(), d));
+      CHECK(same_bits(h.value, col.get(h.id).value));
+      const SoftBatchResult sb = col.query_soft_batch(q);
+      CHECK(test::max_abs_diff(std::vector<float>(sb.values.begin(), sb.values.begin() + long(dv)), exact.value) <= 1e-5);
+      const HardBatchResult hb = col.query_hard_batch(q);
+      CHECK(hb.ids[0] == h.id);
+      col.remove(350);
+      CHECK_FALSE(col.contains(350));
+      CHECK(same_bits(col.get(699).value, Stored(c.value, std::vector<float>(values.end() - long(dv), values.end()), 1, dv).widened));
+    }
+  }
+}
+
+TEST_CASE("compact storage: out-of-range writes and bad precisions are typed errors that store nothing", "[precision][errors]") {
+  CollectionConfig f16{4, 2, Metric::dot, std::nullopt, {}};
+  f16.key_precision = f16.value_precision = Precision::f16;
+  Collection col(f16);
+  col.add(std::vector<float>{65504, -65504, 1, 0}, std::vector<float>{-65504, 6e-8f});  // the extremes are fine
+  CHECK(col.get(0).key[0] == 65504.0f);
+  CHECK(col.get(0).value[1] == from_f16(1));  // 6e-8 rounds to the smallest subnormal
+  CHECK(test::error_of([&] { col.add(std::vector<float>{65505, 0, 0, 0}, std::vector<float>{0, 0}); }) == ErrorCode::invalid_argument);
+  CHECK(test::error_of([&] { col.add(std::vector<float>{0, 0, 0, 0}, std::vector<float>{0, -1e5f}); }) == ErrorCode::invalid_argument);
+  CHECK(test::error_of([&] { col.upsert(0, std::vector<float>{0, 0, 0, 0}, std::vector<float>{0, 70000}); }) == ErrorCode::invalid_argument);
+  // A batch with one bad row stores none of it.
+  const std::vector<float> keys = {1, 2, 3, 4, 5, 6, 7, 1e6f}, values = {1, 2, 3, 4};
+  CHECK(test::error_of([&] { col.add_batch(keys, values); }) == ErrorCode::invalid_argument);
+  CHECK(col.size() == 1);
+  CHECK(col.get(0).value[0] == -65504.0f);
+
+  CollectionConfig bf16{2, 2, Metric::dot, std::nullopt, {}};
+  bf16.key_precision = bf16.value_precision = Precision::bf16;
+  Collection b(bf16);
+  b.add(std::vector<float>{3.38e38f, -1e-38f}, std::vector<float>{1e38f, 0});
+  CHECK(test::error_of([&] { b.add(std::vector<float>{std::numeric_limits<float>::max(), 0}, std::vector<float>{0, 0}); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(test::error_of([&] { b.add(std::vector<float>{0, 0}, std::vector<float>{0, -3.4e38f}); }) == ErrorCode::invalid_argument);
+  CHECK(b.size() == 1);
+
+  CollectionConfig i8{2, 2, Metric::dot, std::nullopt, {}};
+  i8.key_precision = Precision::i8;
+  Collection k(i8);
+  const float i8_max = std::ldexp(127.0f, 121);
+  k.add(std::vector<float>{i8_max, -1}, std::vector<float>{std::numeric_limits<float>::max(), 0});
+  CHECK(k.get(0).key[0] == i8_max);  // the largest i8 key is exact
+  CHECK(k.get(0).key[1] == 0.0f);    // -1 is far below one step (2^121)
+  CHECK(test::error_of([&] { k.add(std::vector<float>{std::nextafter(i8_max, INFINITY), 0}, std::vector<float>{0, 0}); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(k.size() == 1);
+
+  CollectionConfig bad{2, 2, Metric::dot, std::nullopt, {}};
+  bad.value_precision = Precision::i8;
+  CHECK(test::error_of([&] { check_config(bad); }) == ErrorCode::invalid_argument);
+  CHECK(test::error_of([&] { Collection x(bad); }) == ErrorCode::invalid_argument);
+  bad.value_precision = static_cast<Precision>(4);
+  CHECK(test::error_of([&] { check_config(bad); }) == ErrorCode::invalid_argument);
+  bad.value_precision = Precision::f32;
+  bad.key_precision = static_cast<Precision>(200);
+  CHECK(test::error_of([&] { check_config(bad); }) == ErrorCode::invalid_argument);
+}
+
+TEST_CASE("compact collections survive image/restore, snapshots and log replay bit for bit", "[precision][persistence]") {
+  const std::size_t n = 300, d = 16, dv = 8;
+  std::vector<float> keys = test::normal_floats(n * d, 3), values = test::normal_floats(n * dv, 4);
+  keys[5] = 1e-40f;  // a subnormal input
+  values[7] = 65504.0f;
+  for (const Case& c : kCases) {
+    INFO(name_of(c));
+    CollectionConfig config{d, dv, Metric::dot, 0.5f, {}};
+    config.key_precision = c.key;
+    config.value_precision = c.value;
+    Collection col(config);
+    col.add_batch(keys, values);
+    const Collection back = Collection::restore(col.image());
+    CHECK(back.config().key_precision == c.key);
+    CHECK(back.config().value_precision == c.value);
+    for (std::uint64_t id = 0; id < n; ++id) {
+      REQUIRE(same_bits(back.get(id).key, col.get(id).key));
+      REQUIRE(same_bits(back.get(id).value, col.get(id).value));
+    }
+    for (const bool snapshot : {false, true}) {
+      test::TempDir dir;
+      DatabaseOptions quiet;
+      quiet.fsync = FsyncPolicy::never;
+      quiet.snapshot_after_bytes = 0;
+      quiet.log = [](std::string_view) {};
+      {
+        Database db(dir.path, quiet);
+        db.create_collection("c", config);
+        db.add("c", std::span(keys).first(n / 2 * d), std::span(values).first(n / 2 * dv));
+        if (snapshot) db.snapshot();
+        db.add("c", std::span(keys).subspan(n / 2 * d), std::span(values).subspan(n / 2 * dv));
+      }
+      Database db(dir.path, quiet);
+      const auto reopened = db.collection("c");
+      CHECK(reopened->config().key_precision == c.key);
+      CHECK(reopened->config().value_precision == c.value);
+      REQUIRE(reopened->size() == n);
+      for (std::uint64_t id = 0; id < n; ++id) {
+        REQUIRE(same_bits(reopened->get(id).key, col.get(id).key));
+        REQUIRE(same_bits(reopened->get(id).value, col.get(id).value));
+      }
+      const std::vector<float> q = test::normal_floats(d, 77);
+      const SoftResult a = reopened->query_soft(q), b = col.query_soft(q);
+      CHECK(same_bits(a.value, b.value));
+    }
+  }
+}
