@@ -248,14 +248,18 @@ void bind_collections(py::module_& m) {
       "GIL is released); a write waits for running queries.")
       .def(py::init([](long long dim, long long value_dim, const std::string& metric, std::optional<double> scale,
                        const std::string& index, long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
-                       long long ivf_train_size, long long auto_threshold, double rebuild_fraction) {
+                       long long ivf_train_size, long long auto_threshold, double rebuild_fraction,
+                       const std::string& key_precision, const std::string& value_precision) {
              return OwnedCollection(std::make_shared<Collection>(make_config(dim, value_dim, metric, scale, index, hnsw_m,
                                                                              hnsw_ef_construction, ivf_nlist, ivf_train_size,
-                                                                             auto_threshold, rebuild_fraction)));
+                                                                             auto_threshold, rebuild_fraction, key_precision,
+                                                                             value_precision)));
            }), SOFTKV_CONFIG_ARGS,
            "Collection(dim, value_dim, *, metric='dot', scale=None, index='exact', hnsw_m=32, hnsw_ef_construction=80, "
-           "ivf_nlist=0, ivf_train_size=0, auto_threshold=10000, rebuild_fraction=0.25)\n\nAn empty collection; metric "
-           "'dot' or 'cosine'; index 'exact', 'flat', 'hnsw', 'ivf' or 'automatic' (pruned queries with top_k/epsilon).")
+           "ivf_nlist=0, ivf_train_size=0, auto_threshold=10000, rebuild_fraction=0.25, key_precision='f32', "
+           "value_precision='f32')\n\nAn empty collection; metric "
+           "'dot' or 'cosine'; index 'exact', 'flat', 'hnsw', 'ivf' or 'automatic' (pruned queries with top_k/epsilon); "
+           "key_precision 'f32', 'f16', 'bf16' or 'i8', value_precision 'f32', 'f16' or 'bf16' (compact storage).")
       .def("add", [](const OwnedCollection& c, py::handle key, py::handle value) {
              const FloatInput k = float_input(key, 1, c.dim(), "key"), v = float_input(value, 1, c.value_dim(), "value");
              py::gil_scoped_release nogil;

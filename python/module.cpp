@@ -44,11 +44,24 @@ IndexKind index_from(const std::string& name) {
   throw Error(ErrorCode::invalid_argument, "index must be one of exact, flat, hnsw, ivf, automatic; got '" + name + "'");
 }
 
+Precision precision_from(const std::string& name, const char* field) {
+  static const char* const names[] = {"f32", "f16", "bf16", "i8"};
+  for (std::size_t i = 0; i < 4; ++i)
+    if (name == names[i]) return static_cast<Precision>(i);
+  throw Error(ErrorCode::invalid_argument, std::string(field) + " must be one of f32, f16, bf16, i8; got '" + name + "'");
+}
+
 }  // namespace
+
+const char* precision_name(Precision p) {
+  static const char* const names[] = {"f32", "f16", "bf16", "i8"};
+  return static_cast<std::size_t>(p) < 4 ? names[static_cast<std::size_t>(p)] : "unknown";
+}
 
 CollectionConfig make_config(long long dim, long long value_dim, const std::string& metric, std::optional<double> scale,
                              const std::string& index, long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
-                             long long ivf_train_size, long long auto_threshold, double rebuild_fraction) {
+                             long long ivf_train_size, long long auto_threshold, double rebuild_fraction,
+                             const std::string& key_precision, const std::string& value_precision) {
   CollectionConfig c;
   c.dim = non_negative(dim, "dim");
   c.value_dim = non_negative(value_dim, "value_dim");
@@ -61,6 +74,8 @@ CollectionConfig make_config(long long dim, long long value_dim, const std::stri
   c.index.ivf_train_size = non_negative(ivf_train_size, "ivf_train_size");
   c.index.auto_threshold = non_negative(auto_threshold, "auto_threshold");
   c.index.rebuild_fraction = static_cast<float>(rebuild_fraction);
+  c.key_precision = precision_from(key_precision, "key_precision");
+  c.value_precision = precision_from(value_precision, "value_precision");
   check_config(c);
   return c;
 }
@@ -78,6 +93,8 @@ py::dict config_dict(const CollectionConfig& c) {
   d["ivf_train_size"] = c.index.ivf_train_size;
   d["auto_threshold"] = c.index.auto_threshold;
   d["rebuild_fraction"] = c.index.rebuild_fraction;
+  d["key_precision"] = precision_name(c.key_precision);
+  d["value_precision"] = precision_name(c.value_precision);
   return d;
 }
 
@@ -136,9 +153,10 @@ PYBIND11_MODULE(_softkv, m) {
 
   m.def("check_config", [](long long dim, long long value_dim, const std::string& metric, std::optional<double> scale,
                            const std::string& index, long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
-                           long long ivf_train_size, long long auto_threshold, double rebuild_fraction) {
+                           long long ivf_train_size, long long auto_threshold, double rebuild_fraction,
+                           const std::string& key_precision, const std::string& value_precision) {
           return config_dict(make_config(dim, value_dim, metric, scale, index, hnsw_m, hnsw_ef_construction, ivf_nlist,
-                                         ivf_train_size, auto_threshold, rebuild_fraction));
+                                         ivf_train_size, auto_threshold, rebuild_fraction, key_precision, value_precision));
         }, SOFTKV_CONFIG_ARGS,
         "Checks a collection configuration against softkv's limits (softkv.InvalidArgument naming the first bad field) "
         "and returns it as a dict.");

@@ -15,6 +15,17 @@ namespace {
 
 using softkv::cli::Matrix;
 
+const char* const kPrecisionNames[] = {"f32", "f16", "bf16", "i8"};
+
+// The Precision a --key-precision / --value-precision name stands for (CLI11 has checked the name).
+softkv::Precision precision_of(const std::string& name) {
+  for (int p = 0; p < 4; ++p)
+    if (name == kPrecisionNames[p]) return static_cast<softkv::Precision>(p);
+  return softkv::Precision::f32;
+}
+
+const char* precision_name(softkv::Precision p) { return static_cast<int>(p) < 4 ? kPrecisionNames[static_cast<int>(p)] : "unknown"; }
+
 const char* index_name(softkv::IndexKind k) {
   switch (k) {
     case softkv::IndexKind::exact: return "exact";
@@ -60,6 +71,10 @@ int main(int argc, char** argv) {
   create->add_option("--value-dim", value_dim, "value dimension")->required();
   create->add_option("--metric", metric)->check(CLI::IsMember({"dot", "cosine"}))->capture_default_str();
   create->add_option("--index", index)->check(CLI::IsMember({"exact", "flat", "hnsw", "ivf", "automatic"}))->capture_default_str();
+  // Compact storage (README, "Compact storage"): needs a server that speaks protocol version 2.
+  std::string key_precision = "f32", value_precision = "f32";
+  create->add_option("--key-precision", key_precision, "how keys are stored")->check(CLI::IsMember({"f32", "f16", "bf16", "i8"}))->capture_default_str();
+  create->add_option("--value-precision", value_precision, "how values are stored")->check(CLI::IsMember({"f32", "f16", "bf16"}))->capture_default_str();
 
   auto* load = app.add_subcommand("load", "add rows from key and value files (.npy or .fvecs)");
   std::string keys_file, values_file;
@@ -107,8 +122,11 @@ int main(int argc, char** argv) {
       const char* kinds[] = {"exact", "flat", "hnsw", "ivf", "automatic"};
       for (int k = 0; k < 5; ++k)
         if (index == kinds[k]) config.index.kind = static_cast<softkv::IndexKind>(k);
+      config.key_precision = precision_of(key_precision);
+      config.value_precision = precision_of(value_precision);
       client.create_collection(name, config);
-      std::printf("created %s: d = %zu, dv = %zu, %s, index %s\n", name.c_str(), dim, value_dim, metric.c_str(), index.c_str());
+      std::printf("created %s: d = %zu, dv = %zu, %s, index %s, keys %s, values %s\n", name.c_str(), dim, value_dim, metric.c_str(),
+                  index.c_str(), key_precision.c_str(), value_precision.c_str());
     } else if (*load) {
       const Matrix keys = softkv::cli::read_matrix(keys_file), values = softkv::cli::read_matrix(values_file);
       if (keys.rows != values.rows)
@@ -161,9 +179,10 @@ int main(int argc, char** argv) {
                     (unsigned long long)s.requests, (unsigned long long)s.last_sequence);
       } else {
         const softkv::CollectionStats s = client.describe(name);
-        std::printf("%s: %zu entries, d = %zu, dv = %zu, %s, index %s, %llu bytes in memory, %llu bytes in the last snapshot\n",
+        std::printf("%s: %zu entries, d = %zu, dv = %zu, %s, index %s, keys %s, values %s, %llu bytes in memory, %llu bytes in the last snapshot\n",
                     s.name.c_str(), s.size, s.dim, s.value_dim, s.metric == softkv::Metric::cosine ? "cosine" : "dot",
-                    index_name(s.index), (unsigned long long)s.bytes_in_memory, (unsigned long long)s.bytes_on_disk);
+                    index_name(s.index), precision_name(s.key_precision), precision_name(s.value_precision),
+                    (unsigned long long)s.bytes_in_memory, (unsigned long long)s.bytes_on_disk);
       }
     } else if (*snapshot) {
       client.snapshot();

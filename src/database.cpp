@@ -193,6 +193,8 @@ CollectionStats Database::stats(std::string_view name) const {
   s.index = c->config().index.kind;
   // Compact storage: elements at their precision, plus one float scale per row for i8 keys.
   const Precision kp = c->config().key_precision, vp = c->config().value_precision;
+  s.key_precision = kp;
+  s.value_precision = vp;
   s.bytes_in_memory = s.size * (8 + s.dim * detail::element_bytes(kp) + (kp == Precision::i8 ? 4 : 0) +
                                 s.value_dim * detail::element_bytes(vp));
   s.bytes_on_disk = impl_->journal_->snapshot_bytes(s.name);

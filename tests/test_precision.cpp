@@ -14,6 +14,7 @@
 #include "simd/kernel_table.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
+#include "wire/protocol.hpp"
 
 using namespace softkv;
 using namespace softkv::detail;
@@ -430,5 +431,41 @@ TEST_CASE("compact collections survive image/restore, snapshots and log replay b
       const SoftResult a = reopened->query_soft(q), b = col.query_soft(q);
       CHECK(same_bits(a.value, b.value));
     }
+  }
+}
+
+TEST_CASE("wire: create and describe carry the precisions in protocol version 2 only", "[precision][wire]") {
+  using namespace softkv::wire;
+  auto frame_of = [](const std::vector<std::byte>& bytes) {
+    const FrameScan scan = scan_frame(bytes, kDefaultMaxFrame);
+    REQUIRE(scan.status == FrameScan::Status::complete);
+    return scan.frame;
+  };
+  for (const Case& c : kCases) {
+    CollectionConfig config{3, 2, Metric::cosine, 0.5f, {}};
+    config.key_precision = c.key;
+    config.value_precision = c.value;
+    const std::vector<std::byte> v1 = encode_request(Create{"c", config}, 7, 1), v2 = encode_request(Create{"c", config}, 7, 2);
+    CHECK(v2.size() == v1.size() + 2);  // two bytes appended, nothing else moved
+    CHECK(std::equal(v1.begin() + 4, v1.end(), v2.begin() + 4));
+    const auto back2 = std::get<Create>(decode_request(frame_of(v2), 2));
+    CHECK(back2.config.key_precision == c.key);
+    CHECK(back2.config.value_precision == c.value);
+    const auto back1 = std::get<Create>(decode_request(frame_of(v1), 1));
+    CHECK(back1.config.key_precision == Precision::f32);  // a version-1 client creates float32 collections
+    CHECK(back1.config.value_precision == Precision::f32);
+    CHECK_THROWS_AS(decode_request(frame_of(v1), 2), Error);  // a version-2 create without the fields is malformed
+
+    CollectionStats stats;
+    stats.name = "c";
+    stats.key_precision = c.key;
+    stats.value_precision = c.value;
+    const auto r2 = std::get<DescribeReply>(decode_reply(Opcode::describe, frame_of(encode_reply(Opcode::describe, 1, DescribeReply{stats}, 2)),
+                                                         QueryKind::soft, 2));
+    CHECK(r2.stats.key_precision == c.key);
+    CHECK(r2.stats.value_precision == c.value);
+    const auto r1 = std::get<DescribeReply>(decode_reply(Opcode::describe, frame_of(encode_reply(Opcode::describe, 1, DescribeReply{stats}, 1)),
+                                                         QueryKind::soft, 1));
+    CHECK(r1.stats.key_precision == Precision::f32);
   }
 }

@@ -621,3 +621,31 @@ TEST_CASE("concurrent single queries over TCP share passes and query_stats repor
   CHECK(stats.max_batch >= 1);
   CHECK(test::error_of([&] { (void)client.query_stats("missing"); }) == ErrorCode::unknown_collection);
 }
+
+TEST_CASE("compact storage over TCP: a version-2 client creates and describes f16/i8 collections, a version-1 client still works", "[server][precision]") {
+  RunningServer s;
+  ClientOptions v2 = s.client(), v1 = s.client();
+  v2.protocol_version = 2;
+  v1.protocol_version = 1;
+  Client client(v2), old(v1);
+  CollectionConfig config{4, 2, Metric::dot, std::nullopt, {}};
+  config.key_precision = Precision::i8;
+  config.value_precision = Precision::f16;
+  client.create_collection("small", config);
+  CHECK(s.db->collection("small")->config().key_precision == Precision::i8);
+  CHECK(s.db->collection("small")->config().value_precision == Precision::f16);
+  const CollectionStats st = client.describe("small");
+  CHECK(st.key_precision == Precision::i8);
+  CHECK(st.value_precision == Precision::f16);
+  const std::vector<float> key = {1, 2, 3, 4}, value = {0.1f, 70000};
+  CHECK(test::error_of([&] { (void)client.add("small", key, value); }) == ErrorCode::invalid_argument);  // beyond f16
+  const auto ids = client.add("small", key, std::vector<float>{0.1f, -3});
+  CHECK(client.get("small", ids[0]).value[0] == s.db->collection("small")->get(ids[0]).value[0]);  // the stored f16 value
+  CHECK(client.get("small", ids[0]).value[0] != 0.1f);
+  // A version-1 client sees the version-1 layouts: describe works without the fields, create makes float32.
+  const CollectionStats old_st = old.describe("small");
+  CHECK(old_st.size == 1);
+  CHECK(old_st.key_precision == Precision::f32);
+  old.create_collection("plain", config);
+  CHECK(s.db->collection("plain")->config().key_precision == Precision::f32);
+}

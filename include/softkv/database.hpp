@@ -42,6 +42,9 @@ struct CollectionStats {
   IndexKind index = IndexKind::exact;  ///< configured pruning index
   std::uint64_t bytes_in_memory = 0;   ///< keys, values and ids held in memory
   std::uint64_t bytes_on_disk = 0;     ///< its share of the newest snapshot file
+  // Compact storage (issue 14).
+  Precision key_precision = Precision::f32;    ///< how its keys are stored
+  Precision value_precision = Precision::f32;  ///< how its values are stored
 };
 
 /// A directory of named collections. Every mutation is appended to a write-ahead log (length,

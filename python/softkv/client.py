@@ -34,6 +34,7 @@ _OP = {
 METRICS = {"dot": 0, "cosine": 1}
 INDEXES = {"exact": 0, "flat": 1, "hnsw": 2, "ivf": 3, "automatic": 4}
 INDEX_NAMES = {v: k for k, v in INDEXES.items()}
+PRECISIONS = {"f32": 0, "f16": 1, "bf16": 2, "i8": 3}  # compact storage (protocol version 2)
 
 SoftkvError = Error  # the name this client's errors had before it joined the softkv package
 
@@ -176,10 +177,18 @@ class Client:
 
     def create_collection(self, name: str, dim: int, value_dim: int, metric: str = "dot", scale: float | None = None,
                           index: str = "exact", hnsw_m: int = 32, hnsw_ef_construction: int = 80, ivf_nlist: int = 0,
-                          ivf_train_size: int = 0, auto_threshold: int = 10000, rebuild_fraction: float = 0.25):
-        """Creates a collection; the arguments are those of softkv.Collection."""
+                          ivf_train_size: int = 0, auto_threshold: int = 10000, rebuild_fraction: float = 0.25,
+                          key_precision: str = "f32", value_precision: str = "f32"):
+        """Creates a collection; the arguments are those of softkv.Collection. Compact storage
+        (key_precision / value_precision other than 'f32') needs protocol version 2."""
         w = _Writer().string(name).put("IIBBf", dim, value_dim, METRICS[metric], scale is not None, scale or 0.0)
         w.put("BIIIQQf", INDEXES[index], hnsw_m, hnsw_ef_construction, ivf_nlist, ivf_train_size, auto_threshold, rebuild_fraction)
+        if key_precision not in PRECISIONS or value_precision not in PRECISIONS:
+            raise make_error(5, f"precisions must be among {', '.join(PRECISIONS)}; got {key_precision!r}, {value_precision!r}")
+        if self.protocol_version >= 2:  # (v2) compact storage
+            w.put("BB", PRECISIONS[key_precision], PRECISIONS[value_precision])
+        elif key_precision != "f32" or value_precision != "f32":
+            raise make_error(12, "compact storage needs protocol version 2; this connection speaks 1")
         self._call("create", w)
 
     def drop_collection(self, name: str):
@@ -204,6 +213,10 @@ class Client:
         out["metric"] = "cosine" if r.get("B") == 1 else "dot"
         out["index"] = INDEX_NAMES.get(r.get("B"), "?")
         out["bytes_in_memory"], out["bytes_on_disk"] = r.get("QQ")
+        if self.protocol_version >= 2:  # (v2) compact storage
+            names = {v: k for k, v in PRECISIONS.items()}
+            kp, vp = r.get("BB")
+            out["key_precision"], out["value_precision"] = names.get(kp, "?"), names.get(vp, "?")
         return out
 
     def add(self, name: str, keys, values) -> np.ndarray:

@@ -15,7 +15,7 @@ import softkv
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STUB = pathlib.Path(softkv.__file__).with_name("__init__.pyi")
-TYPE_ALIASES = {"ArrayLike", "MetricName", "IndexName", "FsyncName"}
+TYPE_ALIASES = {"ArrayLike", "MetricName", "IndexName", "FsyncName", "PrecisionName"}
 
 
 def stub_tree():

@@ -171,7 +171,10 @@ std::vector<std::byte> encode_request(const Request& request, std::uint64_t requ
                  [&](const Hello& m) { w.put(m.version); },
                  [&](const Auth& m) { w.put_string(m.token); },
                  [&](const Ping&) {},
-                 [&](const Create& m) { w.put_string(m.name), put_config(w, m.config); },
+                 [&](const Create& m) {
+                   w.put_string(m.name), put_config(w, m.config);
+                   if (version >= 2) detail::put_config_precision(w, m.config);  // (v2) compact storage
+                 },
                  [&](const Drop& m) { w.put_string(m.name); },
                  [&](const List&) {},
                  [&](const Describe& m) { w.put_string(m.name); },
@@ -204,6 +207,7 @@ Request decode_request(const Frame& frame, [[maybe_unused]] std::uint16_t versio
       Create m;
       m.name = r.get_string("name");
       m.config = get_config(r);
+      if (version >= 2) detail::get_config_precision(r, m.config);  // (v2) compact storage
       out = std::move(m);
       break;
     }
@@ -284,6 +288,10 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
                    w.put(static_cast<std::uint8_t>(m.stats.index));
                    w.put(m.stats.bytes_in_memory);
                    w.put(m.stats.bytes_on_disk);
+                   if (version >= 2) {  // (v2) compact storage
+                     w.put(static_cast<std::uint8_t>(m.stats.key_precision));
+                     w.put(static_cast<std::uint8_t>(m.stats.value_precision));
+                   }
                  },
                  [&](const IdsReply& m) { put_array(w, m.ids); },
                  [&](const QueryStatsReply& m) { w.put(m.stats.queries), w.put(m.stats.passes), w.put(m.stats.max_batch); },
@@ -364,6 +372,10 @@ Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, [[maybe_u
         m.stats.index = static_cast<IndexKind>(r.get<std::uint8_t>("index"));
         m.stats.bytes_in_memory = r.get<std::uint64_t>("bytes in memory");
         m.stats.bytes_on_disk = r.get<std::uint64_t>("bytes on disk");
+        if (version >= 2) {  // (v2) compact storage
+          m.stats.key_precision = static_cast<Precision>(r.get<std::uint8_t>("key_precision"));
+          m.stats.value_precision = static_cast<Precision>(r.get<std::uint8_t>("value_precision"));
+        }
         out = std::move(m);
         break;
       }
