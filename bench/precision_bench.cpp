@@ -65,12 +65,14 @@ int main(int argc, char** argv) {
   CLI::App app{"softkv compact storage benchmark"};
   std::size_t n = 1'000'000, d = 128, dv = 128, batch = 64, error_rows = 100'000;
   int reps = 5;
+  std::size_t threads = 0;
   app.add_option("-n,--rows", n, "entries");
   app.add_option("-d,--dim", d, "key dimension");
   app.add_option("--value-dim", dv, "value dimension");
   app.add_option("--batch", batch, "queries in the batched run");
   app.add_option("--reps", reps, "timed repetitions (median reported)");
   app.add_option("--error-rows", error_rows, "entries of the error measurement against float64");
+  app.add_option("--threads", threads, "threads per query (0: softkv's choice)");
   CLI11_PARSE(app, argc, argv);
 
   std::string cpu = "unknown CPU";
@@ -80,8 +82,8 @@ int main(int argc, char** argv) {
       cpu = line.substr(line.find(':') + 2);
       break;
     }
-  std::printf("%s; simd path: %s; N = %zu, d = %zu, dv = %zu, batch %zu (median of %d runs)\n\n", cpu.c_str(), std::string(softkv::simd_path()).c_str(),
-              n, d, dv, batch, reps);
+  std::printf("%s; simd path: %s; N = %zu, d = %zu, dv = %zu, batch %zu (median of %d runs), threads %zu (0: auto)\n\n", cpu.c_str(),
+              std::string(softkv::simd_path()).c_str(), n, d, dv, batch, reps, threads);
   std::printf("%-10s %9s %9s %11s %9s %9s %13s %9s\n", "precision", "bytes/row", "RSS MiB", "single ms", "GB/s", "speedup",
               "batch ms/query", "speedup");
   const std::vector<float> keys = softkv::bench::uniform_floats(n * d, 1), values = softkv::bench::uniform_floats(n * dv, 2);
@@ -100,8 +102,10 @@ int main(int argc, char** argv) {
     }
     const double rss = rss_mib() - rss_before;  // the collection's rows (the inputs were resident before)
     const std::span<const float> one(queries.data(), d);
-    const double single = softkv::bench::median_ms(reps, [&] { (void)col.query_soft(one); });
-    const double batched = softkv::bench::median_ms(reps, [&] { (void)col.query_soft_batch(queries); }) / double(batch);
+    softkv::QueryOptions timed;
+    timed.threads = threads;
+    const double single = softkv::bench::median_ms(reps, [&] { (void)col.query_soft(one, timed); });
+    const double batched = softkv::bench::median_ms(reps, [&] { (void)col.query_soft_batch(queries, timed); }) / double(batch);
     if (s.key == softkv::Precision::f32 && s.value == softkv::Precision::f32) single_f32 = single, batch_f32 = batched;
     const double bytes = row_bytes(s, d, dv);
     std::printf("%-10s %9.0f %9.0f %11.2f %9.1f %8.2fx %13.3f %8.2fx\n", s.name, bytes, rss, single, bytes * double(n) / single / 1e6,

@@ -27,8 +27,9 @@ inline void raise_max(float new_max, float& max, float& sum, float* acc, std::si
   max = new_max;
 }
 
-// Floats of scratch a kernel widens compact rows into: a whole block of 256 rows up to d = 128.
-inline constexpr std::size_t kWidenFloats = 32768;
+// Floats of scratch a kernel widens compact rows into: 16 KiB, so the widened rows stay in L1 between
+// the conversion and the float32 loop (a whole 256-row block, 128 KiB, spilled to L2 and ran slower).
+inline constexpr std::size_t kWidenFloats = 4096;
 
 // Rows of a span as float32, a chunk at a time: f32 rows are read in place, compact rows are widened
 // into scratch with P's conversions (exact) and handed to the same float32 loops. A block is widened
