@@ -193,8 +193,9 @@ class ShardedCollection::Impl {
   }
 
   // Sends each owner its rows of `rows` (significant at root): the rows this rank owns, in root's order.
-  Rows scatter(const Rows& rows, int root) const {
-    const std::size_t d = shard_.config().dim, dv = shard_.config().value_dim;
+  // Without vectors (a removal) only the ids travel.
+  Rows scatter(const Rows& rows, int root, bool with_vectors = true) const {
+    const std::size_t d = with_vectors ? shard_.config().dim : 0, dv = with_vectors ? shard_.config().value_dim : 0;
     std::vector<int> counts(ranks_, 0), key_counts(ranks_), value_counts(ranks_), displs(ranks_), key_displs(ranks_),
         value_displs(ranks_);
     Rows ordered;
@@ -229,6 +230,7 @@ class ShardedCollection::Impl {
     mine.values.resize(n * dv);
     MPI_Scatterv(ordered.ids.data(), counts.data(), displs.data(), MPI_UINT64_T, mine.ids.data(), counts[rank_],
                  MPI_UINT64_T, root, comm_);
+    if (!with_vectors) return mine;
     MPI_Scatterv(ordered.keys.data(), key_counts.data(), key_displs.data(), MPI_FLOAT, mine.keys.data(),
                  key_counts[rank_], MPI_FLOAT, root, comm_);
     MPI_Scatterv(ordered.values.data(), value_counts.data(), value_displs.data(), MPI_FLOAT, mine.values.data(),
@@ -332,7 +334,9 @@ class ShardedCollection::Impl {
     SoftResult r = soft_answer(soft, 0);
     r.tail_bound = detail::tail_bound(total, chosen, detail::with_rounding_slack(kth), r.lse);
     r.tail_bound_guaranteed = top.header(0).guaranteed != 0;
-    r.searched_with = static_cast<IndexKind>(top.header(0).searched_with);
+    // Not every entry took part: the shards' index chose them, even where a small shard scanned all of its own.
+    const auto merged = static_cast<IndexKind>(top.header(0).searched_with);
+    r.searched_with = merged != IndexKind::exact ? merged : shard_.config().index.kind;
     return r;
   }
 
@@ -421,7 +425,7 @@ void ShardedCollection::remove_batch(std::span<const std::uint64_t> ids, int roo
   }
   MPI_Bcast(&s, sizeof(s), MPI_BYTE, root, im.comm_);
   if (s.code != 0) throw Error(static_cast<ErrorCode>(s.code), s.message);
-  const std::vector<std::uint64_t> mine = im.scatter(rows, root).ids;
+  const std::vector<std::uint64_t> mine = im.scatter(rows, root, /*with_vectors=*/false).ids;
   // Phase 1: every owner checks its ids; the smallest missing id anywhere is the one every rank names.
   std::uint64_t missing = kReservedId;
   for (std::uint64_t id : mine)

@@ -42,7 +42,7 @@ struct Data {
   std::vector<float> keys, values;
 };
 
-Data random_data(std::size_t n, std::uint64_t seed, std::uint64_t id_step = 1) {
+Data sharded_data(std::size_t n, std::uint64_t seed, std::uint64_t id_step = 1) {
   Data data{{}, softkv::test::normal_floats(n * kD, seed), softkv::test::normal_floats(n * kDv, seed + 1)};
   for (std::size_t i = 0; i < n; ++i) data.ids.push_back(3 + i * id_step);
   return data;
@@ -94,7 +94,7 @@ void check_soft_equal(const SoftResult& got, const SoftResult& want) {
 }  // namespace
 
 TEST_CASE("sharded: ids are routed to id mod P, and the shards hold every row once", "[mpi]") {
-  const Data data = random_data(101, 1, 7);
+  const Data data = sharded_data(101, 1, 7);
   Pair p(config(), data);
   const std::size_t P = world_size();
   CHECK(p.sharded.ranks() == P);
@@ -115,7 +115,7 @@ TEST_CASE("sharded: ids are routed to id mod P, and the shards hold every row on
 
 TEST_CASE("sharded: soft, top-m and hard answers equal one collection's, single and batched", "[mpi]") {
   for (Metric metric : {Metric::dot, Metric::cosine}) {
-    const Data data = random_data(500, 11);
+    const Data data = sharded_data(500, 11);
     Pair p(config(IndexKind::exact, metric), data);
     const std::vector<float> queries = softkv::test::normal_floats(5 * kD, 99, 3.0f);
     const std::vector<float> one(queries.begin(), queries.begin() + kD);
@@ -141,7 +141,7 @@ TEST_CASE("sharded: soft, top-m and hard answers equal one collection's, single 
 }
 
 TEST_CASE("sharded: the merged soft answer matches a double-precision reference", "[mpi]") {
-  const Data data = random_data(300, 21);
+  const Data data = sharded_data(300, 21);
   Pair p(config(), data);
   const std::vector<float> q = softkv::test::normal_floats(kD, 5, 2.0f);
   const SoftResult got = p.sharded.query_soft(at_root(q));
@@ -153,35 +153,35 @@ TEST_CASE("sharded: the merged soft answer matches a double-precision reference"
 }
 
 TEST_CASE("sharded: equal best scores on several ranks go to the smallest id", "[mpi]") {
-  // Integer keys make the scores exact; ids 10..13 share the best key and live on different ranks.
-  Data data = random_data(40, 31);
+  // Integer keys make the scores exact; ids 1000..1003 share the best key and live on different ranks.
+  Data data = sharded_data(40, 31);
   for (float& k : data.keys) k = std::round(k);
   for (std::size_t i = 0; i < 4; ++i) {
-    data.ids[i] = 13 - i;  // stored in descending id order, so storage order cannot pick the winner
+    data.ids[i] = 1003 - i;  // stored in descending id order, so storage order cannot pick the winner
     std::fill_n(data.keys.begin() + static_cast<std::ptrdiff_t>(i * kD), kD, 4.0f);
     data.values[i * kDv] = static_cast<float>(100 + i);
   }
   Pair p(config(), data);
   const std::vector<float> q(kD, 1.0f);
   const HardResult got = p.sharded.query_hard(at_root(q));
-  CHECK(got.id == 10);
+  CHECK(got.id == 1000);
   CHECK(got.id == p.whole.query_hard(q).id);
-  CHECK(got.value == p.whole.get(10).value);
+  CHECK(got.value == p.whole.get(1000).value);
   QueryOptions o;
   o.top_m = 4;
   const SoftResult soft = p.sharded.query_soft(at_root(q), o);
   REQUIRE(soft.top.size() == 4);
-  for (std::size_t i = 0; i < 4; ++i) CHECK(soft.top[i].id == 10 + i);  // equal weights: ascending id
+  for (std::size_t i = 0; i < 4; ++i) CHECK(soft.top[i].id == 1000 + i);  // equal weights: ascending id
   // A batch of the same query twice takes the fused batch kernel on each shard.
   std::vector<float> two(q);
   two.insert(two.end(), q.begin(), q.end());
   const QueryResults batch = p.sharded.query(at_root(two), Retrieval::hard);
-  CHECK(batch.hard.at(0).id == 10);
-  CHECK(batch.hard.at(1).id == 10);
+  CHECK(batch.hard.at(0).id == 1000);
+  CHECK(batch.hard.at(1).id == 1000);
 }
 
 TEST_CASE("sharded: pruned answers (top_k) and their tail bound equal one collection's", "[mpi]") {
-  const Data data = random_data(800, 41);
+  const Data data = sharded_data(800, 41);
   Pair p(config(IndexKind::flat), data);
   const std::vector<float> q = softkv::test::normal_floats(kD, 7, 4.0f);
   for (std::size_t k : {std::size_t{1}, std::size_t{5}, std::size_t{64}, std::size_t{799}, std::size_t{800}, std::size_t{5000}}) {
@@ -197,7 +197,7 @@ TEST_CASE("sharded: pruned answers (top_k) and their tail bound equal one collec
 }
 
 TEST_CASE("sharded: adaptive pruning (epsilon) meets its target with the global N", "[mpi]") {
-  const Data data = random_data(2000, 51);
+  const Data data = sharded_data(2000, 51);
   Pair p(config(IndexKind::flat), data);
   const std::vector<float> q = softkv::test::normal_floats(kD, 8, 12.0f);  // a peaked softmax
   const SoftResult exact = p.whole.query_soft(q);
@@ -215,7 +215,7 @@ TEST_CASE("sharded: adaptive pruning (epsilon) meets its target with the global 
 
 TEST_CASE("sharded: a rank with an empty shard contributes nothing and breaks nothing", "[mpi]") {
   const std::size_t P = world_size();
-  Data data = random_data(60, 61, P);  // ids 3 + i*P: every row lives on rank 3 % P
+  Data data = sharded_data(60, 61, P);  // ids 3 + i*P: every row lives on rank 3 % P
   Pair p(config(IndexKind::flat), data);
   CHECK(p.sharded.shard().size() == (world_rank() == 3 % P ? 60u : 0u));
   const std::vector<float> q = softkv::test::normal_floats(2 * kD, 9);
@@ -231,7 +231,7 @@ TEST_CASE("sharded: a rank with an empty shard contributes nothing and breaks no
 }
 
 TEST_CASE("sharded: add_batch numbers rows like one collection, remove_batch is all or nothing", "[mpi]") {
-  const Data data = random_data(20, 71);
+  const Data data = sharded_data(20, 71);
   Pair p(config(), data);
   const std::vector<float> keys = softkv::test::normal_floats(3 * kD, 72), values = softkv::test::normal_floats(3 * kDv, 73);
   const bool root = world_rank() == 0;
@@ -258,7 +258,7 @@ TEST_CASE("sharded: every caller error is the same typed Error on every rank and
   const std::vector<float> q(kD, 1.0f);
   CHECK(error_of([&] { (void)s.query_soft(at_root(q)); }) == ErrorCode::empty_collection);
   CHECK(error_of([&] { (void)s.query_hard(at_root(q)); }) == ErrorCode::empty_collection);
-  const Data data = random_data(10, 81);
+  const Data data = sharded_data(10, 81);
   s.upsert_batch(data.ids, data.keys, data.values);  // every rank passes the rows; root's are used
   CHECK(s.size() == 10);
   const std::vector<float> short_q(kD - 1, 1.0f);
