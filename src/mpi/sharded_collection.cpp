@@ -163,7 +163,11 @@ class ShardedCollection::Impl {
     rank_ = static_cast<std::size_t>(rank);
     ranks_ = static_cast<std::size_t>(size);
   }
-  ~Impl() { MPI_Comm_free(&comm_); }
+  ~Impl() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized == 0) MPI_Comm_free(&comm_);  // after MPI_Finalize the communicator is gone with MPI
+  }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::size_t rank_ = 0, ranks_ = 1;
