@@ -331,9 +331,12 @@ class Server::Impl {
   }
 
   // Hello and auth belong to the session; everything else needs auth, then goes to the handler.
-  awaitable<Answer> answer(Connection& c, const wire::Request& request, bool& authenticated) {
-    if (std::holds_alternative<wire::Hello>(request))
-      co_return Answer{wire::HelloReply{wire::kProtocolVersion, kVersion, !config_.auth_token.empty()}};
+  // version is the connection's protocol version; a hello sets it for the requests that follow.
+  awaitable<Answer> answer(Connection& c, const wire::Request& request, bool& authenticated, std::uint16_t& version) {
+    if (const auto* hello = std::get_if<wire::Hello>(&request)) {
+      version = wire::negotiate_version(hello->version);
+      co_return Answer{wire::HelloReply{version, kVersion, !config_.auth_token.empty()}};
+    }
     if (const auto* auth = std::get_if<wire::Auth>(&request)) {
       authenticated = config_.auth_token.empty() || constant_time_equal(auth->token, config_.auth_token);
       if (authenticated) co_return Answer{wire::Ack{}};
@@ -353,6 +356,7 @@ class Server::Impl {
     std::vector<std::byte> last;  // a refusal, sent once the reader's memory is released
     {
       bool authenticated = config_.auth_token.empty();
+      std::uint16_t version = wire::kMinProtocolVersion;  // until a hello names another
       FrameReader reader(authenticated ? config_.max_frame : std::min(config_.max_frame, kUnauthenticatedMaxFrame), budget_);
       while (!stopping_) {
         const FrameReader::Next next = co_await next_frame(c, reader);
@@ -363,16 +367,16 @@ class Server::Impl {
         const std::uint64_t id = next.frame.request_id;
         wire::Request request;
         try {
-          request = wire::decode_request(next.frame);  // copies out of the buffer
+          request = wire::decode_request(next.frame, version);  // copies out of the buffer
         } catch (const Error& e) {  // unknown opcode or malformed payload: say why, then close
           last = wire::encode_reply(wire::Opcode::ping, id, wire::ErrorReply{e.code(), e.what()});
           break;
         }
         const bool was_authenticated = authenticated;
-        const Answer a = co_await answer(c, request, authenticated);
+        const Answer a = co_await answer(c, request, authenticated, version);
         if (authenticated && !was_authenticated) reader.set_max_frame(config_.max_frame);
         // (Temporaries stay out of co_await expressions: GCC 12 may destroy them twice.)
-        const std::vector<std::byte> bytes = wire::encode_reply(wire::opcode_of(request), id, a.reply);
+        const std::vector<std::byte> bytes = wire::encode_reply(wire::opcode_of(request), id, a.reply, version);
         const bool sent = co_await send(c, bytes);
         if (!sent || a.close_after) co_return;
       }

@@ -39,7 +39,12 @@ class Client::Impl {
     if (fd_ < 0) throw Error(ErrorCode::io_error, "cannot connect to " + o.host + ":" + port + ": " + std::strerror(errno));
     const int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    const auto hello = std::get<wire::HelloReply>(call(wire::Hello{}));
+    if (o.protocol_version < wire::kMinProtocolVersion || o.protocol_version > wire::kProtocolVersion)
+      throw Error(ErrorCode::invalid_argument, "ClientOptions::protocol_version " + std::to_string(o.protocol_version) + " is not one this client speaks (1 or 2)");
+    const auto hello = std::get<wire::HelloReply>(call(wire::Hello{o.protocol_version}));
+    if (hello.version < wire::kMinProtocolVersion || hello.version > o.protocol_version)
+      throw Error(ErrorCode::protocol_error, "the server settled on protocol version " + std::to_string(hello.version) + ", which this client did not offer");
+    version_ = hello.version;
     server_version_ = hello.server_version;
     if (!o.token.empty()) (void)call(wire::Auth{o.token});
   }
@@ -51,7 +56,7 @@ class Client::Impl {
   // Sends request, waits for its reply; throws the server's error as softkv::Error.
   wire::Reply call(const wire::Request& request) {
     const std::uint64_t id = ++next_id_;
-    const auto bytes = wire::encode_request(request, id);
+    const auto bytes = wire::encode_request(request, id, version_);
     // The same check the server makes, before anything is sent: a frame it would refuse fails here
     // with frame_too_large, and the connection stays usable.
     if (const auto scan = wire::scan_frame(bytes, options_.max_frame); scan.status == wire::FrameScan::Status::too_large)
@@ -64,13 +69,14 @@ class Client::Impl {
     if (scan.frame.request_id != id && scan.frame.opcode != wire::kErrorOpcode)
       throw Error(ErrorCode::protocol_error, "reply for request " + std::to_string(scan.frame.request_id) + ", expected " + std::to_string(id));
     const auto kind = std::holds_alternative<wire::Query>(request) ? std::get<wire::Query>(request).kind : wire::QueryKind::soft;
-    wire::Reply reply = wire::decode_reply(wire::opcode_of(request), scan.frame, kind);
+    wire::Reply reply = wire::decode_reply(wire::opcode_of(request), scan.frame, kind, version_);
     if (auto* e = std::get_if<wire::ErrorReply>(&reply)) throw Error(e->code, "server: " + e->message);
     return reply;
   }
 
   const ClientOptions options_;
   std::string server_version_;
+  std::uint16_t version_ = wire::kMinProtocolVersion;  // until hello settles it
 
  private:
   void wait_for(short events) {
@@ -139,6 +145,7 @@ Client& Client::operator=(Client&&) noexcept = default;
 
 void Client::ping() { (void)impl_->call(wire::Ping{}); }
 const std::string& Client::server_version() const noexcept { return impl_->server_version_; }
+std::uint16_t Client::protocol_version() const noexcept { return impl_->version_; }
 
 void Client::create_collection(std::string_view name, const CollectionConfig& config) {
   (void)impl_->call(wire::Create{std::string(name), config});

@@ -316,6 +316,43 @@ TEST_CASE("hard scans flag +inf and NaN scores and never pick -inf", "[kernels][
   }
 }
 
+TEST_CASE("the batched hard scan's block screening misses no late tie, overflow or NaN", "[kernels][numerics]") {
+  // Eight blocks of rows. Lane 0: the best score first appears early (row 100), then again in a
+  // late block with a smaller id (row 1500), which must win. Lane 1: a late row's dot is NaN
+  // (-3e39 + 3e39) where products round before the add, and 0 where an FMA adds them exactly: either
+  // way the same as the single scan. Lane 2: a late +inf. Lane 3: a late tie with a larger id.
+  const std::size_t n = 2048, d = 2;
+  std::vector<float> keys(n * d, 0.0f);
+  std::vector<std::uint64_t> ids(n);
+  for (std::size_t r = 0; r < n; ++r) ids[r] = 10000 + r;
+  keys[100 * d] = 5.0f;
+  keys[1500 * d] = 5.0f;
+  ids[1500] = 7;  // the smallest id of the tie
+  keys[1800 * d] = -3e38f, keys[1800 * d + 1] = 3e38f;
+  keys[300 * d + 1] = -4.0f;   // lane 3's best (id 10300) ...
+  keys[1700 * d + 1] = -4.0f;  // ... tied late by a larger id
+  const RowSpan span{keys.data(), nullptr, ids.data(), n, d, 0};
+  const float queries[] = {1, 0, 10, 10, -10, 10, 0, -1};
+  const float ones[] = {1, 1, 1, 1};
+  for (const KernelTable* k : all_paths()) {
+    for (std::size_t parts : {1u, 3u}) {
+      INFO("path " << k->name << ", parts " << parts);
+      const auto h = hard_scan_batch_split(*k, queries, 4, ones, span, parts);
+      CHECK(h[0].row == 1500);
+      CHECK(h[0].score == 5.0f);
+      CHECK_FALSE(h[0].overflow);
+      CHECK(h[2].overflow);
+      CHECK(h[3].row == 300);
+      CHECK_FALSE(h[3].overflow);
+      for (std::size_t b = 0; b < 4; ++b) {
+        const ArgMax one = hard_scan_split(*k, queries + b * d, 1.0f, span, parts);
+        CHECK(h[b].overflow == one.overflow);
+        if (!one.overflow) CHECK(h[b].row == one.row);
+      }
+    }
+  }
+}
+
 TEST_CASE("a blend whose float accumulator overflows is redone in double", "[kernels][numerics]") {
   const std::size_t n = 1000, d = 4, dv = 2;
   Rows rows(n, d, dv, 23);

@@ -22,7 +22,7 @@ import numpy as np
 from ._errors import Error, make_error
 from ._results import Contributors, HardBatchResult, HardResult, SoftBatchResult, SoftResult
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # the highest protocol version this client speaks (docs/PROTOCOL.md)
 _ERROR_OPCODE = 0xFF
 _REPLY_BIT = 0x80
 _OP = {
@@ -102,17 +102,25 @@ class Client:
     """One connection to softkv-server. Not thread safe: one Client per thread.
 
     max_frame is the largest frame sent or accepted (match the server's --max-frame): a request
-    that would exceed it raises softkv.FrameTooLarge before anything is sent.
+    that would exceed it raises softkv.FrameTooLarge before anything is sent. protocol_version is
+    the highest protocol version to speak (1 or 2); hello settles on min(it, the server's), kept in
+    the attribute protocol_version (server_version_number is the same number, its older name).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 7878, token: str | None = None, timeout: float = 60.0,
-                 max_frame: int = 64 << 20):
+                 max_frame: int = 64 << 20, protocol_version: int = PROTOCOL_VERSION):
+        if protocol_version not in (1, 2):
+            raise make_error(5, f"protocol_version {protocol_version} is not one this client speaks (1 or 2)")
         self.max_frame = max_frame
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.next_id = 0
-        r = self._call("hello", _Writer().put("H", PROTOCOL_VERSION))
-        self.server_version_number = r.get("H")
+        r = self._call("hello", _Writer().put("H", protocol_version))
+        self.protocol_version = r.get("H")
+        if not 1 <= self.protocol_version <= protocol_version:
+            self.sock.close()
+            raise make_error(11, f"the server settled on protocol version {self.protocol_version}, which this client did not offer")
+        self.server_version_number = self.protocol_version
         self.server_version = r.string()
         self.auth_required = bool(r.get("B"))
         if token:

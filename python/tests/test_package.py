@@ -65,7 +65,7 @@ def test_each_class_in_the_stubs_matches_the_runtime_class(name):
             inherited |= {n.name for n in base_node.body if isinstance(n, ast.FunctionDef)}
     expected = public_members(runtime)
     if name == "Client":
-        expected |= {"max_frame", "server_version", "server_version_number", "auth_required"}  # set in __init__
+        expected |= {"max_frame", "server_version", "server_version_number", "protocol_version", "auth_required"}  # set in __init__
         expected -= {"sock", "next_id"}
     assert {n for n in stubbed | inherited if not n.startswith("_")} == expected
     for fn in (n for n in node.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")):

@@ -65,6 +65,18 @@ struct ScalarPrimitives {
       for (std::size_t b = 0; b < lanes; ++b) out[b] = s[r * lanes + b] > out[b] ? s[r * lanes + b] : out[b];
   }
 
+  // top[b] = max and total[b] = sum over the rows of s[r * lanes + b]. A finite total proves the
+  // column finite (an inf or NaN element makes the sum inf or NaN); an inf total may also come from
+  // finite elements whose sum overflowed.
+  static void column_max_sum(const float* s, std::size_t rows, std::size_t lanes, float* top, float* total) {
+    for (std::size_t b = 0; b < lanes; ++b) top[b] = -std::numeric_limits<float>::infinity(), total[b] = 0.0f;
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t b = 0; b < lanes; ++b) {
+        top[b] = s[r * lanes + b] > top[b] ? s[r * lanes + b] : top[b];
+        total[b] += s[r * lanes + b];
+      }
+  }
+
   // s[r * lanes + b] = exp(s[r * lanes + b] - shift[b]) in place; sums[b] = the column's sum.
   static void exp_columns(float* s, std::size_t rows, std::size_t lanes, const float* shift, float* sums) {
     for (std::size_t b = 0; b < lanes; ++b) sums[b] = 0.0f;

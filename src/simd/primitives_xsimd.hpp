@@ -147,6 +147,20 @@ struct XsimdPrimitives {
     }
   }
 
+  static void column_max_sum(const float* s, std::size_t rows, std::size_t lanes, float* top, float* total) {
+    for (std::size_t b = 0; b < lanes; b += W) {
+      V m(-std::numeric_limits<float>::infinity());
+      V t(0.0f);
+      for (std::size_t r = 0; r < rows; ++r) {
+        const V x = load(s + r * lanes + b);
+        m = xsimd::max(m, x);
+        t += x;
+      }
+      m.store_unaligned(top + b);
+      t.store_unaligned(total + b);
+    }
+  }
+
   static void exp_columns(float* s, std::size_t rows, std::size_t lanes, const float* shift, float* sums) {
     for (std::size_t b = 0; b < lanes; b += W) {
       const V sh = load(shift + b);

@@ -143,19 +143,32 @@ void hard_scan(const float* q, float scale, const RowSpan& span, ArgMax& best) {
   }
 }
 
+// Scores each block for all queries, then screens it with whole vectors: per lane the block's max
+// and sum. A lane whose sum is finite (so every score in it is) and whose max is below its best so
+// far cannot change its answer and is skipped; only the other lanes walk their column through
+// offer_argmax, which after the first blocks is rare. The scores are the same products
+// scale * dot as before the screening, so the answers are bit for bit those of the row-by-row walk.
 template <class P>
 void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, const RowSpan& span, ArgMax* best,
                      float* scratch) {
   const std::size_t d = span.dim;
   const std::size_t lanes = batch_lanes(nq);
-  float* qt = scratch;
-  float* scores = qt + d * lanes;
+  float* qt = scratch;                             // d x lanes
+  float* scores = qt + d * lanes;                  // kScanBlockRows x lanes, scaled in place
+  float* top = scores + kScanBlockRows * lanes;    // per lane: the block's max
+  float* total = top + lanes;                      // per lane: the block's sum
+  float* factor = total + lanes;                   // per lane: the scale (0 on padding lanes)
   transpose_queries(queries, nq, d, qt, lanes);
+  for (std::size_t b = 0; b < lanes; ++b) factor[b] = b < nq ? scales[b] : 0.0f;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
     P::scores_block(qt, lanes, span.keys + start * d, rows, d, scores);
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t b = 0; b < nq; ++b) offer_argmax(scales[b] * scores[r * lanes + b], start + r, span.ids, best[b]);
+    P::scale_columns(scores, rows, lanes, factor);
+    P::column_max_sum(scores, rows, lanes, top, total);
+    for (std::size_t b = 0; b < nq; ++b) {
+      if (std::isfinite(total[b]) && top[b] < best[b].score) continue;
+      for (std::size_t r = 0; r < rows; ++r) offer_argmax(scores[r * lanes + b], start + r, span.ids, best[b]);
+    }
   }
 }
 

@@ -165,7 +165,7 @@ Opcode opcode_of(const Request& request) {
                     request);
 }
 
-std::vector<std::byte> encode_request(const Request& request, std::uint64_t request_id) {
+std::vector<std::byte> encode_request(const Request& request, std::uint64_t request_id, [[maybe_unused]] std::uint16_t version) {
   ByteWriter w;
   std::visit(Overloaded{
                  [&](const Hello& m) { w.put(m.version); },
@@ -193,7 +193,7 @@ std::vector<std::byte> encode_request(const Request& request, std::uint64_t requ
   return frame_of(static_cast<std::uint8_t>(opcode_of(request)), request_id, w);
 }
 
-Request decode_request(const Frame& frame) {
+Request decode_request(const Frame& frame, [[maybe_unused]] std::uint16_t version) {
   ByteReader r = reader(frame);
   Request out;
   switch (static_cast<Opcode>(frame.opcode)) {
@@ -261,7 +261,7 @@ Request decode_request(const Frame& frame) {
   return out;
 }
 
-std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, const Reply& reply) {
+std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, const Reply& reply, [[maybe_unused]] std::uint16_t version) {
   ByteWriter w;
   std::uint8_t opcode = static_cast<std::uint8_t>(request) | kReplyBit;
   std::visit(Overloaded{
@@ -326,7 +326,7 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
   return frame_of(opcode, request_id, w);
 }
 
-Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind) {
+Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, [[maybe_unused]] std::uint16_t version) {
   ByteReader r = reader(frame);
   Reply out;
   if (frame.opcode == kErrorOpcode) {

@@ -18,7 +18,14 @@
 
 namespace softkv::wire {
 
-inline constexpr std::uint16_t kProtocolVersion = 1;  ///< sent in hello
+inline constexpr std::uint16_t kProtocolVersion = 2;     ///< the highest version this codec speaks (sent in hello)
+inline constexpr std::uint16_t kMinProtocolVersion = 1;  ///< the lowest; a connection starts at it until hello
+
+/// The version a connection uses after a hello that named requested: min(requested, kProtocolVersion),
+/// and 1 for 0 (a client that names no version speaks the first one).
+constexpr std::uint16_t negotiate_version(std::uint16_t requested) {
+  return requested < kMinProtocolVersion ? kMinProtocolVersion : requested > kProtocolVersion ? kProtocolVersion : requested;
+}
 inline constexpr std::size_t kLengthPrefix = 4;       ///< the u32 length
 inline constexpr std::uint32_t kFrameOverhead = 9;    ///< opcode + request id, counted in the length
 inline constexpr std::uint32_t kDefaultMaxFrame = 64u << 20;  ///< default limit on the length field
@@ -85,10 +92,15 @@ using Request = std::variant<Hello, Auth, Ping, Create, Drop, List, Describe, Ad
 
 /// The opcode of a request.
 Opcode opcode_of(const Request& request);
+// Every encoder and decoder below takes the connection's protocol version (negotiated by hello; 1
+// until then). Fields added in version 2 are appended to the structures they extend and exist on
+// the wire only at version >= 2 (docs/PROTOCOL.md, "(v2)"); hello's own layout is the same in
+// every version.
+
 /// A whole request frame.
-std::vector<std::byte> encode_request(const Request& request, std::uint64_t request_id);
+std::vector<std::byte> encode_request(const Request& request, std::uint64_t request_id, std::uint16_t version = kMinProtocolVersion);
 /// Parses a request frame; throws Error(protocol_error) for an unknown opcode or a malformed payload.
-Request decode_request(const Frame& frame);
+Request decode_request(const Frame& frame, std::uint16_t version = kMinProtocolVersion);
 
 // ---- replies ----
 struct HelloReply { std::uint16_t version = kProtocolVersion; std::string server_version; bool auth_required = false; };  ///< hello
@@ -119,9 +131,10 @@ using Reply = std::variant<HelloReply, Ack, NamesReply, DescribeReply, IdsReply,
                            ErrorReply>;
 
 /// A whole reply frame to a request with this opcode and id.
-std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, const Reply& reply);
+std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, const Reply& reply,
+                                    std::uint16_t version = kMinProtocolVersion);
 /// Parses a reply frame to a request with this opcode (and, for queries, kind); throws
 /// Error(protocol_error) if malformed. An error frame decodes to ErrorReply for any request.
-Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind = QueryKind::soft);
+Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind = QueryKind::soft, std::uint16_t version = kMinProtocolVersion);
 
 }  // namespace softkv::wire

@@ -7,6 +7,7 @@ softkv command-line tool writing .npy) and against the native module on the same
 """
 
 import argparse
+import functools
 import os
 import socket
 import subprocess
@@ -18,8 +19,10 @@ import unittest
 import numpy as np
 
 import softkv
-from softkv import Client
+import softkv.client
 from softkv import Error as SoftkvError
+
+Client = softkv.Client  # held to --protocol in main()
 
 ARGS = None
 PORT = None
@@ -58,6 +61,12 @@ class ClientTest(unittest.TestCase):
         with Client(port=PORT) as c:
             c.create_collection("py", dim=cls.d, value_dim=cls.dv)
             cls.ids = c.add("py", cls.keys, cls.values)
+
+    def test_hello_settles_the_protocol_version_asked_for(self):
+        with Client(port=PORT) as c:
+            self.assertEqual(c.protocol_version, ARGS.protocol)
+        with self.assertRaises(softkv.InvalidArgument):
+            softkv.Client(port=PORT, protocol_version=3)
 
     def test_soft_and_hard_match_a_float64_reference(self):
         with Client(port=PORT) as c:
@@ -217,7 +226,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--server", required=True)
     parser.add_argument("--cli", required=True)
+    parser.add_argument("--protocol", type=int, default=softkv.client.PROTOCOL_VERSION,
+                        help="the protocol version every Client here speaks (1: as a client before version 2)")
     ARGS, rest = parser.parse_known_args()
+    global Client
+    Client = functools.partial(softkv.Client, protocol_version=ARGS.protocol)
     with tempfile.TemporaryDirectory() as work:
         WORK = work
         PORT = free_port()
