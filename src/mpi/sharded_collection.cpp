@@ -132,6 +132,10 @@ void fill_top(PartialRecords& records, std::size_t i, std::vector<Contributor> t
   records.header(i).top_count = static_cast<std::uint32_t>(n);
 }
 
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
 // The soft answer of a merged record: value = acc / l, contributors weighted by exp(s - lse).
 SoftResult soft_answer(PartialRecords& records, std::size_t i) {
   const SoftmaxState s = records.state(i);
@@ -179,6 +183,12 @@ class ShardedCollection::Impl {
     const auto start = std::chrono::steady_clock::now();
     records.allreduce(comm_);
     reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  // The element-wise sum over ranks of a vector of doubles (a convex blend's parts), as floats. Collective.
+  std::vector<float> sum_in_double(std::vector<double> local) const {
+    MPI_Allreduce(MPI_IN_PLACE, local.data(), to_int(local.size(), "a value"), MPI_DOUBLE, MPI_SUM, comm_);
+    return {local.begin(), local.end()};
   }
 
   std::uint64_t sum_u64(std::uint64_t local, MPI_Op op) const {
@@ -249,12 +259,13 @@ class ShardedCollection::Impl {
     PartialRecords records(n, kind == Retrieval::soft ? RecordKind::soft : RecordKind::hard, dv, top_m);
     LocalFailure failure;
     const std::size_t local_rows = shard_.size();
+    QueryResults r;  // this shard's own answers (kept for the overflow fallback of soft values)
     if (local_rows > 0) {
       failure.run([&] {
         QueryOptions local = options;
         local.top_k.reset();
         local.epsilon.reset();
-        const QueryResults r = shard_.query(queries, kind, local);
+        r = shard_.query(queries, kind, local);
         for (std::size_t b = 0; b < n; ++b) {
           records.header(b).rows = local_rows;
           if (kind == Retrieval::soft) {
@@ -278,6 +289,15 @@ class ShardedCollection::Impl {
     for (std::size_t b = 0; b < n; ++b) {
       if (kind == Retrieval::soft) {
         out.soft.push_back(soft_answer(records, b));
+        SoftResult& a = out.soft.back();
+        if (!all_finite(a.value)) {  // acc = value * l overflowed: blend the shards' values instead
+          std::vector<double> mine(dv, 0.0);
+          if (!r.soft.empty()) {
+            const double w = std::exp(r.soft[b].lse - a.lse);
+            for (std::size_t j = 0; j < dv; ++j) mine[j] = w * static_cast<double>(r.soft[b].value[j]);
+          }
+          a.value = sum_in_double(std::move(mine));
+        }
       } else {
         const std::span<float> v = records.vector(b);
         out.hard.push_back({records.header(b).best_id, records.header(b).max, {v.begin(), v.end()},
@@ -314,9 +334,10 @@ class ShardedCollection::Impl {
 
     // Round 2: the softmax over the chosen rows, each folded in by its owner with the library's merge.
     PartialRecords soft(1, RecordKind::soft, dv, options.top_m);
+    std::vector<Contributor> mine;       // this rank's chosen rows (id, score)
+    std::vector<std::vector<float>> mine_values;
     failure.run([&] {
       SoftmaxState state(dv);
-      std::vector<Contributor> mine;
       for (std::size_t j = 0; j < chosen; ++j) {
         const std::uint64_t id = top.top_ids(0)[j];
         if (shard_owner(id, ranks_) != rank_) continue;
@@ -326,9 +347,10 @@ class ShardedCollection::Impl {
         row.acc = shard_.get(id).value;
         state.merge(row);
         mine.push_back({id, 0.0f, row.max});
+        mine_values.push_back(row.acc);
       }
       soft.set_state(0, state);
-      fill_top(soft, 0, std::move(mine));
+      fill_top(soft, 0, mine);
       soft.header(0).rows = 0;
     });
     if (failure.code != 0) soft.set_error(failure.code);
@@ -336,6 +358,14 @@ class ShardedCollection::Impl {
     failure.rethrow(soft.header(0).error);
     soft.header(0).rows = chosen;
     SoftResult r = soft_answer(soft, 0);
+    if (!all_finite(r.value)) {  // the float accumulator overflowed: the same blend in double
+      std::vector<double> blend(dv, 0.0);
+      for (std::size_t j = 0; j < mine.size(); ++j) {
+        const double w = std::exp(static_cast<double>(mine[j].score) - r.lse);
+        for (std::size_t i = 0; i < dv; ++i) blend[i] += w * static_cast<double>(mine_values[j][i]);
+      }
+      r.value = sum_in_double(std::move(blend));
+    }
     r.tail_bound = detail::tail_bound(total, chosen, detail::with_rounding_slack(kth), r.lse);
     r.tail_bound_guaranteed = top.header(0).guaranteed != 0;
     // Not every entry took part: the shards' index chose them, even where a small shard scanned all of its own.

@@ -213,6 +213,25 @@ TEST_CASE("sharded: adaptive pruning (epsilon) meets its target with the global 
   }
 }
 
+TEST_CASE("sharded: values near the float limit blend like one collection (no overflow in the merge)", "[mpi]") {
+  Data data = sharded_data(64, 91);
+  for (float& v : data.values) v = v > 0 ? 3.0e38f : -3.0e38f;
+  for (float& k : data.keys) k *= 0.01f;  // nearly flat weights: every row counts
+  CollectionConfig c = config(IndexKind::flat);
+  Pair p(c, data);
+  const std::vector<float> q = softkv::test::normal_floats(kD, 92);
+  const SoftResult want = p.whole.query_soft(q);
+  const SoftResult got = p.sharded.query_soft(at_root(q));
+  REQUIRE(std::all_of(want.value.begin(), want.value.end(), [](float x) { return std::isfinite(x); }));
+  CHECK(max_abs_diff(got.value, want.value) <= 1e-5 * 3.0e38);
+  QueryOptions o;
+  o.top_k = 40;
+  const SoftResult want_k = p.whole.query_soft(q, o);
+  const SoftResult got_k = p.sharded.query_soft(at_root(q), o);
+  CHECK(max_abs_diff(got_k.value, want_k.value) <= 1e-5 * 3.0e38);
+  CHECK(got_k.tail_bound == Approx(want_k.tail_bound).epsilon(1e-5));
+}
+
 TEST_CASE("sharded: a rank with an empty shard contributes nothing and breaks nothing", "[mpi]") {
   const std::size_t P = world_size();
   Data data = sharded_data(60, 61, P);  // ids 3 + i*P: every row lives on rank 3 % P
