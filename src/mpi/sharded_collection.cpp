@@ -376,7 +376,6 @@ class ShardedCollection::Impl {
 
   SoftResult pruned(const std::vector<float>& query, std::size_t total, const QueryOptions& options) {
     if (options.top_k) {
-      if (*options.top_k == 0) throw Error(ErrorCode::invalid_argument, "top_k must be >= 1");
       if (*options.top_k >= total) return exact(query, 1, Retrieval::soft, options).soft[0];
       return pruned_at(query, *options.top_k, total, options);
     }
@@ -488,8 +487,8 @@ QueryResults ShardedCollection::query(std::span<const float> queries, Retrieval 
         throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) +
                                                        " floats, not a multiple of d = " + std::to_string(d));
       detail::check_finite(queries, "query", d);
-      (void)im.shard_.resolve_scale(options);
       if (kind != Retrieval::soft && kind != Retrieval::hard) throw Error(ErrorCode::invalid_argument, "unknown retrieval kind");
+      im.shard_.check_options(options, kind);  // the same checks as one collection's, even on an empty shard
       to_int(queries.size(), "a query batch");
       h.n = queries.size() / d;
     } catch (const Error& e) {
@@ -504,8 +503,8 @@ QueryResults ShardedCollection::query(std::span<const float> queries, Retrieval 
   q.resize(h.n * d);
   MPI_Bcast(q.data(), static_cast<int>(q.size()), MPI_FLOAT, root, im.comm_);
 
-  const bool prune = kind == Retrieval::soft && (opts.top_k || opts.epsilon) &&
-                     im.shard_.config().index.kind != IndexKind::exact && !opts.exact;
+  // check_options refused top_k/epsilon without an index; options.exact scans everything (as use_index says).
+  const bool prune = kind == Retrieval::soft && (opts.top_k || opts.epsilon) && !opts.exact;
   if (!prune) return im.exact(q, h.n, kind, opts);
   // Pruned queries run one by one (as Collection::query does), each in lockstep on every rank.
   const std::size_t total = size();

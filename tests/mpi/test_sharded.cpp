@@ -272,6 +272,35 @@ TEST_CASE("sharded: add_batch numbers rows like one collection, remove_batch is 
   check_soft_equal(p.sharded.query_soft(at_root(q)), p.whole.query_soft(q));
 }
 
+TEST_CASE("sharded: inputs and options are read at the given root only", "[mpi]") {
+  const int root = static_cast<int>(world_size()) - 1;
+  const bool at_last = static_cast<int>(world_rank()) == root;
+  const Data data = sharded_data(200, 101);
+  Collection whole(config(IndexKind::flat));
+  whole.upsert_batch(data.ids, data.keys, data.values);
+  ShardedCollection s(MPI_COMM_WORLD, config(IndexKind::flat));
+  const std::vector<std::uint64_t> none_ids;
+  const std::vector<float> none;
+  s.upsert_batch(at_last ? data.ids : none_ids, at_last ? data.keys : none, at_last ? data.values : none, root);
+  CHECK(s.size() == 200);
+  const std::vector<float> q = softkv::test::normal_floats(kD, 102);
+  QueryOptions good;  // the root's options
+  good.temperature = 0.25f;
+  good.top_m = 3;
+  good.top_k = 20;
+  QueryOptions bad;  // what the other ranks pass: invalid, and must be ignored
+  bad.temperature = -1.0f;
+  bad.epsilon = 7.0f;
+  const std::vector<float> garbage(1, 0.0f);
+  const SoftResult got = s.query_soft(at_last ? q : garbage, at_last ? good : bad, root);
+  check_soft_equal(got, whole.query_soft(q, good));
+  const HardResult hard = s.query_hard(at_last ? q : garbage, at_last ? good : bad, root);
+  CHECK(hard.id == whole.query_hard(q, good).id);
+  const std::vector<std::uint64_t> gone{data.ids[5], data.ids[6]};
+  s.remove_batch(at_last ? gone : none_ids, root);
+  CHECK(s.size() == 198);
+}
+
 TEST_CASE("sharded: every caller error is the same typed Error on every rank and changes nothing", "[mpi]") {
   ShardedCollection s(MPI_COMM_WORLD, config(IndexKind::flat));
   const std::vector<float> q(kD, 1.0f);
@@ -296,6 +325,25 @@ TEST_CASE("sharded: every caller error is the same typed Error on every rank and
   QueryOptions k0;
   k0.top_k = 0;
   CHECK(error_of([&] { (void)s.query_soft(at_root(q), k0); }) == ErrorCode::invalid_argument);
+  QueryOptions eps_bad;
+  eps_bad.epsilon = 1.0f;
+  CHECK(error_of([&] { (void)s.query_soft(at_root(q), eps_bad); }) == ErrorCode::invalid_argument);
+  QueryOptions k_and_eps;
+  k_and_eps.top_k = 4;
+  k_and_eps.epsilon = 0.1f;
+  CHECK(error_of([&] { (void)s.query_soft(at_root(q), k_and_eps); }) == ErrorCode::invalid_argument);
+  QueryOptions ef0;
+  ef0.top_k = 4;
+  ef0.ef_search = 0;
+  CHECK(error_of([&] { (void)s.query_soft(at_root(q), ef0); }) == ErrorCode::invalid_argument);
+  {  // top_k needs an index, as on one collection
+    ShardedCollection no_index(MPI_COMM_WORLD, config(IndexKind::exact));
+    no_index.upsert_batch(data.ids, data.keys, data.values);
+    QueryOptions k4;
+    k4.top_k = 4;
+    CHECK(error_of([&] { (void)no_index.query_soft(at_root(q), k4); }) == ErrorCode::invalid_argument);
+    CHECK(no_index.query_hard(at_root(q), k4).id == s.query_hard(at_root(q)).id);  // hard ignores top_k
+  }
   QueryOptions huge;
   huge.scale = 1e38f;
   std::vector<float> big_q(kD, 1e3f);
