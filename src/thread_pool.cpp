@@ -1,6 +1,8 @@
 // ThreadPool: a queue of parts, workers that drain it, callers that help while they wait.
 #include "thread_pool.hpp"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <exception>
 
@@ -8,7 +10,11 @@ namespace softkv::detail {
 
 ThreadPool::ThreadPool(std::size_t workers) {
   workers_.reserve(workers);
-  for (std::size_t i = 0; i < workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (std::size_t i = 0; i < workers; ++i)
+    workers_.emplace_back([this] {
+      ::pthread_setname_np(::pthread_self(), kWorkerName);  // visible in top -H and /proc; the benchmark tells them apart by it
+      worker_loop();
+    });
 }
 
 ThreadPool::~ThreadPool() {

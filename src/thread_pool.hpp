@@ -14,6 +14,9 @@ namespace softkv::detail {
 /// Fixed set of worker threads. Thread safe: many callers may run() at once; tasks never block.
 class ThreadPool {
  public:
+  /// The name every worker thread carries (at most 15 characters, the kernel's limit).
+  static constexpr const char* kWorkerName = "softkv-scan";
+
   /// Starts workers threads (0 is allowed: everything then runs on the caller).
   explicit ThreadPool(std::size_t workers);
   ~ThreadPool();
