@@ -152,10 +152,13 @@ std::vector<std::uint64_t> ShardedCollection::add_batch(std::span<const float> k
   const std::uint64_t first = next_id();
   std::uint64_t n = 0;
   std::vector<std::uint64_t> ids;
+  detail::RootStatus s;
   if (static_cast<int>(im.rank_) == root) {
     n = keys.size() / im.shard_.config().dim;
-    for (std::uint64_t i = 0; i < n; ++i) ids.push_back(first + i);
+    if (n > kReservedId - first) s = detail::status_of(Error(ErrorCode::invalid_argument, "the id space is exhausted"));
+    else for (std::uint64_t i = 0; i < n; ++i) ids.push_back(first + i);
   }
+  detail::broadcast_status(s, root, im.comm_);
   upsert_batch(ids, keys, values, root);  // checks shapes (keys vs n ids, values) and the reserved id at root
   MPI_Bcast(&n, 1, MPI_UINT64_T, root, im.comm_);
   ids.resize(n);

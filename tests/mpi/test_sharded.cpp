@@ -145,6 +145,7 @@ TEST_CASE("sharded: the merged soft answer matches a double-precision reference"
   Pair p(config(), data);
   const std::vector<float> q = softkv::test::normal_floats(kD, 5, 2.0f);
   const SoftResult got = p.sharded.query_soft(at_root(q));
+  CHECK(p.sharded.last_reduce_seconds() > 0.0);  // the query went through its reduction
   const auto ref = softkv::test::soft_reference(q.data(), data.keys.data(), data.values.data(), data.ids.size(), kD,
                                                 kDv, 1.0 / std::sqrt(static_cast<double>(kD)));
   CHECK(max_abs_diff(got.value, ref.value) <= 1e-5);
@@ -358,6 +359,12 @@ TEST_CASE("sharded: every caller error is the same typed Error on every rank and
   CHECK(error_of([&] { s.upsert_batch({}, q, std::vector<float>(kDv, 0.0f)); }) == ErrorCode::dimension_mismatch);
   CHECK(error_of([&] { (void)s.add_batch(short_q, std::vector<float>(kDv, 0.0f)); }) == ErrorCode::dimension_mismatch);
   CHECK(s.size() == 10);
+  // The id counter at its end: one id below the reserved one is the last that add_batch may give.
+  const std::vector<std::uint64_t> last{kReservedId - 2};
+  s.upsert_batch(last, q, std::vector<float>(kDv, 0.0f));
+  CHECK(s.add_batch(q, std::vector<float>(kDv, 0.0f)) == std::vector<std::uint64_t>{kReservedId - 1});
+  CHECK(error_of([&] { (void)s.add_batch(q, std::vector<float>(kDv, 0.0f)); }) == ErrorCode::invalid_argument);
+  CHECK(s.size() == 12);
   CHECK(error_of([&] { ShardedCollection bad(MPI_COMM_WORLD, CollectionConfig{}); }) == ErrorCode::invalid_argument);
 }
 
