@@ -206,6 +206,7 @@ TEST_CASE("sharded: adaptive pruning (epsilon) meets its target with the global 
     QueryOptions o;
     o.epsilon = eps;
     const SoftResult got = p.sharded.query_soft(at_root(q), o);
+    check_soft_equal(got, p.whole.query_soft(q, o));  // flat: the same k schedule over the same global top k
     CHECK(got.tail_bound <= eps);
     CHECK(got.tail_bound_guaranteed);
     double vmax = 0;
