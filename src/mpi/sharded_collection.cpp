@@ -3,6 +3,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "mpi/sharded_impl.hpp"
@@ -139,6 +140,8 @@ void ShardedCollection::upsert_batch(std::span<const std::uint64_t> ids, std::sp
       detail::mpi_count(rows.values.size(), "the values of one write");
     } catch (const Error& e) {
       s = detail::status_of(e);
+    } catch (const std::bad_alloc&) {  // root alone must not leave the collective: the others wait on it
+      s = detail::status_of(Error(ErrorCode::resource_exhausted, "upsert: out of memory at the root"));
     }
   }
   detail::broadcast_status(s, root, im.comm_);

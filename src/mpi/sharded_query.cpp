@@ -288,6 +288,8 @@ QueryResults ShardedCollection::query(std::span<const float> queries, Retrieval 
       h.n = queries.size() / d;
     } catch (const Error& e) {
       h.status = detail::status_of(e);
+    } catch (const std::bad_alloc&) {  // root alone must not leave the collective: the others wait on it
+      h.status = detail::status_of(Error(ErrorCode::resource_exhausted, "query: out of memory at the root"));
     }
     h.options = flatten(options);
   }
