@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "../errors.hpp"
@@ -232,6 +233,34 @@ TEST_CASE("sharded: values near the float limit blend like one collection (no ov
   const SoftResult got_k = p.sharded.query_soft(at_root(q), o);
   CHECK(max_abs_diff(got_k.value, want_k.value) <= 1e-5 * 3.0e38);
   CHECK(got_k.tail_bound == Approx(want_k.tail_bound).epsilon(1e-5));
+}
+
+TEST_CASE("sharded: shapes at their extremes (d = 1, odd dv, one row) merge like one collection", "[mpi]") {
+  for (const auto& [d, dv, rows] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1}, {1, 129, 37}, {33, 3, 5}}) {
+    INFO("d = " << d << ", dv = " << dv << ", rows = " << rows);
+    CollectionConfig c;
+    c.dim = d;
+    c.value_dim = dv;
+    c.index.kind = IndexKind::flat;
+    Collection whole(c);
+    ShardedCollection sharded(MPI_COMM_WORLD, c);
+    const std::vector<float> keys = softkv::test::normal_floats(rows * d, 111 + d), values = softkv::test::normal_floats(rows * dv, 112 + dv);
+    std::vector<std::uint64_t> ids(rows);
+    std::iota(ids.begin(), ids.end(), std::uint64_t{0});
+    whole.upsert_batch(ids, keys, values);
+    sharded.upsert_batch(ids, keys, values);
+    const std::vector<float> q = softkv::test::normal_floats(3 * d, 113);
+    QueryOptions o;
+    o.top_m = 3;  // an odd top list: the vector part after it starts 4-byte aligned only
+    const QueryResults got = sharded.query(at_root(q), Retrieval::soft, o);
+    const QueryResults want = whole.query(q, Retrieval::soft, o);
+    for (std::size_t b = 0; b < 3; ++b) check_soft_equal(got.soft[b], want.soft[b]);
+    const QueryResults hard = sharded.query(at_root(q), Retrieval::hard);
+    for (std::size_t b = 0; b < 3; ++b) {
+      CHECK(hard.hard[b].id == whole.query(q, Retrieval::hard).hard[b].id);
+      CHECK(hard.hard[b].value == whole.query(q, Retrieval::hard).hard[b].value);
+    }
+  }
 }
 
 TEST_CASE("sharded: a rank with an empty shard contributes nothing and breaks nothing", "[mpi]") {
