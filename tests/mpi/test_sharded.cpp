@@ -198,6 +198,37 @@ TEST_CASE("sharded: pruned answers (top_k) and their tail bound equal one collec
   }
 }
 
+TEST_CASE("sharded: pruning through an approximate index reports an estimate from every shard's candidates", "[mpi]") {
+  const Data data = sharded_data(600, 121);
+  Pair p(config(IndexKind::hnsw), data);
+  p.sharded.shard().wait_until_indexed();
+  const std::vector<float> q = softkv::test::normal_floats(kD, 122, 6.0f);
+  QueryOptions o;
+  o.top_k = 24;
+  o.top_m = 24;
+  const SoftResult got = p.sharded.query_soft(at_root(q), o);
+  CHECK(got.candidates == 24);
+  CHECK_FALSE(got.tail_bound_guaranteed);
+  CHECK(got.searched_with == IndexKind::hnsw);
+  CHECK(got.tail_bound > 0.0);
+  CHECK(got.tail_bound < 1.0);
+  // Whatever the graphs chose, the answer is the exact softmax over its candidates: its top list holds
+  // 24 distinct stored ids whose weights sum to 1 and whose scores are the exact ones.
+  const SoftResult all = p.whole.query_soft(q, {.top_m = 600});
+  double weight = 0;
+  std::vector<std::uint64_t> seen;
+  for (const Contributor& c : got.top) {
+    weight += c.weight;
+    seen.push_back(c.id);
+    const auto exact = std::find_if(all.top.begin(), all.top.end(), [&](const Contributor& e) { return e.id == c.id; });
+    REQUIRE(exact != all.top.end());
+    CHECK(c.score == Approx(exact->score).epsilon(1e-6).margin(1e-6));
+  }
+  std::sort(seen.begin(), seen.end());
+  CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
+  CHECK(weight == Approx(1.0).epsilon(1e-5));
+}
+
 TEST_CASE("sharded: adaptive pruning (epsilon) meets its target with the global N", "[mpi]") {
   const Data data = sharded_data(2000, 51);
   Pair p(config(IndexKind::flat), data);
