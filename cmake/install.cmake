@@ -6,7 +6,9 @@ install(TARGETS softkv softkv_client EXPORT softkvTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/softkv DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# softkv::mpi is built in the tree only (not installed yet: its exported config would need MPI's C
+# language in every consumer), so its header stays out of the installed tree too.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/softkv DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN mpi.hpp EXCLUDE)
 install(FILES ${PROJECT_BINARY_DIR}/include/softkv/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/softkv)
 
 set(softkv_config_dir ${CMAKE_INSTALL_LIBDIR}/cmake/softkv)

@@ -18,6 +18,7 @@ packages=(
   python3 python3-numpy         # Python client and module
   pybind11-dev python3-dev      # the native Python module (import softkv)
   python3-pytest                # its tests
+  libopenmpi-dev openmpi-bin    # softkv::mpi and the sharded server (mpirun)
 )
 packages+=("$@")                # extra packages a caller needs (e.g. scripts/fuzz.sh: clang)
 

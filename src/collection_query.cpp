@@ -303,6 +303,11 @@ float Collection::resolve_scale(const QueryOptions& options) const {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(impl_->dim())));
 }
 
+void Collection::check_options(const QueryOptions& options, Retrieval kind) const {
+  (void)resolve_scale(options);
+  if (kind == Retrieval::soft) impl_->check_pruning(options);
+}
+
 SoftResult Collection::query_soft(std::span<const float> query, const QueryOptions& options) const {
   detail::check_dimension(query.size(), impl_->dim(), "query");
   const float scale = resolve_scale(options);

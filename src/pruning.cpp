@@ -9,14 +9,11 @@
 #include <limits>
 
 namespace softkv::detail {
-namespace {
 
-// Slack on the k-th score. The flat index ranks by the very scores used here, so no omitted score
-// exceeds the k-th and the bound holds without it; it covers the float rounding of lse_k, and for
-// the approximate indexes (whose bound is an estimate anyway) their own rounding of the ranking.
+// The flat index ranks by the very scores used here, so no omitted score exceeds the k-th and the
+// bound holds without the slack; it covers the float rounding of lse_k, and for the approximate
+// indexes (whose bound is an estimate anyway) their own rounding of the ranking.
 double with_rounding_slack(double score) { return score + 1e-5 * std::max(1.0, std::fabs(score)); }
-
-}  // namespace
 
 double tail_bound(std::size_t n, std::size_t k, double kth_score, double lse_k) {
   if (k >= n) return 0.0;

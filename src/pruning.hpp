@@ -13,6 +13,9 @@ namespace softkv::detail {
 /// (n-k) e^{s_k} / (Z_k + (n-k) e^{s_k}) with lse_k = log Z_k, computed in log space (DESIGN.md).
 double tail_bound(std::size_t n, std::size_t k, double kth_score, double lse_k);
 
+/// The k-th score as tail_bound takes it: raised by a relative 1e-5 to cover float rounding (pruning.cpp).
+double with_rounding_slack(double score);
+
 /// Rows (positions in the scanned span) of up to k of the best keys for the query.
 using CandidateFinder = std::function<std::vector<std::size_t>(std::size_t k)>;
 

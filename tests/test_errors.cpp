@@ -119,3 +119,28 @@ TEST_CASE("a zero key or query has no direction under cosine", "[errors]") {
 TEST_CASE("forcing an unknown kernel path is rejected", "[errors]") {
   expect_error(ErrorCode::unsupported, [] { force_simd_path("mmx"); });
 }
+
+TEST_CASE("check_options refuses exactly what a query would refuse for its options", "[errors]") {
+  Collection plain({2, 1, Metric::dot, {}});  // empty, no index: the options are checked all the same
+  CollectionConfig flat_config{2, 1, Metric::dot, {}};
+  flat_config.index.kind = IndexKind::flat;
+  Collection flat(flat_config);
+  const std::vector<QueryOptions> bad_for_both = {
+      {.temperature = 0.0f}, {.temperature = kNaN}, {.scale = -1.0f}, {.temperature = 1.0f, .scale = 1.0f}};
+  for (const QueryOptions& o : bad_for_both) {
+    for (const Retrieval kind : {Retrieval::soft, Retrieval::hard}) {
+      expect_error(ErrorCode::invalid_argument, [&] { plain.check_options(o, kind); });
+      expect_error(ErrorCode::invalid_argument, [&] { flat.check_options(o, kind); });
+    }
+  }
+  const std::vector<QueryOptions> bad_pruning = {
+      {.top_k = 0}, {.epsilon = 0.0f}, {.epsilon = 1.0f}, {.epsilon = kNaN}, {.top_k = 4, .epsilon = 0.1f}, {.top_k = 4, .ef_search = 0}};
+  for (const QueryOptions& o : bad_pruning) {
+    expect_error(ErrorCode::invalid_argument, [&] { flat.check_options(o, Retrieval::soft); });
+    flat.check_options(o, Retrieval::hard);  // hard ignores the pruning fields, as query_hard does
+  }
+  expect_error(ErrorCode::invalid_argument, [&] { plain.check_options({.top_k = 4}, Retrieval::soft); });  // no index
+  flat.check_options({.top_k = 4}, Retrieval::soft);
+  flat.check_options({.temperature = 0.5f, .epsilon = 0.25f}, Retrieval::soft);
+  plain.check_options({}, Retrieval::hard);
+}

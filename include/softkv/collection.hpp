@@ -286,6 +286,10 @@ class Collection {
 
   /// The scale a query with these options uses; throws Error(invalid_argument) for a bad T or scale.
   [[nodiscard]] float resolve_scale(const QueryOptions& options) const;
+  /// Throws the Error a query of this kind would throw for these options alone (temperature or scale;
+  /// for soft, top_k/epsilon and the index they need, ef_search, nprobe); returns normally otherwise.
+  /// Lets a caller refuse a request before it reaches the rows (softkv::ShardedCollection's root).
+  void check_options(const QueryOptions& options, Retrieval kind) const;
 
  private:
   class Impl;

@@ -1,0 +1,197 @@
+// ShardedCollection: rows routed to their owner rank (id mod P); writes checked at root, scattered to owners.
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "mpi/sharded_impl.hpp"
+
+namespace softkv {
+namespace detail {
+
+RootStatus status_of(const Error& e) {
+  RootStatus s;
+  s.code = static_cast<std::uint32_t>(e.code());
+  std::strncpy(s.message, e.what(), sizeof(s.message) - 1);
+  return s;
+}
+
+void broadcast_status(RootStatus& status, int root, MPI_Comm comm) {
+  MPI_Bcast(&status, sizeof(status), MPI_BYTE, root, comm);
+  if (status.code != 0) throw Error(static_cast<ErrorCode>(status.code), status.message);
+}
+
+int mpi_count(std::size_t n, const char* what) {
+  if (n > static_cast<std::size_t>(INT_MAX))
+    throw Error(ErrorCode::resource_exhausted, std::string("sharded collection: ") + what + " exceeds MPI's int counts");
+  return static_cast<int>(n);
+}
+
+}  // namespace detail
+
+std::size_t shard_owner(std::uint64_t id, std::size_t ranks) noexcept { return static_cast<std::size_t>(id % ranks); }
+
+ShardedCollection::Impl::Impl(MPI_Comm comm, const CollectionConfig& config) : shard_(config) {
+  MPI_Comm_dup(comm, &comm_);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm_, &rank);
+  MPI_Comm_size(comm_, &size);
+  rank_ = static_cast<std::size_t>(rank);
+  ranks_ = static_cast<std::size_t>(size);
+}
+
+ShardedCollection::Impl::~Impl() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized == 0) MPI_Comm_free(&comm_);  // after MPI_Finalize the communicator is gone with MPI
+}
+
+void ShardedCollection::Impl::reduce(detail::PartialRecords& records) {
+  const auto start = std::chrono::steady_clock::now();
+  records.allreduce(comm_);
+  reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::vector<float> ShardedCollection::Impl::sum_in_double(std::vector<double> local) const {
+  MPI_Allreduce(MPI_IN_PLACE, local.data(), detail::mpi_count(local.size(), "a value"), MPI_DOUBLE, MPI_SUM, comm_);
+  return {local.begin(), local.end()};
+}
+
+std::uint64_t ShardedCollection::Impl::allreduce_u64(std::uint64_t local, MPI_Op op) const {
+  std::uint64_t global = 0;
+  MPI_Allreduce(&local, &global, 1, MPI_UINT64_T, op, comm_);
+  return global;
+}
+
+Rows ShardedCollection::Impl::scatter(const Rows& rows, int root, bool with_vectors) const {
+  const std::size_t d = with_vectors ? shard_.config().dim : 0, dv = with_vectors ? shard_.config().value_dim : 0;
+  std::vector<int> counts(ranks_, 0), key_counts(ranks_), value_counts(ranks_), displs(ranks_), key_displs(ranks_),
+      value_displs(ranks_);
+  Rows ordered;
+  if (static_cast<int>(rank_) == root) {
+    std::vector<std::vector<std::size_t>> by_owner(ranks_);
+    for (std::size_t i = 0; i < rows.ids.size(); ++i) by_owner[shard_owner(rows.ids[i], ranks_)].push_back(i);
+    for (std::size_t r = 0; r < ranks_; ++r) {
+      counts[r] = static_cast<int>(by_owner[r].size());
+      for (std::size_t i : by_owner[r]) {
+        ordered.ids.push_back(rows.ids[i]);
+        ordered.keys.insert(ordered.keys.end(), rows.keys.begin() + static_cast<std::ptrdiff_t>(i * d),
+                            rows.keys.begin() + static_cast<std::ptrdiff_t>((i + 1) * d));
+        ordered.values.insert(ordered.values.end(), rows.values.begin() + static_cast<std::ptrdiff_t>(i * dv),
+                              rows.values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv));
+      }
+    }
+  }
+  MPI_Bcast(counts.data(), static_cast<int>(ranks_), MPI_INT, root, comm_);
+  int offset = 0;
+  for (std::size_t r = 0; r < ranks_; ++r) {
+    displs[r] = offset;
+    key_counts[r] = counts[r] * static_cast<int>(d);
+    key_displs[r] = offset * static_cast<int>(d);
+    value_counts[r] = counts[r] * static_cast<int>(dv);
+    value_displs[r] = offset * static_cast<int>(dv);
+    offset += counts[r];
+  }
+  Rows mine;
+  const auto n = static_cast<std::size_t>(counts[rank_]);
+  mine.ids.resize(n);
+  mine.keys.resize(n * d);
+  mine.values.resize(n * dv);
+  MPI_Scatterv(ordered.ids.data(), counts.data(), displs.data(), MPI_UINT64_T, mine.ids.data(), counts[rank_],
+               MPI_UINT64_T, root, comm_);
+  if (!with_vectors) return mine;
+  MPI_Scatterv(ordered.keys.data(), key_counts.data(), key_displs.data(), MPI_FLOAT, mine.keys.data(),
+               key_counts[rank_], MPI_FLOAT, root, comm_);
+  MPI_Scatterv(ordered.values.data(), value_counts.data(), value_displs.data(), MPI_FLOAT, mine.values.data(),
+               value_counts[rank_], MPI_FLOAT, root, comm_);
+  return mine;
+}
+
+ShardedCollection::ShardedCollection(MPI_Comm comm, const CollectionConfig& config)
+    : impl_(std::make_unique<Impl>(comm, config)) {}
+
+ShardedCollection::~ShardedCollection() = default;
+
+std::size_t ShardedCollection::rank() const noexcept { return impl_->rank_; }
+std::size_t ShardedCollection::ranks() const noexcept { return impl_->ranks_; }
+std::size_t ShardedCollection::owner(std::uint64_t id) const noexcept { return shard_owner(id, impl_->ranks_); }
+const CollectionConfig& ShardedCollection::config() const noexcept { return impl_->shard_.config(); }
+const Collection& ShardedCollection::shard() const noexcept { return impl_->shard_; }
+double ShardedCollection::last_reduce_seconds() const noexcept { return impl_->reduce_seconds_; }
+
+std::size_t ShardedCollection::size() const { return impl_->allreduce_u64(impl_->shard_.size(), MPI_SUM); }
+
+std::uint64_t ShardedCollection::next_id() const { return impl_->allreduce_u64(impl_->shard_.next_id(), MPI_MAX); }
+
+void ShardedCollection::upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys,
+                                     std::span<const float> values, int root) {
+  Impl& im = *impl_;
+  const bool is_root = static_cast<int>(im.rank_) == root;
+  Rows rows;
+  detail::RootStatus s;
+  if (is_root) {
+    try {
+      if (ids.empty() && !keys.empty())
+        throw Error(ErrorCode::dimension_mismatch, "upsert: " + std::to_string(keys.size()) + " key floats but no ids");
+      rows = im.shard_.prepare(ids, keys, values);  // every check Collection::upsert_batch makes
+      detail::mpi_count(rows.keys.size(), "the keys of one write");
+      detail::mpi_count(rows.values.size(), "the values of one write");
+    } catch (const Error& e) {
+      s = detail::status_of(e);
+    } catch (const std::bad_alloc&) {  // root alone must not leave the collective: the others wait on it
+      s = detail::status_of(Error(ErrorCode::resource_exhausted, "upsert: out of memory at the root"));
+    }
+  }
+  detail::broadcast_status(s, root, im.comm_);
+  const Rows mine = im.scatter(rows, root);
+  if (!mine.ids.empty()) im.shard_.apply(mine);
+}
+
+std::vector<std::uint64_t> ShardedCollection::add_batch(std::span<const float> keys, std::span<const float> values,
+                                                        int root) {
+  Impl& im = *impl_;
+  const std::uint64_t first = next_id();
+  std::uint64_t n = 0;
+  std::vector<std::uint64_t> ids;
+  detail::RootStatus s;
+  if (static_cast<int>(im.rank_) == root) {
+    n = keys.size() / im.shard_.config().dim;
+    if (n > kReservedId - first) s = detail::status_of(Error(ErrorCode::invalid_argument, "the id space is exhausted"));
+    else for (std::uint64_t i = 0; i < n; ++i) ids.push_back(first + i);
+  }
+  detail::broadcast_status(s, root, im.comm_);
+  upsert_batch(ids, keys, values, root);  // checks shapes (keys vs n ids, values) and the reserved id at root
+  MPI_Bcast(&n, 1, MPI_UINT64_T, root, im.comm_);
+  ids.resize(n);
+  for (std::uint64_t i = 0; i < n; ++i) ids[i] = first + i;
+  return ids;
+}
+
+void ShardedCollection::remove_batch(std::span<const std::uint64_t> ids, int root) {
+  Impl& im = *impl_;
+  const bool is_root = static_cast<int>(im.rank_) == root;
+  detail::RootStatus s;
+  Rows rows;
+  if (is_root) {
+    std::vector<std::uint64_t> sorted(ids.begin(), ids.end());
+    std::sort(sorted.begin(), sorted.end());
+    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+    if (twice != sorted.end())
+      s = detail::status_of(Error(ErrorCode::invalid_argument, "remove: id " + std::to_string(*twice) + " is given twice"));
+    rows.ids.assign(ids.begin(), ids.end());
+  }
+  detail::broadcast_status(s, root, im.comm_);
+  const std::vector<std::uint64_t> mine = im.scatter(rows, root, /*with_vectors=*/false).ids;
+  // Phase 1: every owner checks its ids; the smallest missing id anywhere is the one every rank names.
+  std::uint64_t missing = kReservedId;
+  for (std::uint64_t id : mine)
+    if (!im.shard_.contains(id)) missing = std::min(missing, id);
+  missing = im.allreduce_u64(missing, MPI_MIN);
+  if (missing != kReservedId) throw Error(ErrorCode::unknown_id, "remove: no entry has id " + std::to_string(missing));
+  // Phase 2: nothing can fail any more (ids distinct and present).
+  if (!mine.empty()) im.shard_.remove_batch(mine);
+}
+
+}  // namespace softkv

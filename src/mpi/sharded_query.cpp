@@ -1,0 +1,324 @@
+// ShardedCollection's queries: root broadcasts them, every rank scans its shard, one MPI_Allreduce merges.
+#include <algorithm>
+#include <cmath>
+#include <new>
+#include <string>
+
+#include "mpi/sharded_impl.hpp"
+#include "pruning.hpp"
+#include "validate.hpp"
+
+namespace softkv {
+namespace {
+
+using detail::PartialRecords;
+using detail::RecordKind;
+using detail::SoftmaxState;
+
+// The QueryOptions fields as one flat record for MPI_Bcast (root's options rule every rank). A field
+// added to QueryOptions must be added here too, or the other ranks query with its default.
+struct WireOptions {
+  std::uint8_t has_temperature = 0, has_scale = 0, has_top_k = 0, has_epsilon = 0, exact = 0;
+  float temperature = 0, scale = 0, epsilon = 0;
+  std::uint64_t top_m = 0, threads = 0, top_k = 0, ef_search = 0, nprobe = 0, check_sample = 0;
+};
+
+WireOptions flatten(const QueryOptions& o) {
+  WireOptions w;
+  w.has_temperature = o.temperature.has_value();
+  w.temperature = o.temperature.value_or(0);
+  w.has_scale = o.scale.has_value();
+  w.scale = o.scale.value_or(0);
+  w.has_top_k = o.top_k.has_value();
+  w.top_k = o.top_k.value_or(0);
+  w.has_epsilon = o.epsilon.has_value();
+  w.epsilon = o.epsilon.value_or(0);
+  w.exact = o.exact;
+  w.top_m = o.top_m;
+  w.threads = o.threads;
+  w.ef_search = o.ef_search;
+  w.nprobe = o.nprobe;
+  w.check_sample = o.check_sample;
+  return w;
+}
+
+QueryOptions unflatten(const WireOptions& w) {
+  QueryOptions o;
+  if (w.has_temperature) o.temperature = w.temperature;
+  if (w.has_scale) o.scale = w.scale;
+  if (w.has_top_k) o.top_k = w.top_k;
+  if (w.has_epsilon) o.epsilon = w.epsilon;
+  o.exact = w.exact != 0;
+  o.top_m = w.top_m;
+  o.threads = w.threads;
+  o.ef_search = w.ef_search;
+  o.nprobe = w.nprobe;
+  o.check_sample = w.check_sample;
+  return o;
+}
+
+// A rank's own failure during a collective step, kept until the reduction tells every rank about it.
+struct LocalFailure {
+  std::uint32_t code = 0;
+  std::string message;
+
+  template <typename Body>
+  void run(const Body& body) {
+    try {
+      body();
+    } catch (const Error& e) {
+      code = static_cast<std::uint32_t>(e.code());
+      message = e.what();
+    } catch (const std::bad_alloc&) {
+      code = static_cast<std::uint32_t>(ErrorCode::resource_exhausted);
+      message = "sharded query: out of memory on a shard";
+    }
+  }
+
+  // After the reduction: throws the global error (this rank's message when it is the one that failed).
+  void rethrow(std::uint32_t global) const {
+    if (global == 0) return;
+    if (global == code) throw Error(static_cast<ErrorCode>(code), message);
+    throw Error(static_cast<ErrorCode>(global),
+                "sharded query failed on another rank: " + std::string(to_string(static_cast<ErrorCode>(global))));
+  }
+};
+
+// One soft answer's partial: its (m, l, acc) from a shard's normalised answer (acc = value * l).
+SoftmaxState state_of(const SoftResult& r) {
+  SoftmaxState s(r.value.size());
+  s.max = r.max_score;
+  s.sum = static_cast<float>(std::exp(r.lse - static_cast<double>(r.max_score)));
+  for (std::size_t i = 0; i < r.value.size(); ++i) s.acc[i] = r.value[i] * s.sum;
+  return s;
+}
+
+// Fills record i's top list from contributors, best first by (score, smaller id).
+void fill_top(PartialRecords& records, std::size_t i, std::vector<Contributor> top) {
+  std::sort(top.begin(), top.end(), [](const Contributor& a, const Contributor& b) {
+    return a.score > b.score || (a.score == b.score && a.id < b.id);
+  });
+  const std::size_t n = std::min(top.size(), records.top_ids(i).size());
+  for (std::size_t j = 0; j < n; ++j) {
+    records.top_ids(i)[j] = top[j].id;
+    records.top_scores(i)[j] = top[j].score;
+  }
+  records.header(i).top_count = static_cast<std::uint32_t>(n);
+}
+
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+// The soft answer of a merged record: value = acc / l, contributors weighted by exp(s - lse).
+SoftResult soft_answer(PartialRecords& records, std::size_t i) {
+  const SoftmaxState s = records.state(i);
+  SoftResult r;
+  r.value.resize(s.acc.size());
+  for (std::size_t j = 0; j < s.acc.size(); ++j) r.value[j] = s.acc[j] / s.sum;
+  r.lse = s.lse();
+  if (!std::isfinite(r.lse)) throw Error(ErrorCode::numeric_overflow, "sharded query: the merged log-sum-exp is not finite");
+  r.max_score = s.max;
+  r.candidates = records.header(i).rows;
+  for (std::size_t j = 0; j < records.header(i).top_count; ++j) {
+    const float score = records.top_scores(i)[j];
+    r.top.push_back({records.top_ids(i)[j], static_cast<float>(std::exp(static_cast<double>(score) - r.lse)), score});
+  }
+  return r;
+}
+
+}  // namespace
+
+QueryResults ShardedCollection::Impl::exact(const std::vector<float>& queries, std::size_t n, Retrieval kind,
+                                             const QueryOptions& options) {
+  const std::size_t dv = shard_.config().value_dim;
+  const std::size_t top_m = kind == Retrieval::soft ? options.top_m : 0;
+  PartialRecords records(n, kind == Retrieval::soft ? RecordKind::soft : RecordKind::hard, dv, top_m);
+  LocalFailure failure;
+  const std::size_t local_rows = shard_.size();
+  QueryResults r;  // this shard's own answers (kept for the overflow fallback of soft values)
+  if (local_rows > 0) {
+    failure.run([&] {
+      QueryOptions local = options;
+      local.top_k.reset();
+      local.epsilon.reset();
+      r = shard_.query(queries, kind, local);
+      for (std::size_t b = 0; b < n; ++b) {
+        records.header(b).rows = local_rows;
+        if (kind == Retrieval::soft) {
+          records.set_state(b, state_of(r.soft[b]));
+          fill_top(records, b, r.soft[b].top);
+        } else {
+          records.header(b).has_best = 1;
+          records.header(b).max = r.hard[b].score;
+          records.header(b).best_id = r.hard[b].id;
+          std::copy(r.hard[b].value.begin(), r.hard[b].value.end(), records.vector(b).begin());
+          records.header(b).searched_with = static_cast<std::uint32_t>(r.hard[b].searched_with);
+        }
+      }
+    });
+    if (failure.code != 0) records.set_error(failure.code);
+  }
+  reduce(records);
+  failure.rethrow(records.header(0).error);
+  if (records.header(0).rows == 0) throw Error(ErrorCode::empty_collection, "sharded query: no shard holds an entry");
+  QueryResults out;
+  for (std::size_t b = 0; b < n; ++b) {
+    if (kind == Retrieval::soft) {
+      out.soft.push_back(soft_answer(records, b));
+      SoftResult& a = out.soft.back();
+      if (!all_finite(a.value)) {  // acc = value * l overflowed: blend the shards' values instead
+        std::vector<double> mine(dv, 0.0);
+        if (!r.soft.empty()) {
+          const double w = std::exp(r.soft[b].lse - a.lse);
+          for (std::size_t j = 0; j < dv; ++j) mine[j] = w * static_cast<double>(r.soft[b].value[j]);
+        }
+        a.value = sum_in_double(std::move(mine));
+      }
+    } else {
+      const std::span<float> v = records.vector(b);
+      out.hard.push_back({records.header(b).best_id, records.header(b).max, {v.begin(), v.end()},
+                            static_cast<IndexKind>(records.header(b).searched_with)});
+    }
+  }
+  return out;
+}
+
+// One pruned soft query at k: the global top k (each shard's top k merged), then the softmax over
+// those rows (each owner contributes its own) and the tail bound from the global k-th score and N.
+SoftResult ShardedCollection::Impl::pruned_at(const std::vector<float>& query, std::size_t k, std::size_t total,
+                                              const QueryOptions& options) {
+  const std::size_t dv = shard_.config().value_dim;
+  // Round 1: candidates. A record of ids and scores only (no vector).
+  PartialRecords top(1, RecordKind::soft, 0, k);
+  LocalFailure failure;
+  if (shard_.size() > 0) {
+    failure.run([&] {
+      QueryOptions local = options;
+      local.epsilon.reset();
+      local.top_k = k;
+      local.top_m = k;
+      const SoftResult r = shard_.query_soft(query, local);
+      fill_top(top, 0, r.top);
+      top.header(0).guaranteed = r.tail_bound_guaranteed ? 1 : 0;
+      top.header(0).searched_with = static_cast<std::uint32_t>(r.searched_with);
+    });
+    if (failure.code != 0) top.set_error(failure.code);
+  }
+  reduce(top);
+  failure.rethrow(top.header(0).error);
+  const std::size_t chosen = top.header(0).top_count;
+  const double kth = top.top_scores(0)[chosen - 1];
+
+  // Round 2: the softmax over the chosen rows, each folded in by its owner with the library's merge.
+  PartialRecords soft(1, RecordKind::soft, dv, options.top_m);
+  std::vector<Contributor> mine;       // this rank's chosen rows (id, score)
+  std::vector<std::vector<float>> mine_values;
+  failure.run([&] {
+    SoftmaxState state(dv);
+    for (std::size_t j = 0; j < chosen; ++j) {
+      const std::uint64_t id = top.top_ids(0)[j];
+      if (shard_owner(id, ranks_) != rank_) continue;
+      SoftmaxState row(dv);
+      row.max = top.top_scores(0)[j];
+      row.sum = 1.0f;
+      row.acc = shard_.get(id).value;
+      state.merge(row);
+      mine.push_back({id, 0.0f, row.max});
+      mine_values.push_back(row.acc);
+    }
+    soft.set_state(0, state);
+    fill_top(soft, 0, mine);
+    soft.header(0).rows = 0;
+  });
+  if (failure.code != 0) soft.set_error(failure.code);
+  reduce(soft);
+  failure.rethrow(soft.header(0).error);
+  soft.header(0).rows = chosen;
+  SoftResult r = soft_answer(soft, 0);
+  if (!all_finite(r.value)) {  // the float accumulator overflowed: the same blend in double
+    std::vector<double> blend(dv, 0.0);
+    for (std::size_t j = 0; j < mine.size(); ++j) {
+      const double w = std::exp(static_cast<double>(mine[j].score) - r.lse);
+      for (std::size_t i = 0; i < dv; ++i) blend[i] += w * static_cast<double>(mine_values[j][i]);
+    }
+    r.value = sum_in_double(std::move(blend));
+  }
+  r.tail_bound = detail::tail_bound(total, chosen, detail::with_rounding_slack(kth), r.lse);
+  r.tail_bound_guaranteed = top.header(0).guaranteed != 0;
+  // Not every entry took part: the shards' index chose them, even where a small shard scanned all of its own.
+  const auto merged = static_cast<IndexKind>(top.header(0).searched_with);
+  r.searched_with = merged != IndexKind::exact ? merged : shard_.config().index.kind;
+  return r;
+}
+
+SoftResult ShardedCollection::Impl::pruned(const std::vector<float>& query, std::size_t total, const QueryOptions& options) {
+  if (options.top_k) {
+    if (*options.top_k >= total) return exact(query, 1, Retrieval::soft, options).soft[0];
+    return pruned_at(query, *options.top_k, total, options);
+  }
+  for (std::size_t k = 16;; k *= 2) {  // the adaptive rule of detail::adaptive_soft, on global figures
+    if (k > total / 4) return exact(query, 1, Retrieval::soft, options).soft[0];
+    SoftResult r = pruned_at(query, k, total, options);
+    if (r.tail_bound <= *options.epsilon) return r;
+  }
+}
+
+QueryResults ShardedCollection::query(std::span<const float> queries, Retrieval kind, const QueryOptions& options,
+                                      int root) const {
+  Impl& im = *impl_;
+  const bool is_root = static_cast<int>(im.rank_) == root;
+  const std::size_t d = im.shard_.config().dim;
+  im.reduce_seconds_ = 0;
+  // Root checks the request and broadcasts it with its options; every rank then throws or proceeds.
+  struct Header {
+    detail::RootStatus status;
+    WireOptions options;
+    std::uint64_t n = 0;
+  } h;
+  if (is_root) {
+    try {
+      if (queries.empty() || queries.size() % d != 0)
+        throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) +
+                                                       " floats, not a multiple of d = " + std::to_string(d));
+      detail::check_finite(queries, "query", d);
+      if (kind != Retrieval::soft && kind != Retrieval::hard) throw Error(ErrorCode::invalid_argument, "unknown retrieval kind");
+      im.shard_.check_options(options, kind);  // the same checks as one collection's, even on an empty shard
+      detail::mpi_count(queries.size(), "a query batch");
+      h.n = queries.size() / d;
+    } catch (const Error& e) {
+      h.status = detail::status_of(e);
+    } catch (const std::bad_alloc&) {  // root alone must not leave the collective: the others wait on it
+      h.status = detail::status_of(Error(ErrorCode::resource_exhausted, "query: out of memory at the root"));
+    }
+    h.options = flatten(options);
+  }
+  MPI_Bcast(&h, sizeof(h), MPI_BYTE, root, im.comm_);
+  if (h.status.code != 0) throw Error(static_cast<ErrorCode>(h.status.code), h.status.message);
+  const QueryOptions opts = unflatten(h.options);
+  std::vector<float> q(is_root ? queries.begin() : queries.end(), queries.end());
+  q.resize(h.n * d);
+  MPI_Bcast(q.data(), static_cast<int>(q.size()), MPI_FLOAT, root, im.comm_);
+
+  // check_options refused top_k/epsilon without an index; options.exact scans everything (as use_index says).
+  const bool prune = kind == Retrieval::soft && (opts.top_k || opts.epsilon) && !opts.exact;
+  if (!prune) return im.exact(q, h.n, kind, opts);
+  // Pruned queries run one by one (as Collection::query does), each in lockstep on every rank.
+  const std::size_t total = im.allreduce_u64(im.shard_.size(), MPI_SUM);
+  if (total == 0) throw Error(ErrorCode::empty_collection, "sharded query: no shard holds an entry");
+  QueryResults out;
+  for (std::size_t b = 0; b < h.n; ++b)
+    out.soft.push_back(im.pruned({q.begin() + static_cast<std::ptrdiff_t>(b * d), q.begin() + static_cast<std::ptrdiff_t>((b + 1) * d)},
+                                 total, opts));
+  return out;
+}
+
+SoftResult ShardedCollection::query_soft(std::span<const float> query, const QueryOptions& options, int root) const {
+  return std::move(this->query(query, Retrieval::soft, options, root).soft.at(0));
+}
+
+HardResult ShardedCollection::query_hard(std::span<const float> query, const QueryOptions& options, int root) const {
+  return std::move(this->query(query, Retrieval::hard, options, root).hard.at(0));
+}
+
+}  // namespace softkv
