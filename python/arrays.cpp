@@ -92,4 +92,17 @@ std::uint64_t id_value(py::handle obj) {
   return id;
 }
 
+std::vector<std::uint64_t> u64_values(py::handle obj, const char* what) {
+  if (obj.is_none()) return {};
+  if (py::isinstance<py::array>(obj)) {
+    const auto a = id_input(obj, what);
+    return {a.data(), a.data() + a.size()};
+  }
+  if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj))
+    throw Error(ErrorCode::invalid_argument, std::string(what) + " must be a sequence of integers");
+  std::vector<std::uint64_t> out;
+  for (py::handle item : py::reinterpret_borrow<py::sequence>(obj)) out.push_back(id_value(item));
+  return out;
+}
+
 }  // namespace softkv::python

@@ -44,6 +44,9 @@ py::array_t<std::uint64_t> id_input(py::handle obj, const char* what);
 
 /// One id from a Python int (or numpy integer); Error(invalid_argument) outside [0, 2^64).
 std::uint64_t id_value(py::handle obj);
+/// Tags or ids as u64s from None (empty), a numpy integer array, or a sequence of Python ints (ints
+/// up to 2^64 - 1, which numpy would turn into float64).
+std::vector<std::uint64_t> u64_values(py::handle obj, const char* what);
 
 /// Moves a vector into a numpy array of the given shape; the array owns the buffer (no copy).
 template <class T>

@@ -29,6 +29,18 @@ QueryOptions make_options(std::optional<double> temperature, std::optional<doubl
   return o;
 }
 
+// ---- masks: tags_any (sequence of tags), tag_range ((lo, hi) inclusive), exclude (sequence of ids) ----
+std::vector<std::uint64_t> u64_list(py::handle obj, const char* what) { return u64_values(obj, what); }
+
+void add_mask(QueryOptions& o, py::handle tags_any, py::handle tag_range, py::handle exclude) {
+  o.tags_any = u64_list(tags_any, "tags_any");
+  o.exclude_ids = u64_list(exclude, "exclude");
+  if (tag_range.is_none()) return;
+  const auto range = py::reinterpret_borrow<py::sequence>(tag_range);
+  if (range.size() != 2) throw Error(ErrorCode::invalid_argument, "tag_range must be a pair (lo, hi)");
+  o.tag_range = TagRange{id_value(range[0]), id_value(range[1])};
+}
+
 // ---- answers: softkv structs -> the Python result classes ----
 
 py::object contributors(const std::vector<Contributor>& top) {
@@ -44,8 +56,10 @@ py::object contributors(const std::vector<Contributor>& top) {
 }
 
 py::object soft_answer(SoftResult&& r) {
-  return types().soft(to_numpy(std::move(r.value)), r.lse, r.max_score, r.candidates, r.tail_bound, r.tail_bound_guaranteed,
-                      index_name(r.searched_with), contributors(r.top));
+  py::object out = types().soft(to_numpy(std::move(r.value)), r.lse, r.max_score, r.candidates, r.tail_bound,
+                                r.tail_bound_guaranteed, index_name(r.searched_with), contributors(r.top));
+  out.attr("mask_filtered_after_search") = r.mask_filtered_after_search;
+  return out;
 }
 
 py::object hard_answer(HardResult&& r) {
@@ -125,23 +139,28 @@ void def_query(Class& cls, const char* name, Query query, const char* input, con
       name,
       [query](const CollectionView& self, py::handle q, std::optional<double> temperature, std::optional<double> scale,
               long long top_m, long long threads, std::optional<long long> top_k, std::optional<double> epsilon,
-              long long ef_search, long long nprobe, long long check_sample, bool exact) {
-        return query(self, q,
-                     make_options(temperature, scale, top_m, threads, top_k, epsilon, ef_search, nprobe, check_sample, exact));
+              long long ef_search, long long nprobe, long long check_sample, bool exact, py::handle tags_any,
+              py::handle tag_range, py::handle exclude) {
+        QueryOptions o = make_options(temperature, scale, top_m, threads, top_k, epsilon, ef_search, nprobe, check_sample, exact);
+        add_mask(o, tags_any, tag_range, exclude);
+        return query(self, q, o);
       },
       py::arg(input), py::kw_only(), py::arg("temperature") = py::none(), py::arg("scale") = py::none(), py::arg("top_m") = 0,
       py::arg("threads") = 0, py::arg("top_k") = py::none(), py::arg("epsilon") = py::none(), py::arg("ef_search") = 64,
-      py::arg("nprobe") = 16, py::arg("check_sample") = 0, py::arg("exact") = false, doc);
+      py::arg("nprobe") = 16, py::arg("check_sample") = 0, py::arg("exact") = false, py::arg("tags_any") = py::none(),
+      py::arg("tag_range") = py::none(), py::arg("exclude") = py::none(), doc);
 }
 
 template <class Class>
 void def_queries(Class& cls) {
   def_query(cls, "query_soft", query_soft, "query",
             "query_soft(query, *, temperature=None, scale=None, top_m=0, threads=0, top_k=None, epsilon=None, ef_search=64, "
-            "nprobe=16, check_sample=0, exact=False) -> SoftResult\n\nSoft retrieval for one (d,) query: softmax(s) . V over "
+            "nprobe=16, check_sample=0, exact=False, tags_any=None, tag_range=None, exclude=None) -> SoftResult\n\nSoft retrieval "
+            "for one (d,) query: softmax(s) . V over "
             "every entry, or over the top_k (or epsilon-adaptive) candidates of the pruning index. scale = 1 / (sqrt(d) * "
             "temperature), or give scale (Hopfield's beta); unset: the collection's default. check_sample (hnsw/ivf): rows "
-            "sampled outside the candidates to check the tail bound. The GIL is released while it runs.");
+            "sampled outside the candidates to check the tail bound. Masks (all must hold): tags_any (tags), tag_range "
+            "(lo, hi) inclusive, exclude (ids); a masked entry is as if absent. The GIL is released while it runs.");
   def_query(cls, "query_hard", query_hard, "query",
             "query_hard(query, *, ...) -> HardResult\n\nHard retrieval for one (d,) query: the value of argmax s_i "
             "(ties: smallest id). With an hnsw/ivf index the best of the index's top 64 is taken unless exact=True.");
@@ -172,16 +191,18 @@ void bind_collections(py::module_& m) {
              py::gil_scoped_release nogil;
              return c.get().contains(v);
            }, py::arg("id"), "Whether an entry has this id.")
-      .def("get", [](const CollectionView& c, py::handle id) {
+      .def("get", [](const CollectionView& c, py::handle id, bool with_tag) {
              const std::uint64_t v = id_value(id);
              Entry e;
              {
                py::gil_scoped_release nogil;
                e = c.get().get(v);
              }
+             if (with_tag) return py::make_tuple(to_numpy(std::move(e.key)), to_numpy(std::move(e.value)), e.tag);
              return py::make_tuple(to_numpy(std::move(e.key)), to_numpy(std::move(e.value)));
-           }, py::arg("id"), "(key, value) of the entry with this id, as float32 arrays (the key as stored: unit length "
-                              "under cosine); raises softkv.UnknownId.")
+           }, py::arg("id"), py::kw_only(), py::arg("with_tag") = false,
+           "(key, value) of the entry with this id, as float32 arrays (the key as stored: unit length under cosine); "
+           "with_tag=True: (key, value, tag). Raises softkv.UnknownId.")
       .def("ids", [](const CollectionView& c) {
              std::vector<std::uint64_t> ids;
              {
@@ -260,32 +281,39 @@ void bind_collections(py::module_& m) {
            "value_precision='f32')\n\nAn empty collection; metric "
            "'dot' or 'cosine'; index 'exact', 'flat', 'hnsw', 'ivf' or 'automatic' (pruned queries with top_k/epsilon); "
            "key_precision 'f32', 'f16', 'bf16' or 'i8', value_precision 'f32', 'f16' or 'bf16' (compact storage).")
-      .def("add", [](const OwnedCollection& c, py::handle key, py::handle value) {
+      .def("add", [](const OwnedCollection& c, py::handle key, py::handle value, py::handle tag) {
              const FloatInput k = float_input(key, 1, c.dim(), "key"), v = float_input(value, 1, c.value_dim(), "value");
+             const std::uint64_t t = id_value(tag);
              py::gil_scoped_release nogil;
-             return c.write().add(k.span(), v.span());
-           }, py::arg("key"), py::arg("value"), "Adds one entry ((d,) key, (dv,) value) and returns its new id.")
-      .def("add_batch", [](const OwnedCollection& c, py::handle keys, py::handle values) {
+             return c.write().add(k.span(), v.span(), t);
+           }, py::arg("key"), py::arg("value"), py::kw_only(), py::arg("tag") = 0,
+           "Adds one entry ((d,) key, (dv,) value, u64 tag) and returns its new id.")
+      .def("add_batch", [](const OwnedCollection& c, py::handle keys, py::handle values, py::handle tags) {
              const FloatInput k = float_input(keys, 2, c.dim(), "keys"), v = float_input(values, 2, c.value_dim(), "values");
+             const std::vector<std::uint64_t> t = u64_list(tags, "tags");
              std::vector<std::uint64_t> ids;
              {
                py::gil_scoped_release nogil;
-               ids = c.write().add_batch(k.span(), v.span());
+               ids = c.write().add_batch(k.span(), v.span(), t);
              }
              return to_numpy(std::move(ids));
-           }, py::arg("keys"), py::arg("values"), "Adds (n, d) keys and (n, dv) values; returns their new ids (uint64 array).")
-      .def("upsert", [](const OwnedCollection& c, py::handle id, py::handle key, py::handle value) {
-             const std::uint64_t i = id_value(id);
+           }, py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("tags") = py::none(),
+           "Adds (n, d) keys, (n, dv) values and (n,) tags (None: all 0); returns their new ids (uint64 array).")
+      .def("upsert", [](const OwnedCollection& c, py::handle id, py::handle key, py::handle value, py::handle tag) {
+             const std::uint64_t i = id_value(id), t = id_value(tag);
              const FloatInput k = float_input(key, 1, c.dim(), "key"), v = float_input(value, 1, c.value_dim(), "value");
              py::gil_scoped_release nogil;
-             c.write().upsert(i, k.span(), v.span());
-           }, py::arg("id"), py::arg("key"), py::arg("value"), "Inserts or replaces the entry with this id (any id but 2^64-1).")
-      .def("upsert_batch", [](const OwnedCollection& c, py::handle ids, py::handle keys, py::handle values) {
+             c.write().upsert(i, k.span(), v.span(), t);
+           }, py::arg("id"), py::arg("key"), py::arg("value"), py::kw_only(), py::arg("tag") = 0,
+           "Inserts or replaces the entry with this id (any id but 2^64-1); it takes the new tag.")
+      .def("upsert_batch", [](const OwnedCollection& c, py::handle ids, py::handle keys, py::handle values, py::handle tags) {
              const auto i = id_input(ids, "ids");
              const FloatInput k = float_input(keys, 2, c.dim(), "keys"), v = float_input(values, 2, c.value_dim(), "values");
+             const std::vector<std::uint64_t> t = u64_list(tags, "tags");
              py::gil_scoped_release nogil;
-             c.write().upsert_batch({i.data(), static_cast<std::size_t>(i.size())}, k.span(), v.span());
-           }, py::arg("ids"), py::arg("keys"), py::arg("values"), "Inserts or replaces n entries: (n,) ids, (n, d) keys, (n, dv) values.")
+             c.write().upsert_batch({i.data(), static_cast<std::size_t>(i.size())}, k.span(), v.span(), t);
+           }, py::arg("ids"), py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("tags") = py::none(),
+           "Inserts or replaces n entries: (n,) ids, (n, d) keys, (n, dv) values, (n,) tags (None: all 0).")
       .def("remove", [](const OwnedCollection& c, py::handle id) {
              const std::uint64_t i = id_value(id);
              py::gil_scoped_release nogil;

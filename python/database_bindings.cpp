@@ -14,6 +14,9 @@
 namespace softkv::python {
 namespace {
 
+// Tags given as None (all 0) or a (n,) integer sequence.
+std::vector<std::uint64_t> tag_list(py::handle tags) { return u64_values(tags, "tags"); }
+
 // A Python callable receiving the database's log lines, possibly from a background thread.
 struct LogSink {
   py::object fn;
@@ -141,20 +144,24 @@ void bind_database(py::module_& m) {
       .def("stats", [](PyDatabase& db, const std::string& name) {
              return stats_dict(db.call([&](Database& d) { return d.stats(name); }));
            }, py::arg("name"), "Size and shape of a collection: the dict softkv.Client.describe returns.")
-      .def("add", [](PyDatabase& db, const std::string& name, py::handle keys, py::handle values) {
+      .def("add", [](PyDatabase& db, const std::string& name, py::handle keys, py::handle values, py::handle tags) {
              const auto c = db.call([&](Database& d) { return d.collection(name); });
              const FloatInput k = float_input(keys, 2, c->config().dim, "keys");
              const FloatInput v = float_input(values, 2, c->config().value_dim, "values");
-             return to_numpy(db.call([&](Database& d) { return d.add(name, k.span(), v.span()); }));
-           }, py::arg("name"), py::arg("keys"), py::arg("values"),
-           "Adds (n, d) keys and (n, dv) values; returns their new ids (uint64) once logged (durable with fsync='always').")
-      .def("upsert", [](PyDatabase& db, const std::string& name, py::handle ids, py::handle keys, py::handle values) {
+             const std::vector<std::uint64_t> t = tag_list(tags);
+             return to_numpy(db.call([&](Database& d) { return d.add(name, k.span(), v.span(), t); }));
+           }, py::arg("name"), py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("tags") = py::none(),
+           "Adds (n, d) keys, (n, dv) values and (n,) tags (None: all 0); returns their new ids (uint64) once logged "
+           "(durable with fsync='always').")
+      .def("upsert", [](PyDatabase& db, const std::string& name, py::handle ids, py::handle keys, py::handle values, py::handle tags) {
              const auto c = db.call([&](Database& d) { return d.collection(name); });
              const auto i = id_input(ids, "ids");
              const FloatInput k = float_input(keys, 2, c->config().dim, "keys");
              const FloatInput v = float_input(values, 2, c->config().value_dim, "values");
-             db.call([&](Database& d) { d.upsert(name, {i.data(), static_cast<std::size_t>(i.size())}, k.span(), v.span()); return 0; });
-           }, py::arg("name"), py::arg("ids"), py::arg("keys"), py::arg("values"), "Inserts or replaces n entries by id.")
+             const std::vector<std::uint64_t> t = tag_list(tags);
+             db.call([&](Database& d) { d.upsert(name, {i.data(), static_cast<std::size_t>(i.size())}, k.span(), v.span(), t); return 0; });
+           }, py::arg("name"), py::arg("ids"), py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("tags") = py::none(),
+           "Inserts or replaces n entries by id, with (n,) tags (None: all 0).")
       .def("remove", [](PyDatabase& db, const std::string& name, py::handle ids) {
              const auto i = id_input(ids, "ids");
              db.call([&](Database& d) { d.remove(name, {i.data(), static_cast<std::size_t>(i.size())}); return 0; });

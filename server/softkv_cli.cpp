@@ -44,6 +44,25 @@ std::vector<float> parse_floats(const std::string& text) {
   return out;
 }
 
+// Comma-separated unsigned 64-bit integers (tags or ids); anything else is invalid_argument.
+std::vector<std::uint64_t> parse_u64s(const std::string& text, const char* what) {
+  std::vector<std::uint64_t> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    std::size_t used = 0;
+    unsigned long long v = 0;
+    try {
+      v = std::stoull(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || item.find('-') != std::string::npos)
+      throw softkv::Error(softkv::ErrorCode::invalid_argument, std::string(what) + ": '" + item + "' is not an unsigned 64-bit integer");
+    out.push_back(v);
+  }
+  return out;
+}
+
 // One status line on stderr, redrawn in place: rows done, percentage, rate.
 void progress(std::size_t done, std::size_t total, double seconds) {
   std::fprintf(stderr, "\rloaded %zu / %zu rows (%3.0f%%), %.0f rows/s   ", done, total, 100.0 * done / std::max<std::size_t>(total, 1),
@@ -83,6 +102,8 @@ int main(int argc, char** argv) {
   load->add_option("--keys", keys_file, "n x d keys")->required()->check(CLI::ExistingFile);
   load->add_option("--values", values_file, "n x dv values")->required()->check(CLI::ExistingFile);
   load->add_option("--batch", batch, "rows per request")->capture_default_str();
+  std::string load_tag;
+  load->add_option("--tag", load_tag, "tag every loaded row with this u64 (default 0)");
 
   auto* query = app.add_subcommand("query", "soft (default) or hard retrieval");
   std::string inline_query, queries_file, out_file;
@@ -102,6 +123,10 @@ int main(int argc, char** argv) {
   query->add_option("--epsilon", epsilon, "adaptive pruning target");
   query->add_flag("--exact", exact, "hard: scan every key even with an index");
   query->add_option("--out", out_file, "write the answers as a B x dv float32 .npy");
+  std::string mask_tags, mask_range, mask_exclude;
+  query->add_option("--tags", mask_tags, "mask: only entries with one of these tags (comma-separated)");
+  query->add_option("--tag-range", mask_range, "mask: only entries with lo <= tag <= hi, given as lo,hi");
+  query->add_option("--exclude", mask_exclude, "mask: never these ids (comma-separated)");
 
   auto* list = app.add_subcommand("list", "collection names");
   auto* stats = app.add_subcommand("stats", "server statistics, or a collection's with a name");
@@ -131,10 +156,18 @@ int main(int argc, char** argv) {
       const Matrix keys = softkv::cli::read_matrix(keys_file), values = softkv::cli::read_matrix(values_file);
       if (keys.rows != values.rows)
         throw softkv::Error(softkv::ErrorCode::dimension_mismatch, std::to_string(keys.rows) + " keys but " + std::to_string(values.rows) + " values");
+      std::uint64_t tag = 0;
+      if (!load_tag.empty()) {
+        const auto one = parse_u64s(load_tag, "--tag");
+        if (one.size() != 1) throw softkv::Error(softkv::ErrorCode::invalid_argument, "--tag takes one u64");
+        tag = one[0];
+      }
       const auto t0 = std::chrono::steady_clock::now();
       for (std::size_t at = 0; at < keys.rows; at += batch) {
         const std::size_t n = std::min(batch, keys.rows - at);
-        client.add(name, std::span(keys.data).subspan(at * keys.cols, n * keys.cols), std::span(values.data).subspan(at * values.cols, n * values.cols));
+        const std::vector<std::uint64_t> tags(tag != 0 ? n : 0, tag);  // untagged loads stay protocol-1 compatible
+        client.add(name, std::span(keys.data).subspan(at * keys.cols, n * keys.cols), std::span(values.data).subspan(at * values.cols, n * values.cols),
+                   tags);
         progress(at + n, keys.rows, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
       std::fprintf(stderr, "\n");
@@ -148,6 +181,13 @@ int main(int argc, char** argv) {
       }
       qo.temperature = temperature, qo.scale = scale, qo.epsilon = epsilon, qo.top_k = top_k, qo.exact = exact;
       qo.top_m = hard ? 0 : top_m;
+      if (!mask_tags.empty()) qo.tags_any = parse_u64s(mask_tags, "--tags");
+      if (!mask_exclude.empty()) qo.exclude_ids = parse_u64s(mask_exclude, "--exclude");
+      if (!mask_range.empty()) {
+        const auto r = parse_u64s(mask_range, "--tag-range");
+        if (r.size() != 2) throw softkv::Error(softkv::ErrorCode::invalid_argument, "--tag-range takes lo,hi");
+        qo.tag_range = softkv::TagRange{r[0], r[1]};
+      }
       Matrix answers{qs.rows, 0, {}};
       if (hard) {
         for (const softkv::HardResult& h : client.query_hard_batch(name, qs.data, qo)) {
@@ -159,8 +199,8 @@ int main(int argc, char** argv) {
         }
       } else {
         for (const softkv::SoftResult& s : client.query_soft_batch(name, qs.data, qo)) {
-          std::printf("lse %.6g  max score %.6g  candidates %zu  tail bound %.3g%s  value [", s.lse, s.max_score, s.candidates, s.tail_bound,
-                      s.tail_bound_guaranteed ? "" : " (estimate)");
+          std::printf("lse %.6g  max score %.6g  candidates %zu  tail bound %.3g%s%s  value [", s.lse, s.max_score, s.candidates, s.tail_bound,
+                      s.tail_bound_guaranteed ? "" : " (estimate)", s.mask_filtered_after_search ? " (mask filtered after search)" : "");
           for (std::size_t i = 0; i < s.value.size() && i < 8; ++i) std::printf(i ? ", %.4g" : "%.4g", s.value[i]);
           std::printf(s.value.size() > 8 ? ", ...]\n" : "]\n");
           for (const softkv::Contributor& c : s.top) std::printf("    id %-10llu weight %.4f  score %.6g\n", (unsigned long long)c.id, c.weight, c.score);

@@ -160,12 +160,13 @@ CoalescingStats Client::query_stats(std::string_view name) {
   return std::get<wire::QueryStatsReply>(impl_->call(wire::QueryStats{std::string(name)})).stats;
 }
 
-std::vector<std::uint64_t> Client::add(std::string_view name, std::span<const float> keys, std::span<const float> values) {
-  return std::get<wire::IdsReply>(impl_->call(wire::Add{std::string(name), copy(keys), copy(values)})).ids;
+std::vector<std::uint64_t> Client::add(std::string_view name, std::span<const float> keys, std::span<const float> values,
+                                      std::span<const std::uint64_t> tags) {
+  return std::get<wire::IdsReply>(impl_->call(wire::Add{std::string(name), copy(keys), copy(values), {tags.begin(), tags.end()}})).ids;
 }
 void Client::upsert(std::string_view name, std::span<const std::uint64_t> ids, std::span<const float> keys,
-                    std::span<const float> values) {
-  (void)impl_->call(wire::Upsert{std::string(name), {ids.begin(), ids.end()}, copy(keys), copy(values)});
+                    std::span<const float> values, std::span<const std::uint64_t> tags) {
+  (void)impl_->call(wire::Upsert{std::string(name), {ids.begin(), ids.end()}, copy(keys), copy(values), {tags.begin(), tags.end()}});
 }
 void Client::remove(std::string_view name, std::span<const std::uint64_t> ids) {
   (void)impl_->call(wire::Remove{std::string(name), {ids.begin(), ids.end()}});

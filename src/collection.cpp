@@ -48,12 +48,14 @@ std::span<const float> Collection::Impl::prepare_keys(std::span<const float> key
 }
 
 Rows Collection::Impl::prepare(std::span<const std::uint64_t> ids, std::span<const float> keys,
-                               std::span<const float> values) const {
+                               std::span<const float> values, std::span<const std::uint64_t> tags) const {
   const std::size_t n = detail::row_count(keys.size(), dim(), "keys");
   const std::size_t nv = detail::row_count(values.size(), value_dim(), "values");
   if (n != nv) throw Error(ErrorCode::dimension_mismatch, std::to_string(n) + " keys but " + std::to_string(nv) + " values");
   if (!ids.empty() && ids.size() != n)
     throw Error(ErrorCode::dimension_mismatch, std::to_string(ids.size()) + " ids but " + std::to_string(n) + " keys");
+  if (!tags.empty() && tags.size() != n)
+    throw Error(ErrorCode::dimension_mismatch, std::to_string(tags.size()) + " tags but " + std::to_string(n) + " keys");
   for (std::uint64_t id : ids)
     if (id == kReservedId) throw Error(ErrorCode::invalid_argument, "id 2^64-1 is reserved");
   detail::check_finite(keys, "keys", dim());
@@ -69,32 +71,37 @@ Rows Collection::Impl::prepare(std::span<const std::uint64_t> ids, std::span<con
   // (cosine keys are checked after normalising, which keeps them within every range).
   detail::check_range(config_.key_precision, rows.keys.data(), n, dim(), "keys");
   detail::check_range(config_.value_precision, rows.values.data(), n, value_dim(), "values");
+  if (std::any_of(tags.begin(), tags.end(), [](std::uint64_t t) { return t != 0; })) rows.tags.assign(tags.begin(), tags.end());
   return rows;
 }
 
-void Collection::Impl::put(std::uint64_t id, const float* key, const float* value) {
+void Collection::Impl::put(std::uint64_t id, const float* key, const float* value, std::uint64_t tag) {
   std::size_t slot;
   if (auto it = slot_of_.find(id); it != slot_of_.end()) {
     slot = it->second;
   } else {
     slot = ids_.size();
     ids_.push_back(id);
+    tags_.push_back(tag);
     keys_.resize(slot + 1);
     values_.resize(slot + 1);
     slot_of_.emplace(id, slot);
   }
   keys_.set(slot, key);
   values_.set(slot, value);
+  tags_[slot] = tag;
   next_id_ = std::max(next_id_, id + 1);
 }
 
-void Collection::Impl::store(std::span<const std::uint64_t> ids, const float* keys, const float* values) {
+void Collection::Impl::store(std::span<const std::uint64_t> ids, const float* keys, const float* values,
+                             std::span<const std::uint64_t> tags) {
   const std::size_t n = ids.size();
   ids_.reserve(ids_.size() + n);
+  tags_.reserve(tags_.size() + n);
   keys_.reserve(ids_.size() + n);
   values_.reserve(ids_.size() + n);
   slot_of_.reserve(slot_of_.size() + n);
-  for (std::size_t r = 0; r < n; ++r) put(ids[r], keys + r * dim(), values + r * value_dim());
+  for (std::size_t r = 0; r < n; ++r) put(ids[r], keys + r * dim(), values + r * value_dim(), tags.empty() ? 0 : tags[r]);
   size_hint_.store(ids_.size(), std::memory_order_relaxed);
   if (!index_) return;
   if (config_.key_precision == Precision::f32) {
@@ -110,12 +117,12 @@ void Collection::Impl::store(std::span<const std::uint64_t> ids, const float* ke
 
 void Collection::Impl::apply(const Rows& rows) {
   const std::size_t n = rows.ids.size();
-  if (rows.keys.size() != n * dim() || rows.values.size() != n * value_dim())
+  if (rows.keys.size() != n * dim() || rows.values.size() != n * value_dim() || (!rows.tags.empty() && rows.tags.size() != n))
     throw Error(ErrorCode::internal, "rows of " + std::to_string(rows.keys.size()) + " key and " +
                                          std::to_string(rows.values.size()) + " value floats for " + std::to_string(n) +
                                          " ids do not fit d = " + std::to_string(dim()) + ", dv = " + std::to_string(value_dim()));
   std::unique_lock lock(mutex_);
-  store(rows.ids, rows.keys.data(), rows.values.data());
+  store(rows.ids, rows.keys.data(), rows.values.data(), rows.tags);
 }
 
 std::vector<std::uint64_t> Collection::Impl::add(Rows rows) {
@@ -124,7 +131,7 @@ std::vector<std::uint64_t> Collection::Impl::add(Rows rows) {
   if (n > kReservedId - next_id_) throw Error(ErrorCode::invalid_argument, "the id space is exhausted");
   rows.ids.resize(n);
   for (std::size_t r = 0; r < n; ++r) rows.ids[r] = next_id_ + r;
-  store(rows.ids, rows.keys.data(), rows.values.data());
+  store(rows.ids, rows.keys.data(), rows.values.data(), rows.tags);
   return std::move(rows.ids);
 }
 
@@ -146,9 +153,11 @@ void Collection::Impl::remove(std::span<const std::uint64_t> ids) {
       keys_.copy_row(last, slot);
       values_.copy_row(last, slot);
       ids_[slot] = ids_[last];
+      tags_[slot] = tags_[last];
       slot_of_[ids_[slot]] = slot;
     }
     ids_.pop_back();
+    tags_.pop_back();
     keys_.resize(last);
     values_.resize(last);
     slot_of_.erase(it);
@@ -170,6 +179,7 @@ CollectionImage Collection::Impl::image() const {
   image.next_id = next_id_;
   image.rows.ids = ids_;
   const std::size_t n = ids_.size();
+  if (std::any_of(tags_.begin(), tags_.end(), [](std::uint64_t t) { return t != 0; })) image.rows.tags = tags_;
   image.rows.keys.resize(n * dim());
   image.rows.values.resize(n * value_dim());
   for (std::size_t r = 0; r < n; ++r) {
@@ -183,7 +193,7 @@ CollectionImage Collection::Impl::image() const {
 std::string Collection::Impl::restore(CollectionImage image) {
   Rows& rows = image.rows;
   const std::size_t n = rows.ids.size();
-  if (rows.keys.size() != n * dim() || rows.values.size() != n * value_dim())
+  if (rows.keys.size() != n * dim() || rows.values.size() != n * value_dim() || (!rows.tags.empty() && rows.tags.size() != n))
     throw Error(ErrorCode::corrupt_file, "the image's rows do not fit its dimensions");
   std::unique_lock lock(mutex_);
   slot_of_.reserve(n);
@@ -202,6 +212,7 @@ std::string Collection::Impl::restore(CollectionImage image) {
     throw Error(ErrorCode::corrupt_file, std::string("the image's ") + e.what());
   }
   ids_ = std::move(rows.ids);
+  tags_ = rows.tags.empty() ? std::vector<std::uint64_t>(n, 0) : std::move(rows.tags);
   keys_.resize(n);
   values_.resize(n);
   for (std::size_t r = 0; r < n; ++r) {
@@ -282,6 +293,19 @@ void Collection::Impl::require_entries() const {
   if (ids_.empty()) throw Error(ErrorCode::empty_collection, "the collection has no entries to query");
 }
 
+detail::EligibleRows Collection::Impl::eligible(const QueryOptions& options) const {
+  std::vector<std::size_t> excluded;
+  excluded.reserve(options.exclude_ids.size());
+  for (std::uint64_t id : options.exclude_ids)
+    if (const auto it = slot_of_.find(id); it != slot_of_.end()) excluded.push_back(it->second);
+  std::sort(excluded.begin(), excluded.end());
+  detail::EligibleRows rows = detail::eligible_rows(tags_, options, excluded);
+  if (rows.count == 0)
+    throw Error(ErrorCode::empty_collection, "the query's mask (tags_any, tag_range, exclude_ids) leaves no eligible entry of " +
+                                                 std::to_string(ids_.size()));
+  return rows;
+}
+
 std::size_t Collection::Impl::parts_for(const QueryOptions& options, std::size_t floats_per_row) const {
   return detail::choose_parts(ids_.size(), floats_per_row, options.threads, detail::ThreadPool::shared().concurrency());
 }
@@ -351,6 +375,7 @@ Entry Collection::get(std::uint64_t id) const {
   if (!row) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
   Entry e;
   e.id = id;
+  e.tag = impl_->tag_of_row(*row);
   e.key = impl_->key_of(*row);
   e.value = impl_->value_of(*row);
   return e;
@@ -362,35 +387,38 @@ std::vector<std::uint64_t> Collection::ids() const {
   return {s.ids, s.ids + s.rows};
 }
 
-std::uint64_t Collection::add(std::span<const float> key, std::span<const float> value) {
+std::uint64_t Collection::add(std::span<const float> key, std::span<const float> value, std::uint64_t tag) {
   detail::check_dimension(key.size(), impl_->dim(), "key");
   detail::check_dimension(value.size(), impl_->value_dim(), "value");
-  return add_batch(key, value).front();
+  return add_batch(key, value, std::span<const std::uint64_t>(&tag, 1)).front();
 }
 
-std::vector<std::uint64_t> Collection::add_batch(std::span<const float> keys, std::span<const float> values) {
-  return impl_->add(impl_->prepare({}, keys, values));
+std::vector<std::uint64_t> Collection::add_batch(std::span<const float> keys, std::span<const float> values,
+                                                 std::span<const std::uint64_t> tags) {
+  return impl_->add(impl_->prepare({}, keys, values, tags));
 }
 
-void Collection::upsert(std::uint64_t id, std::span<const float> key, std::span<const float> value) {
+void Collection::upsert(std::uint64_t id, std::span<const float> key, std::span<const float> value, std::uint64_t tag) {
   detail::check_dimension(key.size(), impl_->dim(), "key");
   detail::check_dimension(value.size(), impl_->value_dim(), "value");
-  upsert_batch(std::span<const std::uint64_t>(&id, 1), key, value);
+  upsert_batch(std::span<const std::uint64_t>(&id, 1), key, value, std::span<const std::uint64_t>(&tag, 1));
 }
 
-void Collection::upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values) {
+void Collection::upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values,
+                              std::span<const std::uint64_t> tags) {
   const std::size_t n = detail::row_count(keys.size(), impl_->dim(), "keys");
   if (ids.size() != n)  // prepare() reads empty ids as an add
     throw Error(ErrorCode::dimension_mismatch, std::to_string(ids.size()) + " ids but " + std::to_string(n) + " keys");
-  impl_->apply(impl_->prepare(ids, keys, values));
+  impl_->apply(impl_->prepare(ids, keys, values, tags));
 }
 
 void Collection::remove(std::uint64_t id) { impl_->remove(std::span<const std::uint64_t>(&id, 1)); }
 
 void Collection::remove_batch(std::span<const std::uint64_t> ids) { impl_->remove(ids); }
 
-Rows Collection::prepare(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values) const {
-  return impl_->prepare(ids, keys, values);
+Rows Collection::prepare(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values,
+                         std::span<const std::uint64_t> tags) const {
+  return impl_->prepare(ids, keys, values, tags);
 }
 
 void Collection::apply(const Rows& rows) { impl_->apply(rows); }

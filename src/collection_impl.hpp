@@ -22,6 +22,7 @@
 #include "stored_rows.hpp"
 #include "coalescer.hpp"
 #include "index/pruning_index.hpp"
+#include "mask.hpp"
 #include "scan.hpp"
 #include "softkv/collection.hpp"
 #include "softkv/error.hpp"
@@ -81,6 +82,10 @@ class Collection::Impl {
     values_.get(r, v.data());
     return v;
   }
+  /// Row i's tag.
+  [[nodiscard]] std::uint64_t tag_of_row(std::size_t row) const noexcept { return tags_[row]; }
+  /// Every row's tag, in storage order (the masks test these).
+  [[nodiscard]] std::span<const std::uint64_t> tags() const noexcept { return tags_; }
   /// The row holding id, if any.
   [[nodiscard]] std::optional<std::size_t> row_of(std::uint64_t id) const;
   /// The pruning index (null for IndexKind::exact).
@@ -90,7 +95,8 @@ class Collection::Impl {
 
   // ---- writes (each takes the exclusive lock itself) ----
   /// Validates rows (ids empty: an add) and returns them as stored; throws the caller's typed errors.
-  [[nodiscard]] Rows prepare(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values) const;
+  [[nodiscard]] Rows prepare(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values,
+                             std::span<const std::uint64_t> tags) const;
   /// Stores prepared rows whose ids are set; Error(internal) if their shape does not fit.
   void apply(const Rows& rows);
   /// Gives prepared rows (ids empty) the next ids and stores them, atomically; returns the ids.
@@ -126,6 +132,8 @@ class Collection::Impl {
   [[nodiscard]] std::vector<float> prepare_queries(std::span<const float> queries, std::size_t& count) const;
   /// Error(empty_collection) when there are no rows.
   void require_entries() const;
+  /// The rows options' mask keeps; Error(empty_collection) when it keeps none.
+  [[nodiscard]] detail::EligibleRows eligible(const QueryOptions& options) const;
   /// Row slices for one scan reading floats_per_row floats per row.
   [[nodiscard]] std::size_t parts_for(const QueryOptions& options, std::size_t floats_per_row) const;
   /// Pruning options are consistent and the collection has an index to prune with.
@@ -142,21 +150,22 @@ class Collection::Impl {
   // The keys as they will be stored: the input itself for dot, unit-length copies in buffer for cosine.
   std::span<const float> prepare_keys(std::span<const float> keys, std::vector<float>& buffer, std::string_view what) const;
   // Inserts or replaces one prepared row. Caller holds the exclusive lock.
-  void put(std::uint64_t id, const float* key, const float* value);
-  // Stores prepared rows with their ids and tells the index. Caller holds the exclusive lock.
-  void store(std::span<const std::uint64_t> ids, const float* keys, const float* values);
+  void put(std::uint64_t id, const float* key, const float* value, std::uint64_t tag);
+  // Stores prepared rows with their ids and tags (empty: all 0) and tells the index. Caller holds the exclusive lock.
+  void store(std::span<const std::uint64_t> ids, const float* keys, const float* values, std::span<const std::uint64_t> tags);
   // Starts the background builder if the index asks for a (re)build. Caller holds the write lock.
   void start_build_if_due();
   // The builder: prepare under the shared lock, build with no lock, install under the exclusive lock.
   void run_builds();
 
-  // Storage: row i holds ids_[i], key row i of keys_, value row i of values_, each at the config's
-  // precision. Removal moves the last row into the hole, so scans never see gaps and need no tombstone test.
+  // Storage: row i holds ids_[i], tags_[i], key row i of keys_, value row i of values_, each at the
+  // config's precision. Removal moves the last row into the hole, so scans never see gaps and need no tombstone test.
   CollectionConfig config_;
   mutable detail::WriterFirstMutex mutex_;
   detail::StoredRows keys_;
   detail::StoredRows values_;
   std::vector<std::uint64_t> ids_;
+  std::vector<std::uint64_t> tags_;  // tags_[i] is row i's tag; moved with the row like ids_
   std::unordered_map<std::uint64_t, std::size_t> slot_of_;
   std::uint64_t next_id_ = 0;
   std::unique_ptr<detail::PruningIndex> index_;  // null for IndexKind::exact; updated under the write lock

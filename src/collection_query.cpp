@@ -8,6 +8,7 @@
 #include <string>
 
 #include "collection_impl.hpp"
+#include "mask.hpp"
 #include "pruning.hpp"
 #include "scan.hpp"
 #include "simd/kernel_table.hpp"
@@ -69,7 +70,12 @@ SoftBatchResult soft_batch(const Impl& impl, std::span<const float> queries, flo
   rows = span.rows;
   const std::size_t parts = impl.parts_for(options, (impl.dim() + impl.value_dim()) * nq);
   const detail::KernelTable& kernels = detail::kernels();
-  const std::vector<detail::SoftmaxState> states = detail::soft_scan_batch_split(kernels, q.data(), nq, factor.data(), span, parts);
+  std::optional<detail::EligibleRows> mask;
+  if (detail::has_mask(options)) mask = impl.eligible(options);
+  if (mask) rows = mask->count;
+  const std::vector<detail::SoftmaxState> states =
+      mask ? detail::masked_soft_scan_batch(kernels, q.data(), nq, factor.data(), span, *mask, parts)
+           : detail::soft_scan_batch_split(kernels, q.data(), nq, factor.data(), span, parts);
 
   const std::size_t d = impl.dim(), dv = impl.value_dim();
   SoftBatchResult result;
@@ -80,10 +86,38 @@ SoftBatchResult soft_batch(const Impl& impl, std::span<const float> queries, flo
     result.lse[b] = states[b].lse();
     Impl::check_lse(result.lse[b]);
     result.max_score[b] = states[b].max;
-    const std::vector<float> value = detail::blended_value(kernels, q.data() + b * d, factor[b], span, states[b]);
+    const std::vector<float> value = mask ? detail::masked_blended_value(kernels, q.data() + b * d, factor[b], span, *mask, states[b])
+                                          : detail::blended_value(kernels, q.data() + b * d, factor[b], span, states[b]);
     std::copy(value.begin(), value.end(), result.values.begin() + static_cast<std::ptrdiff_t>(b * dv));
   }
   return result;
+}
+
+// Rows of up to k candidates for a masked pruned query. flat (filter_after false): its fused top-k pass
+// runs over the eligible rows only, so they are exactly the top k eligible rows. hnsw/ivf: over-fetch
+// and filter (flags marks eligible rows): ask for k * rows / eligible, then 4x more until k eligible
+// ones come back; past a quarter of the rows a search costs about what the exact masked scan does,
+// so none then (pruned_soft runs the exact scan of its scope).
+template <class Impl>
+std::vector<std::size_t> masked_candidates(const Impl& impl, const detail::KernelTable& kernels, const float* q, float f,
+                                           const detail::EligibleRows& mask, const std::vector<std::uint8_t>& flags, std::size_t k,
+                                           std::size_t parts, const QueryOptions& options, bool filter_after) {
+  const detail::RowSpan span = impl.span();
+  std::vector<std::size_t> kept;
+  if (!filter_after) {
+    for (const auto& item : detail::masked_top_k_scan(kernels, q, f, span, mask, k, parts)) kept.push_back(*impl.row_of(item.id));
+    return kept;
+  }
+  for (std::size_t ask = std::max(k, k * span.rows / mask.count);; ask *= 4) {
+    if (ask > span.rows / 4) return {};
+    kept.clear();
+    for (std::size_t row : impl.index_rows(q, f, ask, options)) {
+      if (flags[row] == 0) continue;
+      kept.push_back(row);
+      if (kept.size() == k) break;
+    }
+    if (kept.size() == k) return kept;
+  }
 }
 
 // One soft query on its own (prepared and split: q, f), pruned or exact, contributors included.
@@ -100,16 +134,39 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
   // later k take its prefixes, which are exactly the top-k of a fresh pass (ties ordered by id).
   std::vector<std::size_t> best_first;
   const bool reuse = prune && options.epsilon && impl.index()->exact_top_k();
-  const detail::CandidateFinder find = [&](std::size_t k) {
+  // A mask: the scans visit eligible rows only (scope.exact); candidates come from masked_candidates.
+  std::optional<detail::EligibleRows> mask;
+  std::vector<std::uint8_t> flags;
+  detail::PruneScope scope;
+  if (detail::has_mask(options)) {
+    mask = impl.eligible(options);
+    scope.n = mask->count;
+    scope.exact = [&] {
+      detail::PrunedSoft r{detail::masked_soft_scan(kernels, q, f, span, *mask, parts, options.top_m), {}, mask->count, 0.0};
+      r.value = detail::masked_blended_value(kernels, q, f, span, *mask, r.scan.state);
+      return r;
+    };
+    if (prune && !impl.index()->exact_top_k()) {
+      flags = detail::eligible_flags(*mask, span.rows);
+      scope.flags = &flags;
+    }
+  }
+  const detail::CandidateFinder index_find = [&](std::size_t k) {
     if (!reuse) return impl.index_rows(q, f, k, options);
     if (best_first.size() < k) best_first = impl.index_rows(q, f, best_first.empty() ? k : std::max(k, span.rows / 4), options);
     return std::vector<std::size_t>(best_first.begin(), best_first.begin() + static_cast<std::ptrdiff_t>(std::min(k, best_first.size())));
   };
+  const bool filter_after = prune && mask && !impl.index()->exact_top_k();
+  const detail::CandidateFinder masked_find = [&](std::size_t k) {
+    return masked_candidates(impl, kernels, q, f, *mask, flags, k, parts, options, filter_after);
+  };
+  const detail::CandidateFinder& find = mask ? masked_find : index_find;
+  const detail::PruneScope* in_scope = mask ? &scope : nullptr;
   const std::size_t check = prune && !impl.index()->exact_top_k() ? options.check_sample : 0;
   detail::PrunedSoft pruned =
-      !prune          ? detail::exact_soft(kernels, q, f, span, options.top_m, parts)
-      : options.top_k ? detail::pruned_soft(kernels, q, f, span, *options.top_k, options.top_m, parts, find, check)
-                      : detail::adaptive_soft(kernels, q, f, span, *options.epsilon, options.top_m, parts, find, check);
+      !prune          ? (mask ? scope.exact() : detail::exact_soft(kernels, q, f, span, options.top_m, parts))
+      : options.top_k ? detail::pruned_soft(kernels, q, f, span, *options.top_k, options.top_m, parts, find, check, in_scope)
+                      : detail::adaptive_soft(kernels, q, f, span, *options.epsilon, options.top_m, parts, find, check, in_scope);
   detail::SoftScan& scan = pruned.scan;
 
   SoftResult result;
@@ -118,8 +175,9 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
   result.max_score = scan.state.max;
   result.candidates = pruned.k;
   result.tail_bound = pruned.tail_bound;
-  const bool scanned_all = pruned.k == span.rows;
+  const bool scanned_all = pruned.k == (mask ? mask->count : span.rows);
   result.searched_with = scanned_all ? IndexKind::exact : impl.index()->kind();
+  result.mask_filtered_after_search = filter_after && !scanned_all;
   result.tail_bound_guaranteed = scanned_all || impl.index()->exact_top_k();
   result.value = std::move(pruned.value);
   result.top.reserve(scan.top.size());
@@ -189,10 +247,20 @@ HardResult hard_one(const Impl& impl, const float* q, float f, const QueryOption
   detail::ArgMax best;
   HardResult result;
   const IndexKind index_kind = impl.use_index(options) ? impl.index()->kind() : IndexKind::exact;
+  std::optional<detail::EligibleRows> mask;
+  std::vector<std::uint8_t> flags;
+  if (detail::has_mask(options)) mask = impl.eligible(options);
   if (index_kind == IndexKind::hnsw || index_kind == IndexKind::ivf) {
     // The index's best candidates, rescored with our kernel (ties to the smallest id); flat would
-    // read every key like the scan below, so it gains nothing here.
-    for (std::size_t row : impl.index_rows(q, f, kHardCandidates, options)) {
+    // read every key like the scan below, so it gains nothing here. A mask over-fetches and filters.
+    std::size_t ask = kHardCandidates;
+    if (mask) {
+      flags = detail::eligible_flags(*mask, span.rows);
+      ask = std::max(ask, ask * span.rows / mask->count);
+      if (ask > span.rows / 4) ask = 0;  // a search that large costs what the exact masked scan does
+    }
+    for (std::size_t row : ask == 0 ? std::vector<std::size_t>{} : impl.index_rows(q, f, ask, options)) {
+      if (mask && flags[row] == 0) continue;
       const detail::RowSpan one = span.sub(row, 1);
       detail::ArgMax candidate;
       kernels.hard_scan(q, f, one, candidate);
@@ -202,7 +270,8 @@ HardResult hard_one(const Impl& impl, const float* q, float f, const QueryOption
     result.searched_with = index_kind;
   }
   if (best.row == detail::ArgMax::kNoRow && !best.overflow) {
-    best = detail::hard_scan_split(kernels, q, f, span, impl.parts_for(options, impl.dim()));
+    const std::size_t parts = impl.parts_for(options, impl.dim());
+    best = mask ? detail::masked_hard_scan(kernels, q, f, span, *mask, parts) : detail::hard_scan_split(kernels, q, f, span, parts);
     result.searched_with = IndexKind::exact;
   }
   check_best(best);
@@ -267,6 +336,7 @@ QueryResults Collection::query(std::span<const float> queries, Retrieval kind, c
     return out;
   }
   const float scale = resolve_scale(options);
+  detail::check_mask(options);
   return guard_memory([&] {
     std::size_t rows = 0;
     const SoftBatchResult b = soft_batch(*impl_, queries, scale, options, rows);
@@ -305,17 +375,21 @@ float Collection::resolve_scale(const QueryOptions& options) const {
 
 void Collection::check_options(const QueryOptions& options, Retrieval kind) const {
   (void)resolve_scale(options);
+  detail::check_mask(options);
   if (kind == Retrieval::soft) impl_->check_pruning(options);
 }
 
 SoftResult Collection::query_soft(std::span<const float> query, const QueryOptions& options) const {
   detail::check_dimension(query.size(), impl_->dim(), "query");
   const float scale = resolve_scale(options);
+  detail::check_mask(options);
   return guard_memory([&] {
     std::vector<float> factor;
     const std::vector<float> q = scaled_queries(*impl_, query, scale, factor);
     impl_->check_pruning(options);
-    if (!impl_->coalescing() || options.top_k || options.epsilon) return soft_one(*impl_, q.data(), factor[0], options);
+    // A masked query runs alone: a coalesced pass serves every member over the same rows.
+    if (!impl_->coalescing() || options.top_k || options.epsilon || detail::has_mask(options))
+      return soft_one(*impl_, q.data(), factor[0], options);
     detail::SoftPending pending;
     pending.query = q.data();
     pending.factor = factor[0];
@@ -329,13 +403,14 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
 HardResult Collection::query_hard(std::span<const float> query, const QueryOptions& options) const {
   detail::check_dimension(query.size(), impl_->dim(), "query");
   const float scale = resolve_scale(options);
+  detail::check_mask(options);
   return guard_memory([&] {
     std::vector<float> factor;
     const std::vector<float> q = scaled_queries(*impl_, query, scale, factor);
     // Only exact scans coalesce: hnsw, ivf and automatic collections answer through their index.
     const IndexKind index = impl_->config().index.kind;
     const bool exact_scan = options.exact || index == IndexKind::exact || index == IndexKind::flat;
-    if (!impl_->coalescing() || !exact_scan) return hard_one(*impl_, q.data(), factor[0], options);
+    if (!impl_->coalescing() || !exact_scan || detail::has_mask(options)) return hard_one(*impl_, q.data(), factor[0], options);
     detail::HardPending pending;
     pending.query = q.data();
     pending.factor = factor[0];
@@ -349,12 +424,14 @@ SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, con
   if (options.top_m != 0)
     throw Error(ErrorCode::invalid_argument, "batched queries do not report contributors: top_m must be 0");
   const float scale = resolve_scale(options);
+  detail::check_mask(options);
   std::size_t rows = 0;
   return guard_memory([&] { return soft_batch(*impl_, queries, scale, options, rows); });
 }
 
 HardBatchResult Collection::query_hard_batch(std::span<const float> queries, const QueryOptions& options) const {
   const float scale = resolve_scale(options);
+  detail::check_mask(options);
   return guard_memory([&] {
     std::vector<float> factor;
     const std::vector<float> q = scaled_queries(*impl_, queries, scale, factor);
@@ -365,7 +442,9 @@ HardBatchResult Collection::query_hard_batch(std::span<const float> queries, con
     const detail::RowSpan span = impl_->span();
     const std::size_t parts = impl_->parts_for(options, impl_->dim() * nq);
     const std::vector<detail::ArgMax> best =
-        detail::hard_scan_batch_split(detail::kernels(), q.data(), nq, factor.data(), span, parts);
+        detail::has_mask(options)
+            ? detail::masked_hard_scan_batch(detail::kernels(), q.data(), nq, factor.data(), span, impl_->eligible(options), parts)
+            : detail::hard_scan_batch_split(detail::kernels(), q.data(), nq, factor.data(), span, parts);
 
     const std::size_t dv = impl_->value_dim();
     HardBatchResult result;

@@ -191,19 +191,20 @@ CollectionStats Database::stats(std::string_view name) const {
   s.value_dim = c->config().value_dim;
   s.metric = c->config().metric;
   s.index = c->config().index.kind;
-  // Compact storage: elements at their precision, plus one float scale per row for i8 keys.
+  // Compact storage: elements at their precision, plus one float scale per row for i8 keys; and the tag.
   const Precision kp = c->config().key_precision, vp = c->config().value_precision;
   s.key_precision = kp;
   s.value_precision = vp;
-  s.bytes_in_memory = s.size * (8 + s.dim * detail::element_bytes(kp) + (kp == Precision::i8 ? 4 : 0) +
-                                s.value_dim * detail::element_bytes(vp));
+  s.bytes_in_memory = s.size * (8 + 8 + s.dim * detail::element_bytes(kp) + (kp == Precision::i8 ? 4 : 0) +
+                                s.value_dim * detail::element_bytes(vp));  // id, tag, key, value
   s.bytes_on_disk = impl_->journal_->snapshot_bytes(s.name);
   return s;
 }
 
-std::vector<std::uint64_t> Database::add(std::string_view name, std::span<const float> keys, std::span<const float> values) {
+std::vector<std::uint64_t> Database::add(std::string_view name, std::span<const float> keys, std::span<const float> values,
+                                        std::span<const std::uint64_t> tags) {
   const auto c = impl_->find(name);
-  Rows rows = c->prepare({}, keys, values);  // validated and normalised once, outside the write lock
+  Rows rows = c->prepare({}, keys, values, tags);  // validated and normalised once, outside the write lock
   const std::size_t n = rows.keys.size() / c->config().dim;
   std::vector<std::uint64_t> ids;
   impl_->journal_->commit([&]() -> detail::Mutation {
@@ -219,9 +220,9 @@ std::vector<std::uint64_t> Database::add(std::string_view name, std::span<const 
 }
 
 void Database::upsert(std::string_view name, std::span<const std::uint64_t> ids, std::span<const float> keys,
-                      std::span<const float> values) {
+                      std::span<const float> values, std::span<const std::uint64_t> tags) {
   const auto c = impl_->find(name);
-  Rows rows = c->prepare(ids, keys, values);
+  Rows rows = c->prepare(ids, keys, values, tags);
   if (rows.ids.size() * c->config().dim != rows.keys.size())  // no ids for n > 0 rows (prepare reads that as an add)
     throw Error(ErrorCode::dimension_mismatch,
                 "0 ids but " + std::to_string(rows.keys.size() / c->config().dim) + " keys");

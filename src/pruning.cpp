@@ -45,12 +45,28 @@ std::uint64_t seed_of(const float* query, std::size_t d, std::size_t rows) {
 }  // namespace
 
 double sampled_tail(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                    const std::vector<std::size_t>& sorted_candidates, double kth, double lse_k, std::size_t sample) {
-  const std::size_t omitted = span.rows - sorted_candidates.size();
+                    const std::vector<std::size_t>& sorted_candidates, double kth, double lse_k, std::size_t sample,
+                    const PruneScope* scope) {
+  const std::size_t eligible = scope != nullptr ? scope->n : span.rows;
+  const std::size_t omitted = eligible - sorted_candidates.size();
   if (omitted == 0 || sample == 0) return 0.0;
   const bool every_row = omitted <= sample;  // then the check is exact
   std::vector<std::size_t> rows;
-  if (every_row) {
+  if (scope != nullptr) {  // masked: the omitted rows are the eligible non-candidates, listed, then drawn from
+    std::vector<std::size_t> pool;
+    pool.reserve(omitted);
+    for (std::size_t r = 0, c = 0; r < span.rows; ++r) {
+      if (c < sorted_candidates.size() && sorted_candidates[c] == r) ++c;
+      else if ((*scope->flags)[r] != 0) pool.push_back(r);
+    }
+    if (every_row) {
+      rows = std::move(pool);
+    } else {
+      std::mt19937_64 rng(seed_of(query, span.dim, eligible));
+      std::uniform_int_distribution<std::size_t> pick(0, pool.size() - 1);
+      while (rows.size() < sample) rows.push_back(pool[pick(rng)]);
+    }
+  } else if (every_row) {
     for (std::size_t r = 0, c = 0; r < span.rows; ++r) {
       if (c < sorted_candidates.size() && sorted_candidates[c] == r) ++c;
       else rows.push_back(r);
@@ -98,10 +114,12 @@ PrunedSoft exact_soft(const KernelTable& kernels, const float* query, float scal
 
 PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                        std::size_t k, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
-                       std::size_t check_sample) {
-  if (k >= span.rows) return exact_soft(kernels, query, scale, span, top_m, exact_parts);
+                       std::size_t check_sample, const PruneScope* scope) {
+  const std::size_t n = scope != nullptr ? scope->n : span.rows;
+  auto exact = [&] { return scope != nullptr ? scope->exact() : exact_soft(kernels, query, scale, span, top_m, exact_parts); };
+  if (k >= n) return exact();
   const std::vector<std::size_t> rows = find(k);
-  if (rows.empty()) return exact_soft(kernels, query, scale, span, top_m, exact_parts);
+  if (rows.empty()) return exact();
   // Gather the candidates into one small contiguous span and run the same kernel as the exact path;
   // compact rows are widened exactly, so their scores are the bits the exact scan computes.
   const std::size_t d = span.dim, dv = span.value_dim;
@@ -120,22 +138,23 @@ PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float sca
   const double kth = *std::min_element(scores.begin(), scores.end());
   PrunedSoft result{soft_scan_split(kernels, query, scale, candidates, 1, top_m), {}, rows.size(), 0.0};
   result.value = blended_value(kernels, query, scale, candidates, result.scan.state);
-  result.tail_bound = tail_bound(span.rows, rows.size(), with_rounding_slack(kth), result.scan.state.lse());
+  result.tail_bound = tail_bound(n, rows.size(), with_rounding_slack(kth), result.scan.state.lse());
   if (check_sample > 0) {
     std::vector<std::size_t> sorted = rows;
     std::sort(sorted.begin(), sorted.end());
     result.tail_bound = std::max(result.tail_bound, sampled_tail(kernels, query, scale, span, sorted, kth,
-                                                                 result.scan.state.lse(), check_sample));
+                                                                 result.scan.state.lse(), check_sample, scope));
   }
   return result;
 }
 
 PrunedSoft adaptive_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                          double epsilon, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
-                         std::size_t check_sample) {
+                         std::size_t check_sample, const PruneScope* scope) {
+  const std::size_t n = scope != nullptr ? scope->n : span.rows;
   for (std::size_t k = 16;; k *= 2) {
-    if (k > span.rows / 4) return exact_soft(kernels, query, scale, span, top_m, exact_parts);
-    PrunedSoft r = pruned_soft(kernels, query, scale, span, k, top_m, exact_parts, find, check_sample);
+    if (k > n / 4) return scope != nullptr ? scope->exact() : exact_soft(kernels, query, scale, span, top_m, exact_parts);
+    PrunedSoft r = pruned_soft(kernels, query, scale, span, k, top_m, exact_parts, find, check_sample, scope);
     if (r.tail_bound <= epsilon) return r;
   }
 }

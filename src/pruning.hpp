@@ -31,6 +31,13 @@ struct PrunedSoft {
 PrunedSoft exact_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                       std::size_t top_m, std::size_t parts);
 
+/// The rows a masked pruned query may see. Without one, every row of the span is eligible.
+struct PruneScope {
+  std::size_t n = 0;                                ///< eligible rows: the tail bound's N
+  std::function<PrunedSoft()> exact;                ///< the exact answer over exactly those rows
+  const std::vector<std::uint8_t>* flags = nullptr; ///< one byte per span row, 1 where eligible
+};
+
 /// Confidence of the sampled check's bound (README, "Sampled check").
 inline constexpr double kCheckConfidence = 0.95;
 
@@ -40,18 +47,21 @@ inline constexpr double kCheckConfidence = 0.95;
 /// kCheckConfidence if no omitted row scores above max(kth, the best sampled score): an
 /// empirical-Bernstein bound on the mean of e^{s - c} over the omitted rows. When no more than
 /// `sample` rows are omitted they are all scored and the result is their exact mass.
+/// With scope, only its eligible rows are omitted rows (and sampled).
 double sampled_tail(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                    const std::vector<std::size_t>& sorted_candidates, double kth, double lse_k, std::size_t sample);
+                    const std::vector<std::size_t>& sorted_candidates, double kth, double lse_k, std::size_t sample,
+                    const PruneScope* scope = nullptr);
 
 /// Softmax over the rows find(k) returns (scores recomputed with kernels), or the exact scan if k >= rows.
 /// check_sample > 0 (approximate indexes): the tail bound is the larger of the estimate and sampled_tail.
+/// With scope (a mask), find must return eligible rows only, and N and the exact fallback are the scope's.
 PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                        std::size_t k, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
-                       std::size_t check_sample = 0);
+                       std::size_t check_sample = 0, const PruneScope* scope = nullptr);
 
 /// k = 16, 32, ... until tail_bound <= epsilon; the exact scan once k would pass a quarter of the rows.
 PrunedSoft adaptive_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                          double epsilon, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
-                         std::size_t check_sample = 0);
+                         std::size_t check_sample = 0, const PruneScope* scope = nullptr);
 
 }  // namespace softkv::detail

@@ -132,7 +132,7 @@ TEST_CASE("a reopened database holds the same entries bit for bit and answers th
     CHECK(next[0] == last_id + 1);
     const CollectionStats st = db.stats("dots");
     CHECK(st.size == before["dots"].entries.size() + 1);
-    CHECK(st.bytes_in_memory == st.size * (8 + 4 * (8 + 3)));
+    CHECK(st.bytes_in_memory == st.size * (8 + 8 + 4 * (8 + 3)));  // id, tag, key, value
     CHECK((st.bytes_on_disk > 0) == snapshot_between);
   }
 }

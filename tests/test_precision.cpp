@@ -98,7 +98,7 @@ struct AllScores final : ScoreSink {
 
 }  // namespace
 
-TEST_CASE("f16 conversion: every binary16 value decodes exactly and encodes back; ties round to even", "[precision]") {
+TEST_CASE("f16 conversion: every binary16 value decodes exactly and encodes back, ties round to even", "[precision]") {
   for (std::uint32_t h = 0; h < 0x10000; ++h) {
     const auto h16 = static_cast<std::uint16_t>(h);
     if ((h & 0x7C00) == 0x7C00) continue;  // infinities and NaNs are never stored
@@ -138,7 +138,7 @@ TEST_CASE("bf16 conversion: decodes by a shift, encodes to nearest even", "[prec
   CHECK(std::isfinite(from_bf16(to_bf16(max_magnitude(Precision::bf16)))));
 }
 
-TEST_CASE("i8 scale: the smallest power of two that fits max|x| in 127 steps; quantising is idempotent", "[precision]") {
+TEST_CASE("i8 scale: the smallest power of two that fits the largest magnitude in 127 steps, and quantising is idempotent", "[precision]") {
   const float tiny = std::numeric_limits<float>::denorm_min();
   const std::vector<std::vector<float>> rows = {{0, 0, 0},    {1, -1, 0.5f}, {127, 3, -5},   {127.5f, 0, 1},  {-128, 1, 2},
                                                 {max_magnitude(Precision::i8), -1e38f, 1}, {tiny, 0, -tiny}, {1e-30f, 3e-31f, 0}, {63.5f, 1, 2},

@@ -671,23 +671,25 @@ TEST_CASE("every integer field of every request at its extremes is answered or r
     int answered = 0, refused = 0;
     // Sends a request; the reply must carry its id and be a reply to it or a typed error that leaves
     // the connection usable. Returns the error code (0 for success).
-    // Requests are encoded in the version the last hello settled (v2 fields, e.g. compact storage's, exist only there).
-    std::uint16_t wire_version = 1;
+    // Requests are encoded at the version the last hello settled (1 before any).
+    std::uint16_t version = wire::kMinProtocolVersion;
     auto ask = [&](const wire::Request& request, std::uint64_t id) -> int {
-      const auto reply = x.send(wire::encode_request(request, id, wire_version));
+      const auto reply = x.send(wire::encode_request(request, id, version));
       REQUIRE(reply.has_value());  // the server answered and did not close
       const wire::Frame& f = reply->first;
       CHECK(f.request_id == id);
       if (std::holds_alternative<wire::Hello>(request) && f.opcode != wire::kErrorOpcode)
-        wire_version = std::get<wire::HelloReply>(wire::decode_reply(wire::Opcode::hello, f)).version;
+        version = std::get<wire::HelloReply>(wire::decode_reply(wire::Opcode::hello, f)).version;
       if (f.opcode == wire::kErrorOpcode) {
-        const auto e = std::get<wire::ErrorReply>(wire::decode_reply(wire::opcode_of(request), f, wire::QueryKind::soft, wire_version));
+        const auto e = std::get<wire::ErrorReply>(wire::decode_reply(wire::opcode_of(request), f, wire::QueryKind::soft, version));
         CHECK(e.code != ErrorCode::internal);
         CHECK(e.code != ErrorCode::protocol_error);  // every request here is well formed
         ++refused;
         return int(e.code);
       }
       CHECK(f.opcode == (std::uint8_t(wire::opcode_of(request)) | wire::kReplyBit));
+      if (std::holds_alternative<wire::Hello>(request))
+        version = std::get<wire::HelloReply>(wire::decode_reply(wire::Opcode::hello, f, wire::QueryKind::soft, version)).version;
       ++answered;
       return 0;
     };
@@ -773,9 +775,9 @@ TEST_CASE("every integer field of every request at its extremes is answered or r
             set(o, v);
             const wire::Query q{name, kind, o, {1.0f, 0.5f, -0.25f}};
             const std::uint64_t id = ++request_id;
-            const auto reply = x.send(wire::encode_request(q, id, wire_version));
+            const auto reply = x.send(wire::encode_request(q, id, version));
             REQUIRE(reply.has_value());
-            const wire::Reply r = wire::decode_reply(wire::Opcode::query, reply->first, kind, wire_version);
+            const wire::Reply r = wire::decode_reply(wire::Opcode::query, reply->first, kind, version);
             if (const auto* e = std::get_if<wire::ErrorReply>(&r)) {
               CHECK((e->code == ErrorCode::invalid_argument));
               ++refused;

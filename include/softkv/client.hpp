@@ -64,11 +64,13 @@ class Client {
   /// A collection's coalescing counters: queries served, passes run, largest pass (opcode query_stats).
   CoalescingStats query_stats(std::string_view name);
 
-  /// Adds rows (n x d keys, n x dv values); returns their ids once durable on the server.
-  std::vector<std::uint64_t> add(std::string_view name, std::span<const float> keys, std::span<const float> values);
-  /// Inserts or replaces rows by id; returns once durable.
+  /// Adds rows (n x d keys, n x dv values, tags empty or n); returns their ids once durable on the
+  /// server. Tags need protocol version 2 (Error(unsupported) on a version-1 connection).
+  std::vector<std::uint64_t> add(std::string_view name, std::span<const float> keys, std::span<const float> values,
+                                 std::span<const std::uint64_t> tags = {});
+  /// Inserts or replaces rows by id (tags empty or n, version 2); returns once durable.
   void upsert(std::string_view name, std::span<const std::uint64_t> ids, std::span<const float> keys,
-              std::span<const float> values);
+              std::span<const float> values, std::span<const std::uint64_t> tags = {});
   /// Removes rows by id (all or none); returns once durable.
   void remove(std::string_view name, std::span<const std::uint64_t> ids);
   /// One entry.

@@ -70,6 +70,12 @@ struct ConfigLimits {
 /// metric, index kind or precision, i8 values, or a scale that is not finite and > 0); returns normally otherwise.
 void check_config(const CollectionConfig& config);
 
+/// An inclusive range of tags [lo, hi] (a causal mask over time stamps: [0, t]).
+struct TagRange {
+  std::uint64_t lo = 0;                        ///< smallest tag kept
+  std::uint64_t hi = ~std::uint64_t{0};        ///< largest tag kept, >= lo
+};
+
 /// Per-query knobs. Scores are s_i = scale * sim(q, k_i).
 struct QueryOptions {
   /// Temperature T > 0: scale = 1 / (sqrt(d) * T). Unset: the collection's default scale.
@@ -96,6 +102,20 @@ struct QueryOptions {
   std::size_t check_sample = 0;
   /// Hard retrieval: scan every key even when the collection has an index.
   bool exact = false;
+
+  // ---- masks: which entries the query may see (all given fields must hold: AND). A masked entry is
+  // as if absent: no weight, never a contributor or the hard answer, not counted in the tail bound's N.
+  // No eligible entry is Error(empty_collection). README "Masks" says how masked scans are run.
+  /// Most tags tags_any may hold.
+  static constexpr std::size_t kMaxTagsAny = 1024;
+  /// Most ids exclude_ids may hold.
+  static constexpr std::size_t kMaxExcludeIds = 65536;
+  /// Keep only entries whose tag is one of these; empty keeps every tag. At most kMaxTagsAny.
+  std::vector<std::uint64_t> tags_any;
+  /// Keep only entries with lo <= tag <= hi; unset keeps every tag.
+  std::optional<TagRange> tag_range;
+  /// Drop the entries with these ids (ids no entry has are ignored). At most kMaxExcludeIds.
+  std::vector<std::uint64_t> exclude_ids;
 };
 
 /// One entry's share of a soft answer.
@@ -114,6 +134,9 @@ struct SoftResult {
   double tail_bound = 0;               ///< upper bound on the softmax mass outside the candidates (0: exact)
   bool tail_bound_guaranteed = true;   ///< true when the bound is proven (exact or flat), false for an estimate
   IndexKind searched_with = IndexKind::exact;  ///< what chose the candidates; exact when every entry took part
+  /// A masked query pruned by hnsw/ivf: the index searched every entry and masked candidates were
+  /// dropped afterwards (over-fetch and filter). False for scans and flat, which visit eligible rows only.
+  bool mask_filtered_after_search = false;
   std::vector<Contributor> top;        ///< the top_m contributors, highest weight first
 };
 
@@ -163,6 +186,7 @@ struct Entry {
   std::uint64_t id = 0;          ///< its id
   std::vector<float> key;        ///< its key as stored (unit length for cosine collections; rounded to the key precision)
   std::vector<float> value;      ///< its value as stored (rounded to the value precision)
+  std::uint64_t tag = 0;         ///< its tag (0 unless given at add/upsert): what query masks test
 };
 
 /// n entries, row-major: the unit of a write (see Collection::prepare and Collection::apply).
@@ -170,6 +194,7 @@ struct Rows {
   std::vector<std::uint64_t> ids;  ///< n ids
   std::vector<float> keys;         ///< n x d keys
   std::vector<float> values;       ///< n x dv values
+  std::vector<std::uint64_t> tags; ///< n tags, or empty when every tag is 0
 };
 
 /// A collection's entries at one moment, keys and values as stored (rounded to the collection's
@@ -212,15 +237,18 @@ class Collection {
   /// All ids, in storage order (not sorted).
   [[nodiscard]] std::vector<std::uint64_t> ids() const;
 
-  /// Adds one entry and returns its new id (one above the largest id ever used).
-  std::uint64_t add(std::span<const float> key, std::span<const float> value);
-  /// Adds n entries from row-major n x d keys and n x dv values; returns their ids in order.
-  std::vector<std::uint64_t> add_batch(std::span<const float> keys, std::span<const float> values);
-  /// Inserts or replaces the entry with this id (any id but 2^64-1, which is reserved).
-  void upsert(std::uint64_t id, std::span<const float> key, std::span<const float> value);
-  /// Inserts or replaces n entries; ids has n elements, keys n x d, values n x dv.
+  /// Adds one entry with this tag and returns its new id (one above the largest id ever used).
+  std::uint64_t add(std::span<const float> key, std::span<const float> value, std::uint64_t tag = 0);
+  /// Adds n entries from row-major n x d keys and n x dv values; returns their ids in order. tags is
+  /// empty (every tag 0) or holds n tags.
+  std::vector<std::uint64_t> add_batch(std::span<const float> keys, std::span<const float> values,
+                                       std::span<const std::uint64_t> tags = {});
+  /// Inserts or replaces the entry with this id (any id but 2^64-1, which is reserved); a replaced
+  /// entry takes the new tag.
+  void upsert(std::uint64_t id, std::span<const float> key, std::span<const float> value, std::uint64_t tag = 0);
+  /// Inserts or replaces n entries; ids has n elements, keys n x d, values n x dv, tags 0 or n.
   void upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys,
-                    std::span<const float> values);
+                    std::span<const float> values, std::span<const std::uint64_t> tags = {});
   /// Removes the entry with this id; throws Error(unknown_id) if there is none.
   void remove(std::uint64_t id);
   /// Removes n distinct ids, all or nothing: throws Error(unknown_id) or Error(invalid_argument) (an id
@@ -230,7 +258,8 @@ class Collection {
   /// The first door of a write in two steps: checks rows exactly as upsert_batch would (as add_batch
   /// would when ids is empty) and returns them as they will be stored, keys normalised for cosine.
   /// Changes nothing; a Database logs the result before it applies it.
-  [[nodiscard]] Rows prepare(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values) const;
+  [[nodiscard]] Rows prepare(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values,
+                             std::span<const std::uint64_t> tags = {}) const;
   /// The second door: stores rows that prepare() returned, with one id per row (inserting or replacing
   /// each). It does not validate again; rows whose shape does not fit are Error(internal).
   void apply(const Rows& rows);
@@ -250,7 +279,7 @@ class Collection {
   /// itself: the fused batch kernels (n > 1, soft without top_m/top_k/epsilon; hard unless an
   /// hnsw/ivf/automatic index answers it), else each query on its own (query_soft / query_hard,
   /// pruned when asked). Each answer equals what that path's method returns, bit for bit; a batch
-  /// answer has candidates = N, tail_bound 0 and no contributors. Throws the first query's error.
+  /// answer has candidates = N (the eligible entries under a mask), tail_bound 0 and no contributors. Throws the first query's error.
   [[nodiscard]] QueryResults query(std::span<const float> queries, Retrieval kind, const QueryOptions& options = {}) const;
   /// Soft retrieval: softmax(s) . V over every entry. Throws on empty collection or bad query.
   [[nodiscard]] SoftResult query_soft(std::span<const float> query, const QueryOptions& options = {}) const;
@@ -270,7 +299,7 @@ class Collection {
   /// collection runs waits, and runs with every query that waited as one batched pass when that pass
   /// ends (each keeps its own scale, top_m and kind); a query on an idle collection runs at once.
   /// A coalesced answer equals the batched kernel's and differs from the single-query path only by
-  /// float rounding. Pruned queries (top_k, epsilon) and index-searched hard queries never wait.
+  /// float rounding. Pruned queries (top_k, epsilon), masked queries and index-searched hard queries never wait.
   /// Safe to change at any time; queries already waiting are still served.
   void set_coalescing(bool on) const noexcept;
   /// Whether coalescing is on.
@@ -287,7 +316,8 @@ class Collection {
   /// The scale a query with these options uses; throws Error(invalid_argument) for a bad T or scale.
   [[nodiscard]] float resolve_scale(const QueryOptions& options) const;
   /// Throws the Error a query of this kind would throw for these options alone (temperature or scale;
-  /// for soft, top_k/epsilon and the index they need, ef_search, nprobe); returns normally otherwise.
+  /// the mask's limits; for soft, top_k/epsilon and the index they need, ef_search, nprobe); returns
+  /// normally otherwise.
   /// Lets a caller refuse a request before it reaches the rows (softkv::ShardedCollection's root).
   void check_options(const QueryOptions& options, Retrieval kind) const;
 

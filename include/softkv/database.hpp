@@ -40,7 +40,7 @@ struct CollectionStats {
   std::size_t value_dim = 0;        ///< value dimension
   Metric metric = Metric::dot;      ///< similarity
   IndexKind index = IndexKind::exact;  ///< configured pruning index
-  std::uint64_t bytes_in_memory = 0;   ///< keys, values and ids held in memory
+  std::uint64_t bytes_in_memory = 0;   ///< keys, values, ids and tags held in memory
   std::uint64_t bytes_on_disk = 0;     ///< its share of the newest snapshot file
   // Compact storage (issue 14).
   Precision key_precision = Precision::f32;    ///< how its keys are stored
@@ -78,11 +78,12 @@ class Database {
   /// Shape and sizes of a collection.
   [[nodiscard]] CollectionStats stats(std::string_view name) const;
 
-  /// Adds n entries (row-major n x d keys, n x dv values) and returns their new ids.
-  std::vector<std::uint64_t> add(std::string_view name, std::span<const float> keys, std::span<const float> values);
-  /// Inserts or replaces n entries by id.
+  /// Adds n entries (row-major n x d keys, n x dv values, tags empty or n) and returns their new ids.
+  std::vector<std::uint64_t> add(std::string_view name, std::span<const float> keys, std::span<const float> values,
+                                 std::span<const std::uint64_t> tags = {});
+  /// Inserts or replaces n entries by id (tags empty, meaning all 0, or n).
   void upsert(std::string_view name, std::span<const std::uint64_t> ids, std::span<const float> keys,
-              std::span<const float> values);
+              std::span<const float> values, std::span<const std::uint64_t> tags = {});
   /// Removes entries by id; throws Error(unknown_id) (removing nothing) if any id is absent.
   void remove(std::string_view name, std::span<const std::uint64_t> ids);
 

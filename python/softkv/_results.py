@@ -47,10 +47,12 @@ class SoftResult:
     max_score: the largest score; candidates: entries in the softmax (k when pruned); tail_bound: upper
     bound on the softmax mass outside the candidates (0: exact); tail_bound_guaranteed: proven (exact,
     flat) or an estimate (hnsw, ivf); searched_with: 'exact', 'flat', 'hnsw', 'ivf' or 'automatic';
-    top: the top_m Contributors.
+    top: the top_m Contributors; mask_filtered_after_search: a masked pruned query whose index searched
+    every entry, its masked candidates dropped afterwards.
     """
 
-    __slots__ = ("value", "lse", "max_score", "candidates", "tail_bound", "tail_bound_guaranteed", "searched_with", "top")
+    __slots__ = ("value", "lse", "max_score", "candidates", "tail_bound", "tail_bound_guaranteed", "searched_with", "top",
+                 "mask_filtered_after_search")
 
     def __init__(self, value, lse, max_score, candidates, tail_bound=0.0, tail_bound_guaranteed=True,
                  searched_with="exact", top=None):
@@ -62,6 +64,7 @@ class SoftResult:
         self.tail_bound_guaranteed = tail_bound_guaranteed
         self.searched_with = searched_with
         self.top = Contributors() if top is None else top
+        self.mask_filtered_after_search = False
 
     def __repr__(self) -> str:
         return (f"SoftResult(value={self.value!r}, lse={self.lse!r}, max_score={self.max_score!r}, candidates={self.candidates}, "

@@ -219,36 +219,67 @@ class Client:
             out["key_precision"], out["value_precision"] = names.get(kp, "?"), names.get(vp, "?")
         return out
 
-    def add(self, name: str, keys, values) -> np.ndarray:
-        """Adds rows; keys (n, d) and values (n, dv). Returns the new ids once durable."""
-        r = self._call("add", _Writer().string(name).array(keys, np.float32).array(values, np.float32))
-        return r.array(np.uint64)
+    def add(self, name: str, keys, values, tags=None) -> np.ndarray:
+        """Adds rows; keys (n, d), values (n, dv), tags None (all 0) or (n,) uint64 (protocol 2).
+        Returns the new ids once durable."""
+        w = _Writer().string(name).array(keys, np.float32).array(values, np.float32)
+        return self._call("add", self._with_tags(w, tags)).array(np.uint64)
 
-    def upsert(self, name: str, ids, keys, values):
-        """Inserts or replaces n entries by id: (n,) ids, (n, d) keys, (n, dv) values."""
-        self._call("upsert", _Writer().string(name).array(ids, np.uint64).array(keys, np.float32).array(values, np.float32))
+    def upsert(self, name: str, ids, keys, values, tags=None):
+        """Inserts or replaces n entries by id: (n,) ids, (n, d) keys, (n, dv) values, tags None or (n,) (protocol 2)."""
+        w = _Writer().string(name).array(ids, np.uint64).array(keys, np.float32).array(values, np.float32)
+        self._call("upsert", self._with_tags(w, tags))
+
+    # ---- tags and masks: version-2 fields, refused (not dropped) on a version-1 connection ----
+    def _require_v2(self, what: str):
+        if self.protocol_version < 2:
+            raise make_error(12, f"{what} need protocol version 2; this connection speaks {self.protocol_version}")
+
+    def _with_tags(self, w: _Writer, tags) -> _Writer:
+        if tags is not None:
+            self._require_v2("tags")
+        if self.protocol_version >= 2:
+            w.array(np.zeros(0) if tags is None else tags, np.uint64)
+        return w
+
+    def _put_mask(self, w: _Writer, tags_any, tag_range, exclude) -> _Writer:
+        if tags_any is None and tag_range is None and exclude is None:
+            return w.put("I", 0).put("BQQ", 0, 0, 0).put("I", 0) if self.protocol_version >= 2 else w
+        self._require_v2("query masks (tags_any, tag_range, exclude)")
+        w.array(np.zeros(0) if tags_any is None else tags_any, np.uint64)
+        lo, hi = (0, 0) if tag_range is None else tag_range
+        w.put("BQQ", tag_range is not None, lo, hi)
+        return w.array(np.zeros(0) if exclude is None else exclude, np.uint64)
 
     def remove(self, name: str, ids):
         """Removes entries by id; softkv.UnknownId (removing nothing) if one is absent."""
         self._call("remove", _Writer().string(name).array(ids, np.uint64))
 
-    def get(self, name: str, id: int):
-        """Returns (key, value) as numpy arrays (the key as stored: unit length under cosine)."""
+    def get(self, name: str, id: int, with_tag: bool = False):
+        """Returns (key, value) as numpy arrays (the key as stored: unit length under cosine); with_tag:
+        (key, value, tag) (protocol 2)."""
+        if with_tag:
+            self._require_v2("tags")
         r = self._call("get", _Writer().string(name).put("Q", id))
         r.get("Q")
-        return r.array(np.float32), r.array(np.float32)
+        key, value = r.array(np.float32), r.array(np.float32)
+        tag = r.get("Q") if self.protocol_version >= 2 else 0
+        return (key, value, tag) if with_tag else (key, value)
 
-    def _query(self, name, kind, queries, temperature, scale, top_m, top_k, epsilon, ef_search, nprobe, exact) -> _Reader:
+    def _query(self, name, kind, queries, temperature, scale, top_m, top_k, epsilon, ef_search, nprobe, exact,
+               tags_any=None, tag_range=None, exclude=None) -> _Reader:
         flags = (temperature is not None) | (scale is not None) << 1 | (top_k is not None) << 2 | (epsilon is not None) << 3 | bool(exact) << 4
         w = _Writer().string(name).put("B", kind)
         w.put("BffIIfII", flags, temperature or 0.0, scale or 0.0, top_m, top_k or 0, epsilon or 0.0, ef_search, nprobe)
+        self._put_mask(w, tags_any, tag_range, exclude)
         return self._call("query", w.array(queries, np.float32))
 
     def query_soft_batch(self, name: str, queries, temperature=None, scale=None, top_m=0, top_k=None, epsilon=None,
-                         ef_search=64, nprobe=16) -> SoftBatchResult:
-        """Soft retrieval for (B, d) queries; answers as the native Collection.query_soft_batch gives them."""
+                         ef_search=64, nprobe=16, tags_any=None, tag_range=None, exclude=None) -> SoftBatchResult:
+        """Soft retrieval for (B, d) queries; answers as the native Collection.query_soft_batch gives them.
+        Masks (protocol 2): tags_any (tags), tag_range (lo, hi) inclusive, exclude (ids); all must hold."""
         r = self._query(name, 0, _queries(queries, 2, "queries"), temperature, scale, top_m, top_k, epsilon, ef_search,
-                        nprobe, False)
+                        nprobe, False, tags_any, tag_range, exclude)
         return SoftBatchResult.from_results(self._soft_results(r), 0)
 
     def _soft_results(self, r: _Reader) -> list:
@@ -260,21 +291,25 @@ class Client:
             contributors = Contributors(np.array([t[0] for t in top], dtype=np.uint64),
                                         np.array([t[1] for t in top], dtype=np.float32),
                                         np.array([t[2] for t in top], dtype=np.float32)) if top else Contributors()
-            results.append(SoftResult(r.array(np.float32), lse, max_score, candidates, tail, bool(guaranteed),
-                                      INDEX_NAMES.get(searched, "?"), contributors))
+            result = SoftResult(r.array(np.float32), lse, max_score, candidates, tail, bool(guaranteed),
+                                INDEX_NAMES.get(searched, "?"), contributors)
+            if self.protocol_version >= 2:
+                result.mask_filtered_after_search = bool(r.get("B"))
+            results.append(result)
         return results
 
     def query_soft(self, name: str, query, temperature=None, scale=None, top_m=0, top_k=None, epsilon=None,
-                   ef_search=64, nprobe=16) -> SoftResult:
-        """Soft retrieval for one (d,) query: a SoftResult."""
+                   ef_search=64, nprobe=16, tags_any=None, tag_range=None, exclude=None) -> SoftResult:
+        """Soft retrieval for one (d,) query: a SoftResult. Masks as in query_soft_batch."""
         r = self._query(name, 0, _queries(query, 1, "query"), temperature, scale, top_m, top_k, epsilon, ef_search, nprobe,
-                        False)
+                        False, tags_any, tag_range, exclude)
         return self._soft_results(r)[0]
 
     def query_hard_batch(self, name: str, queries, temperature=None, scale=None, exact=False, ef_search=64,
-                         nprobe=16) -> HardBatchResult:
-        """Hard retrieval for (B, d) queries: a HardBatchResult (iterating it yields HardResult)."""
-        r = self._query(name, 1, _queries(queries, 2, "queries"), temperature, scale, 0, None, None, ef_search, nprobe, exact)
+                         nprobe=16, tags_any=None, tag_range=None, exclude=None) -> HardBatchResult:
+        """Hard retrieval for (B, d) queries: a HardBatchResult (iterating it yields HardResult). Masks as in query_soft_batch."""
+        r = self._query(name, 1, _queries(queries, 2, "queries"), temperature, scale, 0, None, None, ef_search, nprobe, exact,
+                        tags_any, tag_range, exclude)
         return HardBatchResult.from_results(self._hard_results(r), 0)
 
     def _hard_results(self, r: _Reader) -> list:
@@ -284,9 +319,11 @@ class Client:
             out.append(HardResult(id_, score, r.array(np.float32), INDEX_NAMES.get(searched, "?")))
         return out
 
-    def query_hard(self, name: str, query, temperature=None, scale=None, exact=False, ef_search=64, nprobe=16) -> HardResult:
-        """Hard retrieval for one (d,) query: a HardResult."""
-        r = self._query(name, 1, _queries(query, 1, "query"), temperature, scale, 0, None, None, ef_search, nprobe, exact)
+    def query_hard(self, name: str, query, temperature=None, scale=None, exact=False, ef_search=64, nprobe=16,
+                   tags_any=None, tag_range=None, exclude=None) -> HardResult:
+        """Hard retrieval for one (d,) query: a HardResult. Masks as in query_soft_batch."""
+        r = self._query(name, 1, _queries(query, 1, "query"), temperature, scale, 0, None, None, ef_search, nprobe, exact,
+                        tags_any, tag_range, exclude)
         return self._hard_results(r)[0]
 
     def snapshot(self):

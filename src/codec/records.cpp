@@ -50,7 +50,9 @@ EncodedMutation encode_mutation(const Mutation& m) {
             w.put_array(std::span<const std::uint64_t>(u.rows.ids));
             w.put_array(std::span<const float>(u.rows.keys));
             w.put_array(std::span<const float>(u.rows.values));
-            return RecordType::put;
+            if (u.rows.tags.empty()) return RecordType::put;  // untagged rows stay readable by older releases
+            w.put_array(std::span<const std::uint64_t>(u.rows.tags));
+            return RecordType::tagged_put;
           },
           [&](const mutation::Remove& r) {
             w.put(std::uint64_t{r.ids.size()});
@@ -84,12 +86,14 @@ Mutation decode_mutation(RecordType type, std::span<const std::byte> payload, co
       m = mutation::Upsert{std::move(name), std::move(rows), true};
       break;
     }
-    case RecordType::put: {
+    case RecordType::put:
+    case RecordType::tagged_put: {
       const std::uint64_t d = r.get<std::uint32_t>("key dimension");
       const std::uint64_t dv = r.get<std::uint32_t>("value dimension");
       const std::uint64_t n = r.get<std::uint64_t>("entry count");
       if (n > 0 && (d == 0 || dv == 0)) malformed("rows with a zero dimension");
       Rows rows = read_rows(r, n, d, dv);
+      if (type == RecordType::tagged_put) rows.tags = to_vector<std::uint64_t>(r.take_array<std::uint64_t>(n, "tags"));
       m = mutation::Upsert{std::move(name), std::move(rows), false};
       break;
     }

@@ -22,9 +22,10 @@ enum class RecordType : std::uint8_t {
   upsert = 3,  ///< name, n, ids, keys as the client gave them, values (written before format 2; read only)
   remove = 4,  ///< name, n, ids
   put = 5,     ///< name, d, dv, n, ids, keys as stored (unit length for cosine), values
+  tagged_put = 6,  ///< a put followed by n u64 tags (written only when some tag is not 0)
 };
 /// The largest record type a log may hold.
-inline constexpr std::uint8_t kMaxRecordType = 5;
+inline constexpr std::uint8_t kMaxRecordType = 6;
 
 namespace mutation {
 /// Creates a collection.
@@ -61,7 +62,7 @@ struct EncodedMutation {
   std::vector<std::byte> payload;        ///< payload bytes
 };
 
-/// Encodes a mutation (upserts as RecordType::put).
+/// Encodes a mutation (upserts as RecordType::put, or tagged_put when their rows carry tags).
 EncodedMutation encode_mutation(const Mutation& m);
 
 /// Key and value dimensions of a collection by name, for legacy upsert records (which do not carry them).

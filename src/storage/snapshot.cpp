@@ -25,6 +25,10 @@ constexpr std::string_view kSnapshotMagic = "SKVSNAP1";
 constexpr std::string_view kIndexMagic = "SKVINDEX";
 constexpr std::string_view kLegacyIndexMagic = "SKVINDX1";  // before format 2: magic, u64 sequence, u64 length, u32 CRC
 constexpr std::uint32_t kIndexVersion = 2;
+// The tags section (format 3 on) follows a collection's rows: u32 section version, u64 count (0 when
+// every tag is 0, else the row count), then count u64 tags in row order. Its own version lets the
+// section change without touching the rows before it.
+constexpr std::uint32_t kTagsSectionVersion = 1;
 
 // Reads from a byte span without copying it (cereal wants an istream).
 struct SpanBuf : std::streambuf {
@@ -109,6 +113,9 @@ std::vector<std::byte> encode_snapshot(const SnapshotImage& snapshot) {
       const std::vector<std::byte> keys = compact_rows(cc.key_precision, rows.keys, n, cc.dim);
       const std::vector<std::byte> values = compact_rows(cc.value_precision, rows.values, n, cc.value_dim);
       ar(cereal::binary_data(keys.data(), keys.size()), cereal::binary_data(values.data(), values.size()));
+      // ---- tags section (format 3) ----
+      ar(kTagsSectionVersion, std::uint64_t{rows.tags.size()});
+      ar(cereal::binary_data(rows.tags.data(), rows.tags.size() * sizeof(std::uint64_t)));
     }
   }
   const std::string payload = std::move(payload_stream).str();
@@ -170,6 +177,16 @@ SnapshotImage decode_snapshot(std::span<const std::byte> bytes, const std::strin
          cereal::binary_data(values.data(), values.size()));
       rows.keys = widen_rows(config.key_precision, keys, n, d);
       rows.values = widen_rows(config.value_precision, values, n, dv);
+      if (blob.version >= 3) {  // ---- tags section; older formats hold none: every tag is 0 ----
+        std::uint32_t section = 0;
+        std::uint64_t tag_count = 0;
+        ar(section, tag_count);
+        if (section != kTagsSectionVersion) corrupt(file, at(), "unsupported tags section version " + std::to_string(section));
+        if (tag_count != 0 && tag_count != n) corrupt(file, at(), "tag count " + std::to_string(tag_count) + " for " + std::to_string(n) + " entries");
+        if (tag_count > (payload.size() - buf.consumed()) / 8) corrupt(file, at(), "tags run past the end");
+        rows.tags.resize(tag_count);
+        ar(cereal::binary_data(rows.tags.data(), tag_count * sizeof(std::uint64_t)));
+      }
       image.collections.push_back(std::move(col));
     }
   } catch (const cereal::Exception& e) {

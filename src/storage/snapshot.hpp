@@ -27,8 +27,9 @@ struct SnapshotImage {
 
 /// Snapshot format version written by encode_snapshot (decode_snapshot reads 1, 2 and 3).
 /// 1: configuration as cereal u64 fields. 2: configuration in the shared codec layout (codec/config.hpp).
-/// 3: the configuration's compact-storage fields follow it, and rows are stored at their precision
-/// (f16/bf16: 2 bytes per element, i8: 1 byte per element then one float scale per row).
+/// 3: the configuration's compact-storage fields follow it, rows are stored at their precision
+/// (f16/bf16: 2 bytes per element, i8: 1 byte per element then one float scale per row), and a
+/// tags section follows each collection's rows.
 inline constexpr std::uint32_t kSnapshotVersion = 3;
 
 /// The snapshot file's name in a data directory.

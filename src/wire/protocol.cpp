@@ -55,6 +55,37 @@ QueryOptions get_options(ByteReader& r) {
   return o;
 }
 
+// ---- masks (v2), after every other option field: tags_any array, u8 has_range, u64 lo, u64 hi,
+// exclude_ids array. Their limits are the collection's (check_mask): the frame bounds the arrays.
+void put_mask(ByteWriter& w, const QueryOptions& o) {
+  w.put(static_cast<std::uint32_t>(o.tags_any.size()));
+  w.put_array(std::span<const std::uint64_t>(o.tags_any));
+  w.put(static_cast<std::uint8_t>(o.tag_range.has_value()));
+  const TagRange range = o.tag_range.value_or(TagRange{});
+  w.put(range.lo), w.put(range.hi);
+  w.put(static_cast<std::uint32_t>(o.exclude_ids.size()));
+  w.put_array(std::span<const std::uint64_t>(o.exclude_ids));
+}
+
+// A field version 1 cannot carry is refused rather than dropped: the answer would silently differ.
+void require_v2(std::uint16_t version, bool needed, std::string_view what) {
+  if (needed && version < 2)
+    throw Error(ErrorCode::unsupported, std::string(what) + " need protocol version 2; this connection speaks " + std::to_string(version));
+}
+
+void get_mask(ByteReader& r, QueryOptions& o) {
+  const auto any = r.get<std::uint32_t>("tags_any count");
+  o.tags_any = detail::to_vector<std::uint64_t>(r.take_array<std::uint64_t>(any, "tags_any"));
+  const auto has_range = r.get<std::uint8_t>("tag range flag");
+  TagRange range;
+  range.lo = r.get<std::uint64_t>("tag range lo");
+  range.hi = r.get<std::uint64_t>("tag range hi");
+  if (has_range > 1) malformed("tag range flag " + std::to_string(int(has_range)) + " is neither 0 nor 1");
+  if (has_range == 1) o.tag_range = range;
+  const auto excluded = r.get<std::uint32_t>("exclude_ids count");
+  o.exclude_ids = detail::to_vector<std::uint64_t>(r.take_array<std::uint64_t>(excluded, "exclude_ids"));
+}
+
 // Arrays: u32 element count, then the elements.
 template <class T>
 void put_array(ByteWriter& w, const std::vector<T>& v) {
@@ -165,7 +196,7 @@ Opcode opcode_of(const Request& request) {
                     request);
 }
 
-std::vector<std::byte> encode_request(const Request& request, std::uint64_t request_id, [[maybe_unused]] std::uint16_t version) {
+std::vector<std::byte> encode_request(const Request& request, std::uint64_t request_id, std::uint16_t version) {
   ByteWriter w;
   std::visit(Overloaded{
                  [&](const Hello& m) { w.put(m.version); },
@@ -178,14 +209,25 @@ std::vector<std::byte> encode_request(const Request& request, std::uint64_t requ
                  [&](const Drop& m) { w.put_string(m.name); },
                  [&](const List&) {},
                  [&](const Describe& m) { w.put_string(m.name); },
-                 [&](const Add& m) { w.put_string(m.name), put_array(w, m.keys), put_array(w, m.values); },
-                 [&](const Upsert& m) { w.put_string(m.name), put_array(w, m.ids), put_array(w, m.keys), put_array(w, m.values); },
+                 [&](const Add& m) {
+                   require_v2(version, !m.tags.empty(), "tags");
+                   w.put_string(m.name), put_array(w, m.keys), put_array(w, m.values);
+                   if (version >= 2) put_array(w, m.tags);
+                 },
+                 [&](const Upsert& m) {
+                   require_v2(version, !m.tags.empty(), "tags");
+                   w.put_string(m.name), put_array(w, m.ids), put_array(w, m.keys), put_array(w, m.values);
+                   if (version >= 2) put_array(w, m.tags);
+                 },
                  [&](const Remove& m) { w.put_string(m.name), put_array(w, m.ids); },
                  [&](const Get& m) { w.put_string(m.name), w.put(m.id); },
                  [&](const Query& m) {
+                   require_v2(version, !m.options.tags_any.empty() || m.options.tag_range || !m.options.exclude_ids.empty(),
+                              "query masks (tags_any, tag_range, exclude_ids)");
                    w.put_string(m.name);
                    w.put(static_cast<std::uint8_t>(m.kind));
                    put_options(w, m.options);
+                   if (version >= 2) put_mask(w, m.options);
                    put_array(w, m.queries);
                  },
                  [&](const Snapshot&) {},
@@ -196,7 +238,7 @@ std::vector<std::byte> encode_request(const Request& request, std::uint64_t requ
   return frame_of(static_cast<std::uint8_t>(opcode_of(request)), request_id, w);
 }
 
-Request decode_request(const Frame& frame, [[maybe_unused]] std::uint16_t version) {
+Request decode_request(const Frame& frame, std::uint16_t version) {
   ByteReader r = reader(frame);
   Request out;
   switch (static_cast<Opcode>(frame.opcode)) {
@@ -219,6 +261,7 @@ Request decode_request(const Frame& frame, [[maybe_unused]] std::uint16_t versio
       m.name = r.get_string("name");
       m.keys = get_array<float>(r, "keys");
       m.values = get_array<float>(r, "values");
+      if (version >= 2) m.tags = get_array<std::uint64_t>(r, "tags");
       out = std::move(m);
       break;
     }
@@ -228,6 +271,7 @@ Request decode_request(const Frame& frame, [[maybe_unused]] std::uint16_t versio
       m.ids = get_array<std::uint64_t>(r, "ids");
       m.keys = get_array<float>(r, "keys");
       m.values = get_array<float>(r, "values");
+      if (version >= 2) m.tags = get_array<std::uint64_t>(r, "tags");
       out = std::move(m);
       break;
     }
@@ -252,6 +296,7 @@ Request decode_request(const Frame& frame, [[maybe_unused]] std::uint16_t versio
       if (kind > 1) malformed("unknown query kind " + std::to_string(kind));
       m.kind = static_cast<QueryKind>(kind);
       m.options = get_options(r);
+      if (version >= 2) get_mask(r, m.options);
       m.queries = get_array<float>(r, "queries");
       out = std::move(m);
       break;
@@ -265,7 +310,7 @@ Request decode_request(const Frame& frame, [[maybe_unused]] std::uint16_t versio
   return out;
 }
 
-std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, const Reply& reply, [[maybe_unused]] std::uint16_t version) {
+std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, const Reply& reply, std::uint16_t version) {
   ByteWriter w;
   std::uint8_t opcode = static_cast<std::uint8_t>(request) | kReplyBit;
   std::visit(Overloaded{
@@ -295,7 +340,10 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
                  },
                  [&](const IdsReply& m) { put_array(w, m.ids); },
                  [&](const QueryStatsReply& m) { w.put(m.stats.queries), w.put(m.stats.passes), w.put(m.stats.max_batch); },
-                 [&](const GetReply& m) { w.put(m.entry.id), put_array(w, m.entry.key), put_array(w, m.entry.value); },
+                 [&](const GetReply& m) {
+                   w.put(m.entry.id), put_array(w, m.entry.key), put_array(w, m.entry.value);
+                   if (version >= 2) w.put(m.entry.tag);
+                 },
                  [&](const SoftReply& m) {
                    w.put(static_cast<std::uint32_t>(m.results.size()));
                    for (const SoftResult& s : m.results) {
@@ -308,6 +356,7 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
                      w.put(static_cast<std::uint32_t>(s.top.size()));
                      for (const Contributor& c : s.top) w.put(c.id), w.put(c.weight), w.put(c.score);
                      put_array(w, s.value);
+                     if (version >= 2) w.put(static_cast<std::uint8_t>(s.mask_filtered_after_search));
                    }
                  },
                  [&](const HardReply& m) {
@@ -334,7 +383,7 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
   return frame_of(opcode, request_id, w);
 }
 
-Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, [[maybe_unused]] std::uint16_t version) {
+Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, std::uint16_t version) {
   ByteReader r = reader(frame);
   Reply out;
   if (frame.opcode == kErrorOpcode) {
@@ -393,6 +442,7 @@ Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, [[maybe_u
         m.entry.id = r.get<std::uint64_t>("id");
         m.entry.key = get_array<float>(r, "key");
         m.entry.value = get_array<float>(r, "value");
+        if (version >= 2) m.entry.tag = r.get<std::uint64_t>("tag");
         out = std::move(m);
         break;
       }
@@ -417,6 +467,11 @@ Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, [[maybe_u
               s.top.push_back(c);
             }
             s.value = get_array<float>(r, "value");
+            if (version >= 2) {
+              const auto filtered = r.get<std::uint8_t>("mask filter flag");
+              if (filtered > 1) malformed("mask filter flag " + std::to_string(int(filtered)) + " is neither 0 nor 1");
+              s.mask_filtered_after_search = filtered == 1;
+            }
             m.results.push_back(std::move(s));
           }
           out = std::move(m);

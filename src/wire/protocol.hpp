@@ -72,8 +72,17 @@ struct Create { std::string name; CollectionConfig config; };               ///<
 struct Drop { std::string name; };                                          ///< drop a collection
 struct List {};                                                             ///< collection names
 struct Describe { std::string name; };                                      ///< a collection's stats
-struct Add { std::string name; std::vector<float> keys, values; };          ///< add rows (row-major n x d, n x dv)
-struct Upsert { std::string name; std::vector<std::uint64_t> ids; std::vector<float> keys, values; };  ///< by id
+struct Add {  ///< add rows (row-major n x d, n x dv)
+  std::string name;
+  std::vector<float> keys, values;
+  std::vector<std::uint64_t> tags;  ///< (v2) empty or n tags
+};
+struct Upsert {  ///< insert or replace rows by id
+  std::string name;
+  std::vector<std::uint64_t> ids;
+  std::vector<float> keys, values;
+  std::vector<std::uint64_t> tags;  ///< (v2) empty or n tags
+};
 struct Remove { std::string name; std::vector<std::uint64_t> ids; };       ///< remove rows by id
 struct Get { std::string name; std::uint64_t id = 0; };                      ///< one entry
 enum class QueryKind : std::uint8_t { soft = 0, hard = 1 };                  ///< which retrieval

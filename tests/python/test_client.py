@@ -242,6 +242,86 @@ class ClientTest(unittest.TestCase):
         self.assertIn("8 entries", cli("stats", "loaded"))
 
 
+class MaskTest(unittest.TestCase):
+    """Tags and masks (protocol 2) through the client, the native module and the CLI; refused on version 1."""
+
+    @classmethod
+    def setUpClass(cls):
+        rng = np.random.default_rng(11)
+        cls.d, cls.dv, cls.n = 8, 3, 600
+        cls.keys = rng.standard_normal((cls.n, cls.d), dtype=np.float32)
+        cls.values = rng.standard_normal((cls.n, cls.dv), dtype=np.float32)
+        cls.tags = (np.arange(cls.n) // 60).astype(np.uint64)  # 10 time steps of 60 rows, stored together
+        cls.tags[-1] = 2**64 - 1
+        cls.q = rng.standard_normal(cls.d, dtype=np.float32)
+        cls.name = f"masks{ARGS.protocol}"
+        with Client(port=PORT) as c:
+            c.create_collection(cls.name, dim=cls.d, value_dim=cls.dv)
+            cls.ids = c.add(cls.name, cls.keys, cls.values, tags=cls.tags if ARGS.protocol >= 2 else None)
+
+    def test_version_1_refuses_tags_and_masks(self):
+        if ARGS.protocol >= 2:
+            self.skipTest("a version-2 connection")
+        with Client(port=PORT) as c:
+            with self.assertRaises(softkv.Unsupported):
+                c.add(self.name, self.keys[:1], self.values[:1], tags=[1])
+            with self.assertRaises(softkv.Unsupported):
+                c.query_soft(self.name, self.q, tag_range=(0, 1))
+            with self.assertRaises(softkv.Unsupported):
+                c.get(self.name, 0, with_tag=True)
+            self.assertEqual(c.describe(self.name)["size"], self.n)  # the refused add stored nothing
+            self.assertEqual(c.query_soft(self.name, self.q).candidates, self.n)
+
+    def test_masked_answers_match_the_reference_the_native_module_and_the_cli(self):
+        if ARGS.protocol < 2:
+            self.skipTest("masks need protocol 2")
+        local = softkv.Collection(self.d, self.dv)
+        local.add_batch(self.keys, self.values, tags=self.tags)
+        exclude = [int(self.ids[0]), int(self.ids[130])]
+        masks = [dict(tags_any=[3]), dict(tag_range=(0, 4)), dict(exclude=exclude),
+                 dict(tags_any=[1, 2, 9, 2**64 - 1], tag_range=(2, 2**64 - 1), exclude=exclude)]
+        with Client(port=PORT) as c:
+            key, value, tag = c.get(self.name, int(self.ids[-1]), with_tag=True)
+            self.assertEqual(tag, 2**64 - 1)
+            self.assertEqual(local.get(int(self.ids[-1]), with_tag=True)[2], 2**64 - 1)
+            for mask in masks:
+                keep = np.ones(self.n, dtype=bool)
+                if "tags_any" in mask:
+                    keep &= np.isin(self.tags, np.array(mask["tags_any"], dtype=np.uint64))
+                if "tag_range" in mask:
+                    keep &= (self.tags >= mask["tag_range"][0]) & (self.tags <= mask["tag_range"][1])
+                if "exclude" in mask:
+                    keep &= ~np.isin(self.ids, exclude)
+                ref, scores = reference_soft(self.keys[keep], self.values[keep], self.q, 1.0 / np.sqrt(self.d))
+                r = c.query_soft(self.name, self.q, top_m=3, **mask)
+                np.testing.assert_allclose(r.value, ref, rtol=1e-4, atol=1e-5)
+                self.assertEqual(r.candidates, int(keep.sum()))
+                self.assertFalse(r.mask_filtered_after_search)
+                self.assertEqual([t[0] for t in r.top], list(self.ids[keep][np.argsort(-scores)[:3]]))
+                np.testing.assert_array_equal(r.value, local.query_soft(self.q, **mask).value)
+                h = c.query_hard(self.name, self.q, **mask)
+                self.assertEqual(h.id, int(self.ids[keep][np.argmax(scores)]))
+                batch = c.query_soft_batch(self.name, np.stack([self.q, self.q]), **mask)
+                np.testing.assert_allclose(batch.values[1], ref, rtol=1e-4, atol=1e-5)
+            with self.assertRaises(softkv.EmptyCollection):
+                c.query_soft(self.name, self.q, tags_any=[12345])
+            with self.assertRaises(softkv.InvalidArgument):
+                c.query_hard(self.name, self.q, tag_range=(5, 4))
+            with self.assertRaises(softkv.InvalidArgument):
+                c.query_soft(self.name, self.q, tags_any=list(range(1025)))
+        # The CLI (the C++ client) gives the same masked answer, bit for bit.
+        qfile, out = os.path.join(WORK, "mq.npy"), os.path.join(WORK, "masked.npy")
+        np.save(qfile, self.q[None, :])
+        cli("query", self.name, "--queries", qfile, "--top-m", "0", "--tags", "1,2,9," + str(2**64 - 1),
+            "--tag-range", f"2,{2**64 - 1}", "--exclude", ",".join(map(str, exclude)), "--out", out)
+        np.testing.assert_array_equal(np.load(out)[0], local.query_soft(self.q, **masks[3]).value)
+        cli("create", "tagged", "--dim", str(self.d), "--value-dim", str(self.dv))
+        np.save(os.path.join(WORK, "tk.npy"), self.keys[:4])
+        np.save(os.path.join(WORK, "tv.npy"), self.values[:4])
+        cli("load", "tagged", "--keys", os.path.join(WORK, "tk.npy"), "--values", os.path.join(WORK, "tv.npy"), "--tag", "42")
+        self.assertIn("candidates 4", cli("query", "tagged", "--query", ",".join(["1"] * self.d), "--tags", "42"))
+
+
 def main():
     global ARGS, PORT, SERVER, WORK
     parser = argparse.ArgumentParser()

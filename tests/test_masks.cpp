@@ -1,0 +1,487 @@
+// Tags and query masks: tags through writes, the log and snapshots; masked soft, hard, batched and
+// pruned queries against a double-precision reference over the eligible entries only, on every kernel path.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <set>
+#include <string>
+
+#include "codec/checked_blob.hpp"
+#include "codec/records.hpp"
+#include "errors.hpp"
+#include "reference.hpp"
+#include "storage/snapshot.hpp"
+#include "softkv/softkv.hpp"
+#include "temp_dir.hpp"
+
+using namespace softkv;
+
+namespace {
+
+constexpr std::uint64_t kMaxTag = std::numeric_limits<std::uint64_t>::max();
+
+struct ForcedPath {
+  std::string previous{simd_path()};
+  explicit ForcedPath(std::string_view name) { force_simd_path(name); }
+  ~ForcedPath() { force_simd_path(previous); }
+};
+
+std::string any_path() {
+  const auto paths = available_simd_paths();
+  return std::string(GENERATE_COPY(from_range(paths.begin(), paths.end())));
+}
+
+// n entries with tags; grouped: tag = row / (n / groups) (rows of a tag stored together, long runs);
+// otherwise tag = row % groups (every run one row long, so the masked scans gather).
+struct Tagged {
+  std::size_t d, dv;
+  std::vector<float> keys, values;
+  std::vector<std::uint64_t> tags, ids;
+  Collection c;
+  Tagged(std::size_t n, std::size_t d_, std::size_t dv_, bool grouped, std::size_t groups = 10,
+         IndexConfig index = {}, std::uint64_t seed = 7)
+      : d(d_), dv(dv_), keys(test::normal_floats(n * d_, seed)), values(test::normal_floats(n * dv_, seed + 1)),
+        c(CollectionConfig{d_, dv_, Metric::dot, {}, index}) {
+    for (std::size_t r = 0; r < n; ++r) tags.push_back(grouped ? r / std::max<std::size_t>(1, n / groups) : r % groups);
+    ids = c.add_batch(keys, values, tags);
+  }
+  // Rows a mask keeps, by the definition (AND of the three tests).
+  [[nodiscard]] std::vector<std::size_t> kept(const QueryOptions& o) const {
+    std::vector<std::size_t> rows;
+    for (std::size_t r = 0; r < ids.size(); ++r) {
+      const std::uint64_t t = tags[r];
+      if (!o.tags_any.empty() && std::find(o.tags_any.begin(), o.tags_any.end(), t) == o.tags_any.end()) continue;
+      if (o.tag_range && (t < o.tag_range->lo || t > o.tag_range->hi)) continue;
+      if (std::find(o.exclude_ids.begin(), o.exclude_ids.end(), ids[r]) != o.exclude_ids.end()) continue;
+      rows.push_back(r);
+    }
+    return rows;
+  }
+  // The double reference over the kept rows only.
+  [[nodiscard]] test::SoftReference reference(const float* q, const std::vector<std::size_t>& rows, double scale) const {
+    std::vector<float> k, v;
+    for (std::size_t r : rows) {
+      k.insert(k.end(), keys.begin() + static_cast<std::ptrdiff_t>(r * d), keys.begin() + static_cast<std::ptrdiff_t>((r + 1) * d));
+      v.insert(v.end(), values.begin() + static_cast<std::ptrdiff_t>(r * dv), values.begin() + static_cast<std::ptrdiff_t>((r + 1) * dv));
+    }
+    return test::soft_reference(q, k.data(), v.data(), rows.size(), d, dv, scale);
+  }
+  // The best kept row by double score (ties: smaller id).
+  [[nodiscard]] std::size_t best(const float* q, const std::vector<std::size_t>& rows) const {
+    std::size_t best_row = rows.front();
+    double best_score = -std::numeric_limits<double>::infinity();
+    for (std::size_t r : rows) {
+      double s = 0;
+      for (std::size_t j = 0; j < d; ++j) s += static_cast<double>(q[j]) * keys[r * d + j];
+      if (s > best_score) best_score = s, best_row = r;
+    }
+    return best_row;
+  }
+};
+
+// Masks of every kind over a Tagged collection of 10 tags.
+std::vector<QueryOptions> masks_of_every_kind(const Tagged& t) {
+  std::vector<QueryOptions> out(6);
+  out[0].tags_any = {3};
+  out[1].tags_any = {0, 9, 4, 12345};  // unsorted, with a tag nobody has
+  out[2].tag_range = TagRange{2, 5};
+  out[3].exclude_ids = {t.ids[0], t.ids[1], t.ids[t.ids.size() / 2], 999999999};  // one id nobody has
+  out[4].tags_any = {1, 2, 3, 7};
+  out[4].tag_range = TagRange{2, 8};
+  out[4].exclude_ids = {t.ids[t.ids.size() - 1], t.ids[t.ids.size() - 2]};
+  out[5].tag_range = TagRange{0, 0};
+  return out;
+}
+
+void check_value(const std::vector<float>& got, const test::SoftReference& ref) {
+  REQUIRE(got.size() == ref.value.size());
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(ref.value[i]).margin(1e-5).epsilon(1e-4));
+}
+
+}  // namespace
+
+TEST_CASE("tags are stored by add and upsert, single and batched, returned by get and moved with their rows", "[tag]") {
+  Collection c(CollectionConfig{3, 2});
+  const std::vector<float> k{1, 2, 3}, v{4, 5};
+  const std::uint64_t a = c.add(k, v);  // default tag 0
+  const std::uint64_t b = c.add(k, v, kMaxTag);
+  const auto batch = c.add_batch(std::vector<float>(9, 1.0f), std::vector<float>(6, 2.0f), std::vector<std::uint64_t>{10, 11, 12});
+  c.upsert(100, k, v, 7);
+  CHECK(c.get(a).tag == 0);
+  CHECK(c.get(b).tag == kMaxTag);
+  CHECK(c.get(batch[0]).tag == 10);
+  CHECK(c.get(batch[2]).tag == 12);
+  CHECK(c.get(100).tag == 7);
+  c.upsert(100, k, v);  // a replaced entry takes the new tag, 0 included
+  CHECK(c.get(100).tag == 0);
+  const std::vector<std::uint64_t> ids{batch[1], 200};
+  c.upsert_batch(ids, std::vector<float>(6, 3.0f), std::vector<float>(4, 1.0f), std::vector<std::uint64_t>{21, 22});
+  CHECK(c.get(batch[1]).tag == 21);
+  CHECK(c.get(200).tag == 22);
+  // Removing a row moves the last row into its place: the tag must move with it.
+  c.remove(a);
+  for (auto [id, tag] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{{b, kMaxTag}, {batch[0], 10}, {batch[1], 21}, {batch[2], 12}, {100, 0}, {200, 22}})
+    CHECK(c.get(id).tag == tag);
+}
+
+TEST_CASE("a tag count that does not match the rows is dimension_mismatch and stores nothing", "[tag]") {
+  Collection c(CollectionConfig{2, 1});
+  const std::vector<float> keys(4, 1.0f), values(2, 1.0f);
+  CHECK(test::error_of([&] { (void)c.add_batch(keys, values, std::vector<std::uint64_t>{1}); }) == ErrorCode::dimension_mismatch);
+  CHECK(test::error_of([&] { (void)c.add_batch(keys, values, std::vector<std::uint64_t>{1, 2, 3}); }) == ErrorCode::dimension_mismatch);
+  CHECK(test::error_of([&] { c.upsert_batch(std::vector<std::uint64_t>{1, 2}, keys, values, std::vector<std::uint64_t>{5}); }) ==
+        ErrorCode::dimension_mismatch);
+  CHECK(c.size() == 0);
+  test::TempDir dir;
+  Database db(dir.path);
+  db.create_collection("t", CollectionConfig{2, 1});
+  CHECK(test::error_of([&] { db.add("t", keys, values, std::vector<std::uint64_t>{1}); }) == ErrorCode::dimension_mismatch);
+  CHECK(test::error_of([&] { db.upsert("t", std::vector<std::uint64_t>{1, 2}, keys, values, std::vector<std::uint64_t>{1, 2, 3}); }) ==
+        ErrorCode::dimension_mismatch);
+  CHECK(db.collection("t")->size() == 0);
+}
+
+TEST_CASE("tags survive log replay and snapshots, and untagged entries come back with tag 0", "[tag]") {
+  test::TempDir dir;
+  const std::vector<float> keys = test::normal_floats(5 * 4, 3), values = test::normal_floats(5 * 2, 4);
+  const std::vector<std::uint64_t> tags{0, 1, kMaxTag, 42, 0};
+  std::vector<std::uint64_t> tagged, plain;
+  {
+    Database db(dir.path);
+    db.create_collection("c", CollectionConfig{4, 2, Metric::cosine});
+    tagged = db.add("c", keys, values, tags);
+    plain = db.add("c", keys, values);  // an untagged write: a plain put record
+    db.upsert("c", std::vector<std::uint64_t>{plain[0]}, std::span(keys).first(4), std::span(values).first(2),
+              std::vector<std::uint64_t>{9});
+  }
+  auto check = [&](const Database& db) {
+    const auto c = db.collection("c");
+    for (std::size_t i = 0; i < tagged.size(); ++i) CHECK(c->get(tagged[i]).tag == tags[i]);
+    CHECK(c->get(plain[0]).tag == 9);
+    for (std::size_t i = 1; i < plain.size(); ++i) CHECK(c->get(plain[i]).tag == 0);
+    QueryOptions o;
+    o.tag_range = TagRange{1, 42};
+    CHECK(c->query_soft(std::span(keys).first(4), o).candidates == 3);  // tags 1, 42 and 9
+  };
+  {
+    Database db(dir.path);  // log replay
+    check(db);
+    db.snapshot();
+  }
+  {
+    Database db(dir.path);  // snapshot (format 3, tags section)
+    check(db);
+    db.add("c", keys, values);  // a snapshot whose collection has only zero tags writes an empty section
+    db.remove("c", tagged);
+    db.remove("c", std::vector<std::uint64_t>{plain[0]});
+    db.snapshot();
+  }
+  {
+    Database db(dir.path);
+    const auto c = db.collection("c");
+    for (std::uint64_t id : c->ids()) CHECK(c->get(id).tag == 0);
+    CHECK(c->size() == 9);
+  }
+}
+
+TEST_CASE("tagged log records and the snapshot tags section: round trips, and every damage is corrupt_file", "[tag]") {
+  using namespace softkv::detail;
+  const DimensionsOf no_dims = [](const std::string&) { return std::nullopt; };
+  const Rows rows{{3, 9}, {1, 2, 3, 4}, {5, 6}, {7, kMaxTag}};
+  const EncodedMutation tagged = encode_mutation(mutation::Upsert{"c", rows});
+  CHECK(tagged.type == RecordType::tagged_put);
+  const auto back = std::get<mutation::Upsert>(decode_mutation(tagged.type, tagged.payload, no_dims));
+  CHECK(back.rows.tags == rows.tags);
+  CHECK(back.rows.ids == rows.ids);
+  Rows untagged = rows;
+  untagged.tags.clear();
+  const EncodedMutation plain = encode_mutation(mutation::Upsert{"c", untagged});
+  CHECK(plain.type == RecordType::put);  // what a release before tags reads
+  CHECK(std::get<mutation::Upsert>(decode_mutation(plain.type, plain.payload, no_dims)).rows.tags.empty());
+  auto cut = tagged.payload;
+  cut.resize(cut.size() - 8);  // the last tag missing
+  CHECK(test::error_of([&] { (void)decode_mutation(tagged.type, cut, no_dims); }) == ErrorCode::corrupt_file);
+  CHECK(test::error_of([&] { (void)decode_mutation(RecordType::put, tagged.payload, no_dims); }) == ErrorCode::corrupt_file);
+
+  // Snapshot: the tags section is the payload's last 4 + 8 + 16 bytes here (one collection, two rows).
+  SnapshotImage image;
+  image.sequence = 5;
+  image.collections.push_back({"c", CollectionImage{CollectionConfig{2, 1}, 10, rows, {}}});
+  const auto bytes = encode_snapshot(image);
+  CHECK(decode_snapshot(bytes, "s").collections.at(0).image.rows.tags == rows.tags);
+  const OpenedBlob blob = open_blob(bytes, "SKVSNAP1", "s");
+  CHECK(blob.version == kSnapshotVersion);
+  auto damaged = [&](const std::function<void(std::vector<std::byte>&)>& edit) {
+    std::vector<std::byte> payload(blob.payload.begin(), blob.payload.end());
+    edit(payload);
+    return test::error_of([&] { (void)decode_snapshot(seal_blob("SKVSNAP1", kSnapshotVersion, payload), "s"); });
+  };
+  const std::size_t section = blob.payload.size() - 28;
+  CHECK(damaged([&](auto& p) { p[section] = std::byte{2}; }) == ErrorCode::corrupt_file);        // unknown section version
+  CHECK(damaged([&](auto& p) { p[section + 4] = std::byte{1}; }) == ErrorCode::corrupt_file);    // 1 tag for 2 rows
+  CHECK(damaged([&](auto& p) { p[section + 4] = std::byte{3}; }) == ErrorCode::corrupt_file);    // 3 tags for 2 rows
+  CHECK(damaged([&](auto& p) { p.resize(p.size() - 8); }) == ErrorCode::corrupt_file);          // tags cut short
+  CHECK(damaged([&](auto& p) { p.resize(p.size() + 8); }) == ErrorCode::corrupt_file);          // bytes after them
+  // Format 2 (no section) is still read, with every tag 0.
+  std::vector<std::byte> v2(blob.payload.begin(), blob.payload.begin() + static_cast<std::ptrdiff_t>(section));
+  const SnapshotImage old = decode_snapshot(seal_blob("SKVSNAP1", 2, v2), "s");
+  CHECK(old.collections.at(0).image.rows.tags.empty());
+  CHECK(old.collections.at(0).image.rows.ids == rows.ids);
+}
+
+TEST_CASE("masked soft queries equal the double reference over the eligible entries, on every path and layout", "[mask]") {
+  const ForcedPath forced(any_path());
+  const bool grouped = GENERATE(true, false);
+  const std::size_t threads = GENERATE(1u, 3u);
+  const Tagged t(1000, 17, 5, grouped);
+  const std::vector<float> q = test::normal_floats(t.d, 99);
+  const double scale = 1.0 / std::sqrt(17.0);
+  for (QueryOptions o : masks_of_every_kind(t)) {
+    o.threads = threads;
+    o.top_m = 5;
+    const auto rows = t.kept(o);
+    REQUIRE(!rows.empty());
+    const auto ref = t.reference(q.data(), rows, scale);
+    const SoftResult r = t.c.query_soft(q, o);
+    check_value(r.value, ref);
+    CHECK(r.lse == Approx(ref.lse).epsilon(1e-5));
+    CHECK(r.max_score == Approx(ref.max_score).epsilon(1e-5));
+    CHECK(r.candidates == rows.size());
+    CHECK(r.tail_bound == 0);
+    CHECK_FALSE(r.mask_filtered_after_search);
+    REQUIRE(r.top.size() == std::min<std::size_t>(5, rows.size()));
+    std::set<std::uint64_t> eligible;
+    for (std::size_t row : rows) eligible.insert(t.ids[row]);
+    double weight = 1.0;
+    for (const Contributor& c : r.top) {
+      CHECK(eligible.count(c.id) == 1);  // never a masked entry
+      CHECK(c.weight <= weight);
+      weight = c.weight;
+    }
+    // The best contributor is the reference's best eligible row, with its weight.
+    const auto top = std::max_element(ref.weights.begin(), ref.weights.end()) - ref.weights.begin();
+    CHECK(r.top[0].id == t.ids[rows[static_cast<std::size_t>(top)]]);
+    CHECK(r.top[0].weight == Approx(ref.weights[static_cast<std::size_t>(top)]).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("masked hard and batched queries answer from the eligible entries only", "[mask]") {
+  const ForcedPath forced(any_path());
+  const bool grouped = GENERATE(true, false);
+  const Tagged t(700, 9, 3, grouped);
+  const std::size_t nq = 70;  // more than one batch chunk
+  const std::vector<float> qs = test::normal_floats(nq * t.d, 5);
+  const double scale = 1.0 / 3.0;
+  for (const QueryOptions& o : masks_of_every_kind(t)) {
+    const auto rows = t.kept(o);
+    const QueryResults soft = t.c.query(qs, Retrieval::soft, o);  // fused batch kernel
+    const QueryResults hard = t.c.query(qs, Retrieval::hard, o);
+    const SoftBatchResult soft_b = t.c.query_soft_batch(qs, o);
+    const HardBatchResult hard_b = t.c.query_hard_batch(qs, o);
+    for (std::size_t b = 0; b < nq; ++b) {
+      const float* q = qs.data() + b * t.d;
+      const auto ref = t.reference(q, rows, scale);
+      check_value(soft.soft[b].value, ref);
+      CHECK(soft.soft[b].candidates == rows.size());
+      CHECK(soft_b.lse[b] == Approx(ref.lse).epsilon(1e-5));
+      const std::size_t best = t.best(q, rows);
+      CHECK(hard.hard[b].id == t.ids[best]);
+      CHECK(hard_b.ids[b] == t.ids[best]);
+      CHECK(hard_b.values[b * t.dv] == t.values[best * t.dv]);
+      const HardResult one = t.c.query_hard(std::span(q, t.d), o);
+      CHECK(one.id == t.ids[best]);
+      CHECK(one.value == std::vector<float>(t.values.begin() + static_cast<std::ptrdiff_t>(best * t.dv),
+                                            t.values.begin() + static_cast<std::ptrdiff_t>((best + 1) * t.dv)));
+    }
+  }
+}
+
+TEST_CASE("a mask that keeps nothing is empty_collection, one entry answers with it, all entries equal no mask", "[mask]") {
+  const Tagged t(300, 8, 4, true, 3);
+  const std::vector<float> q = test::normal_floats(8, 1), qs = test::normal_floats(8 * 4, 2);
+  SECTION("none") {
+    std::vector<QueryOptions> none(4);
+    none[0].tags_any = {77};
+    none[1].tag_range = TagRange{3, kMaxTag};
+    none[2].exclude_ids = t.ids;
+    none[3].tags_any = {0};
+    none[3].tag_range = TagRange{1, 2};  // each keeps rows, together none (AND)
+    for (const QueryOptions& o : none) {
+      CHECK(test::error_of([&] { (void)t.c.query_soft(q, o); }) == ErrorCode::empty_collection);
+      CHECK(test::error_of([&] { (void)t.c.query_hard(q, o); }) == ErrorCode::empty_collection);
+      CHECK(test::error_of([&] { (void)t.c.query_soft_batch(qs, o); }) == ErrorCode::empty_collection);
+      CHECK(test::error_of([&] { (void)t.c.query_hard_batch(qs, o); }) == ErrorCode::empty_collection);
+      CHECK(test::error_of([&] { (void)t.c.query(qs, Retrieval::soft, o); }) == ErrorCode::empty_collection);
+    }
+  }
+  SECTION("one") {
+    QueryOptions o;
+    o.exclude_ids = t.ids;
+    o.exclude_ids.erase(o.exclude_ids.begin() + 123);
+    o.top_m = 3;
+    const SoftResult r = t.c.query_soft(q, o);
+    CHECK(r.candidates == 1);
+    CHECK(r.value == std::vector<float>(t.values.begin() + 123 * 4, t.values.begin() + 124 * 4));
+    REQUIRE(r.top.size() == 1);
+    CHECK(r.top[0].id == t.ids[123]);
+    CHECK(r.top[0].weight == 1.0f);
+    CHECK(t.c.query_hard(q, o).id == t.ids[123]);
+    CHECK(t.c.query_hard_batch(qs, o).ids == std::vector<std::uint64_t>(4, t.ids[123]));
+  }
+  SECTION("all") {
+    QueryOptions o, plain;
+    o.tag_range = TagRange{0, kMaxTag};
+    o.tags_any = {0, 1, 2};
+    o.exclude_ids = {kMaxTag - 1};
+    o.threads = plain.threads = 1;
+    const SoftResult masked = t.c.query_soft(q, o), unmasked = t.c.query_soft(q, plain);
+    CHECK(masked.value == unmasked.value);  // one run in place: the very same kernel call
+    CHECK(masked.lse == unmasked.lse);
+    CHECK(masked.candidates == 300);
+    CHECK(t.c.query_hard(q, o).id == t.c.query_hard(q, plain).id);
+  }
+}
+
+TEST_CASE("mask fields at their limits: sizes, ranges and extreme tags", "[mask]") {
+  Collection c(CollectionConfig{2, 1});
+  const std::vector<float> k{1, 0}, v{1};
+  const std::uint64_t low = c.add(k, v, 0), high = c.add(std::vector<float>{0, 1}, std::vector<float>{2}, kMaxTag);
+  const std::vector<float> q{0, 5};
+  QueryOptions o;
+  o.tags_any.assign(QueryOptions::kMaxTagsAny, 5);
+  o.tags_any.back() = kMaxTag;
+  CHECK(c.query_hard(q, o).id == high);  // 1024 tags: accepted
+  o.tags_any.push_back(0);
+  CHECK(test::error_of([&] { (void)c.query_soft(q, o); }) == ErrorCode::invalid_argument);
+  CHECK(test::error_of([&] { (void)c.query_hard_batch(q, o); }) == ErrorCode::invalid_argument);
+  o = {};
+  o.exclude_ids.assign(QueryOptions::kMaxExcludeIds, 12345);
+  o.exclude_ids.back() = high;
+  CHECK(c.query_hard(q, o).id == low);  // 65536 ids: accepted
+  o.exclude_ids.push_back(1);
+  CHECK(test::error_of([&] { (void)c.query_hard(q, o); }) == ErrorCode::invalid_argument);
+  CHECK(test::error_of([&] { (void)c.query(q, Retrieval::soft, o); }) == ErrorCode::invalid_argument);
+  o = {};
+  o.tag_range = TagRange{kMaxTag, kMaxTag};
+  CHECK(c.query_soft(q, o).candidates == 1);
+  o.tag_range = TagRange{0, 0};
+  CHECK(c.query_hard(q, o).id == low);
+  o.tag_range = TagRange{2, 1};
+  CHECK(test::error_of([&] { (void)c.query_soft(q, o); }) == ErrorCode::invalid_argument);
+  CHECK(test::error_of([&] { (void)c.query_soft_batch(q, o); }) == ErrorCode::invalid_argument);
+  // A mask on an empty collection is still the plain empty_collection.
+  Collection empty(CollectionConfig{2, 1});
+  o.tag_range = TagRange{0, 1};
+  CHECK(test::error_of([&] { (void)empty.query_soft(q, o); }) == ErrorCode::empty_collection);
+}
+
+TEST_CASE("masked queries never coalesce, and answer with their own mask", "[mask][coalescing]") {
+  const Tagged t(500, 8, 2, false, 5);
+  QueryOptions o;
+  o.tags_any = {4};
+  const std::vector<float> q = test::normal_floats(8, 3);
+  const auto before = t.c.coalescing_stats();
+  const HardResult h = t.c.query_hard(q, o);
+  const SoftResult s = t.c.query_soft(q, o);
+  CHECK(t.c.coalescing_stats().queries == before.queries);
+  CHECK(t.c.get(h.id).tag == 4);
+  CHECK(s.candidates == 100);
+}
+
+TEST_CASE("masked pruned queries: flat top_k is the exact top k of the eligible entries with N = eligible", "[mask][pruning]") {
+  const ForcedPath forced(any_path());
+  IndexConfig flat;
+  flat.kind = IndexKind::flat;
+  const bool grouped = GENERATE(true, false);
+  const Tagged t(2000, 16, 4, grouped, 10, flat);
+  const std::vector<float> q = test::normal_floats(16, 8);
+  const double scale = 0.25;
+  for (QueryOptions o : masks_of_every_kind(t)) {
+    const auto rows = t.kept(o);
+    o.top_k = 20;
+    o.top_m = 20;
+    const SoftResult r = t.c.query_soft(q, o);
+    const auto ref = t.reference(q.data(), rows, scale);
+    // The reference's 20 best eligible rows are exactly the candidates.
+    std::vector<std::size_t> order(rows.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return ref.scores[a] > ref.scores[b]; });
+    std::set<std::uint64_t> expected, got;
+    for (std::size_t i = 0; i < 20; ++i) expected.insert(t.ids[rows[order[i]]]);
+    for (const Contributor& c : r.top) got.insert(c.id);
+    CHECK(got == expected);
+    CHECK(r.candidates == 20);
+    CHECK(r.searched_with == IndexKind::flat);
+    CHECK_FALSE(r.mask_filtered_after_search);  // flat's top-k pass itself visits eligible rows only
+    CHECK(r.tail_bound_guaranteed);
+    // The tail bound counts eligible rows only, and holds: the true mass outside is below it.
+    double outside = 0;
+    for (std::size_t i = 20; i < order.size(); ++i) outside += ref.weights[order[i]];
+    CHECK(outside <= r.tail_bound + 1e-12);
+    const double kth = ref.scores[order[19]];
+    const double n = static_cast<double>(rows.size());
+    CHECK(r.tail_bound < (n - 20) * std::exp(kth - r.lse) * 1.01 + 1e-12);  // N - k, not the collection's N - k
+    // epsilon: the answer is within the bound of the exact eligible answer.
+    QueryOptions e = o;
+    e.top_k.reset();
+    e.epsilon = 1e-3f;
+    const SoftResult a = t.c.query_soft(q, e);
+    CHECK(a.tail_bound <= 1e-3);
+    for (std::size_t i = 0; i < t.dv; ++i) CHECK(std::abs(a.value[i] - ref.value[i]) <= 2 * 1e-3 * 5 + 1e-5);
+    std::set<std::uint64_t> eligible;
+    for (std::size_t row : rows) eligible.insert(t.ids[row]);
+    for (const Contributor& c : a.top) CHECK(eligible.count(c.id) == 1);
+  }
+}
+
+TEST_CASE("masked pruned queries through HNSW and IVF over-fetch and filter: no masked entry ever answers", "[mask][pruning]") {
+  IndexConfig index;
+  index.kind = GENERATE(IndexKind::hnsw, IndexKind::ivf);
+  const Tagged t(3000, 16, 4, false, 10, index);
+  t.c.wait_until_indexed();
+  const std::vector<float> qs = test::normal_floats(16 * 8, 21);
+  QueryOptions o;
+  o.tags_any = {6};
+  o.top_k = 10;
+  o.top_m = 10;
+  o.check_sample = 64;
+  const auto rows = t.kept(o);
+  std::set<std::uint64_t> eligible;
+  for (std::size_t row : rows) eligible.insert(t.ids[row]);
+  for (std::size_t b = 0; b < 8; ++b) {
+    const auto q = std::span(qs).subspan(b * 16, 16);
+    const SoftResult r = t.c.query_soft(q, o);
+    CHECK(r.searched_with == index.kind);
+    CHECK(r.mask_filtered_after_search);
+    CHECK(r.candidates == 10);
+    CHECK_FALSE(r.tail_bound_guaranteed);
+    for (const Contributor& c : r.top) CHECK(eligible.count(c.id) == 1);
+    const HardResult h = t.c.query_hard(q, o);
+    CHECK(eligible.count(h.id) == 1);
+    QueryOptions exact = o;
+    exact.exact = true;  // the exact masked scan: the best eligible entry itself
+    CHECK(t.c.query_hard(q, exact).id == t.ids[t.best(q.data(), rows)]);
+    CHECK(h.score <= t.c.query_hard(q, exact).score);  // the index may miss the best, never beat it
+    const QueryResults batch = t.c.query(qs, Retrieval::hard, o);
+    CHECK(eligible.count(batch.hard[b].id) == 1);
+  }
+  // A mask so narrow that over-fetching would search past a quarter of the rows: the exact masked scan answers.
+  QueryOptions narrow;
+  narrow.exclude_ids.assign(t.ids.begin() + 5, t.ids.end());
+  narrow.top_k = 2;
+  narrow.top_m = 5;
+  const std::vector<std::size_t> five{0, 1, 2, 3, 4};
+  const auto q = std::span(qs).first(16);
+  const SoftResult r = t.c.query_soft(q, narrow);
+  CHECK(r.searched_with == IndexKind::exact);
+  CHECK_FALSE(r.mask_filtered_after_search);
+  CHECK(r.candidates == 5);
+  check_value(r.value, t.reference(q.data(), five, 0.25));
+  const HardResult h = t.c.query_hard(q, narrow);
+  CHECK(h.searched_with == IndexKind::exact);
+  CHECK(h.id == t.ids[t.best(q.data(), five)]);
+}
