@@ -8,23 +8,15 @@
 #include <string>
 
 #include "reference.hpp"
+#include "kernel_paths.hpp"
 #include "softkv/softkv.hpp"
 
 using namespace softkv;
 
 namespace {
 
-// Restores the default kernel path when a test that forces one ends.
-struct ForcedPath {
-  std::string previous{simd_path()};
-  explicit ForcedPath(std::string_view name) { force_simd_path(name); }
-  ~ForcedPath() { force_simd_path(previous); }
-};
-
-std::string any_path() {
-  const auto paths = available_simd_paths();
-  return std::string(GENERATE_COPY(from_range(paths.begin(), paths.end())));
-}
+using test::ForcedPath;
+using test::any_path;
 
 // A collection with n random entries and, for reference checks, copies of what was stored.
 struct Filled {

@@ -16,6 +16,7 @@
 #include "errors.hpp"
 #include "reference.hpp"
 #include "storage/snapshot.hpp"
+#include "kernel_paths.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
 
@@ -25,16 +26,8 @@ namespace {
 
 constexpr std::uint64_t kMaxTag = std::numeric_limits<std::uint64_t>::max();
 
-struct ForcedPath {
-  std::string previous{simd_path()};
-  explicit ForcedPath(std::string_view name) { force_simd_path(name); }
-  ~ForcedPath() { force_simd_path(previous); }
-};
-
-std::string any_path() {
-  const auto paths = available_simd_paths();
-  return std::string(GENERATE_COPY(from_range(paths.begin(), paths.end())));
-}
+using test::ForcedPath;
+using test::any_path;
 
 // n entries with tags; grouped: tag = row / (n / groups) (rows of a tag stored together, long runs);
 // otherwise tag = row % groups (every run one row long, so the masked scans gather).
