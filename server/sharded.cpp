@@ -22,6 +22,7 @@
 #include <future>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -46,16 +47,145 @@ struct CommandHeader {
   std::uint64_t bytes = 0;  // the encoded request that follows
 };
 
+// Rank 0's record of the last committed cross-shard write: DIR/commits, two 16-byte slots (the
+// transaction number and a check word) written alternately, so that a torn write spoils only the
+// slot being written and the other still holds the previous commit.
+class CommitLog {
+ public:
+  explicit CommitLog(const fs::path& path, bool sync) : sync_(sync) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error(ErrorCode::io_error, "cannot open " + path.string() + ": " + std::strerror(errno));
+    std::uint64_t slots[4] = {};
+    const ssize_t n = ::pread(fd_, slots, sizeof(slots), 0);
+    for (int i = 0; i < 2 && n >= (i + 1) * 16; ++i)
+      if (slots[2 * i + 1] == check(slots[2 * i])) last_ = std::max(last_, slots[2 * i]);
+  }
+  ~CommitLog() { ::close(fd_); }
+  CommitLog(const CommitLog&) = delete;
+  CommitLog& operator=(const CommitLog&) = delete;
+
+  // The last committed transaction (0: none).
+  [[nodiscard]] std::uint64_t last() const { return last_; }
+  // Records txn (> last()) as committed, on stable storage when sync.
+  void commit(std::uint64_t txn) {
+    const std::uint64_t slot[2] = {txn, check(txn)};
+    if (::pwrite(fd_, slot, sizeof(slot), static_cast<off_t>((txn % 2) * sizeof(slot))) != static_cast<ssize_t>(sizeof(slot)) ||
+        (sync_ && ::fdatasync(fd_) != 0))
+      throw Error(ErrorCode::io_error, std::string("cannot record a commit point in the commit log: ") + std::strerror(errno));
+    last_ = txn;
+  }
+
+ private:
+  static std::uint64_t check(std::uint64_t txn) { return txn * 0x9E3779B97F4A7C15ull + 0x736f66746b76ull; }
+  int fd_ = -1;
+  bool sync_;
+  std::uint64_t last_ = 0;
+};
+
+// Writes bytes to path, on stable storage (file and directory) when sync.
+void write_file(const fs::path& path, std::span<const std::byte> bytes, bool sync) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(ErrorCode::io_error, "cannot create " + path.string() + ": " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw Error(ErrorCode::io_error, "cannot write " + path.string() + ": " + std::strerror(errno));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  const bool synced = !sync || ::fdatasync(fd) == 0;
+  ::close(fd);
+  if (!synced) throw Error(ErrorCode::io_error, "cannot fsync " + path.string() + ": " + std::strerror(errno));
+  if (!sync) return;
+  const int dfd = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// The request a part file holds (a request frame, as rank 0 broadcasts them).
+wire::Request decode_command(std::span<const std::byte> bytes) {
+  const wire::FrameScan scan = wire::scan_frame(bytes, std::numeric_limits<std::uint32_t>::max());
+  if (scan.status != wire::FrameScan::Status::complete) throw Error(ErrorCode::corrupt_file, "an incomplete request frame");
+  return wire::decode_request(scan.frame, wire::kProtocolVersion);
+}
+
+// Test hook (tests/test_sharded_server.cpp): SOFTKV_TEST_CRASH="<rank>:<write|parts|commit>:<n>" makes
+// that rank kill itself with SIGKILL in its n-th cross-shard write: before it writes its part (write),
+// once every part is durable (parts), or once rank 0 has logged the commit point (commit).
+struct CrashPoint {
+  int rank = -1;
+  std::string point;
+  std::uint64_t nth = 0;
+  CrashPoint() {
+    const char* spec = std::getenv("SOFTKV_TEST_CRASH");
+    if (spec == nullptr) return;
+    const std::string s(spec);
+    const auto a = s.find(':'), b = s.rfind(':');
+    if (a == std::string::npos || b == a) return;
+    rank = std::atoi(s.substr(0, a).c_str());
+    point = s.substr(a + 1, b - a - 1);
+    nth = std::strtoull(s.substr(b + 1).c_str(), nullptr, 10);
+  }
+  void at(std::size_t my_rank, const char* here, std::uint64_t count) const {
+    if (rank == static_cast<int>(my_rank) && point == here && count == nth) ::kill(::getpid(), SIGKILL);
+  }
+};
+
 // One rank's part of the sharded server: its Database (its shard of every collection) and the
 // communicator. execute() is collective: every rank calls it with the same request, in the same order.
 class Shard {
  public:
-  Shard(MPI_Comm comm, Database& db) : comm_(comm), db_(db) {
+  // dir: the job's data directory (DIR), where this rank keeps its part files; commits: rank 0's
+  // commit log (null on the other ranks); sync: fsync part files (--fsync always).
+  Shard(MPI_Comm comm, Database& db, fs::path dir, CommitLog* commits, bool sync)
+      : comm_(comm), db_(db), dir_(std::move(dir)), commits_(commits), sync_(sync) {
     int rank = 0, size = 1;
     MPI_Comm_rank(comm_, &rank);
     MPI_Comm_size(comm_, &size);
     rank_ = static_cast<std::size_t>(rank);
     ranks_ = static_cast<std::size_t>(size);
+  }
+
+  // Collective, at start after every rank opened its Database: completes the cross-shard writes that
+  // rank 0 committed (re-applying this rank's part, which is idempotent) and drops the parts of the
+  // others, which no client was told had succeeded. Returns the parts re-applied and dropped here.
+  std::pair<std::size_t, std::size_t> recover(std::uint64_t last_committed) {
+    next_txn_ = last_committed + 1;
+    std::size_t applied = 0, dropped = 0;
+    agree([&] {
+      const std::string prefix = "part-" + std::to_string(rank_) + "-";
+      std::vector<std::pair<std::uint64_t, fs::path>> parts;
+      for (const auto& e : fs::directory_iterator(dir_)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind(prefix, 0) != 0) continue;
+        parts.emplace_back(std::strtoull(name.c_str() + prefix.size(), nullptr, 10), e.path());
+      }
+      std::sort(parts.begin(), parts.end());
+      for (const auto& [txn, path] : parts) {
+        if (txn <= last_committed) {
+          std::ifstream in(path, std::ios::binary);
+          const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          wire::Request part;
+          try {
+            part = decode_command(std::as_bytes(std::span(text.data(), text.size())));
+          } catch (const Error& e) {
+            throw Error(ErrorCode::corrupt_file, path.string() + " (the part of committed write " + std::to_string(txn) +
+                                                     ") cannot be read: " + e.what());
+          }
+          apply_part(part);
+          ++applied;
+        } else {
+          ++dropped;
+        }
+        fs::remove(path);
+      }
+    });
+    return {applied, dropped};
   }
 
   // The reply to request on rank 0 (other ranks discard theirs). A failure throws softkv::Error on
@@ -67,11 +197,17 @@ class Shard {
             [](const wire::Auth&) -> wire::Reply { throw session_only(); },
             [](const wire::Ping&) -> wire::Reply { throw session_only(); },
             [&](const wire::Create& m) -> wire::Reply {
-              agree([&] { db_.create_collection(m.name, m.config); });
+              agree([&] {
+                Database::check_name(m.name);
+                check_config(m.config);
+                if (db_.has_collection(m.name)) throw Error(ErrorCode::collection_exists, "a collection named '" + m.name + "' exists");
+              });
+              mutate(m, ranks_);
               return wire::Ack{};
             },
             [&](const wire::Drop& m) -> wire::Reply {
-              agree([&] { db_.drop_collection(m.name); });
+              agree([&] { (void)db_.collection(m.name); });
+              mutate(m, ranks_);
               return wire::Ack{};
             },
             [&](const wire::List&) -> wire::Reply { return wire::NamesReply{db_.list_collections()}; },
@@ -82,7 +218,10 @@ class Shard {
             },
             [&](const wire::Add& m) -> wire::Reply { return add(m); },
             [&](const wire::Upsert& m) -> wire::Reply {
-              agree([&] { (void)db_.collection(m.name)->prepare(m.ids, m.keys, m.values, m.tags); });
+              agree([&] {
+                (void)db_.collection(m.name)->prepare(m.ids, m.keys, m.values, m.tags);
+                detail::mpi_count(m.ids.size(), "a write");
+              });
               write_mine(m.name, m.ids, m.keys, m.values, m.tags);
               return wire::Ack{};
             },
@@ -136,24 +275,97 @@ class Shard {
     detail::broadcast_status(status, global.rank, comm_);  // throws it on every rank
   }
 
+  // The number of ranks owning at least one of ids.
+  [[nodiscard]] std::size_t owners_of(std::span<const std::uint64_t> ids) const {
+    std::vector<bool> owns(ranks_, false);
+    for (std::uint64_t id : ids) owns[shard_owner(id, ranks_)] = true;
+    return static_cast<std::size_t>(std::count(owns.begin(), owns.end(), true));
+  }
+
   // Stores the rows of a write that this rank owns (ids[i] mod P == rank), all of them checked before.
   void write_mine(const std::string& name, std::span<const std::uint64_t> ids, std::span<const float> keys,
                   std::span<const float> values, std::span<const std::uint64_t> tags) {
+    std::optional<wire::Request> part;
     agree([&] {
       const auto c = db_.collection(name);
       const std::size_t d = c->config().dim, dv = c->config().value_dim;
-      std::vector<std::uint64_t> my_ids, my_tags;
-      std::vector<float> my_keys, my_values;
+      wire::Upsert mine{name, {}, {}, {}, {}};
       for (std::size_t i = 0; i < ids.size(); ++i) {
         if (shard_owner(ids[i], ranks_) != rank_) continue;
-        my_ids.push_back(ids[i]);
-        my_keys.insert(my_keys.end(), keys.begin() + static_cast<std::ptrdiff_t>(i * d),
-                       keys.begin() + static_cast<std::ptrdiff_t>((i + 1) * d));
-        my_values.insert(my_values.end(), values.begin() + static_cast<std::ptrdiff_t>(i * dv),
-                         values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv));
-        if (!tags.empty()) my_tags.push_back(tags[i]);
+        mine.ids.push_back(ids[i]);
+        mine.keys.insert(mine.keys.end(), keys.begin() + static_cast<std::ptrdiff_t>(i * d),
+                         keys.begin() + static_cast<std::ptrdiff_t>((i + 1) * d));
+        mine.values.insert(mine.values.end(), values.begin() + static_cast<std::ptrdiff_t>(i * dv),
+                           values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv));
+        if (!tags.empty()) mine.tags.push_back(tags[i]);
       }
-      if (!my_ids.empty()) db_.upsert(name, my_ids, my_keys, my_values, my_tags);
+      if (!mine.ids.empty()) part = std::move(mine);
+    });
+    mutate(part, owners_of(ids));
+  }
+
+  // Applies this rank's part of a write to its Database. Idempotent, for recovery: a part whose write
+  // was committed may have been applied before the crash (create: skipped if the collection exists;
+  // drop: if it does not; remove: ids already gone are skipped; upsert stores the same rows again).
+  void apply_part(const wire::Request& part) {
+    std::visit(Overloaded{
+                   [&](const wire::Create& m) {
+                     if (!db_.has_collection(m.name)) db_.create_collection(m.name, m.config);
+                   },
+                   [&](const wire::Drop& m) {
+                     if (db_.has_collection(m.name)) db_.drop_collection(m.name);
+                   },
+                   [&](const wire::Upsert& m) { db_.upsert(m.name, m.ids, m.keys, m.values, m.tags); },
+                   [&](const wire::Remove& m) {
+                     const auto c = db_.collection(m.name);
+                     std::vector<std::uint64_t> present;
+                     for (std::uint64_t id : m.ids)
+                       if (c->contains(id)) present.push_back(id);
+                     if (!present.empty()) db_.remove(m.name, present);
+                   },
+                   [&](const auto&) { throw Error(ErrorCode::internal, "a part of a write that is not a mutation"); },
+               },
+               part);
+  }
+
+  // Collective: runs one checked write whose parts (mine: this rank's, if any) are on `owners` ranks.
+  // One owner: its Database logs and applies its part at once (one log record: atomic by itself).
+  // Several (DESIGN.md "Sharding over MPI"): each owner first makes its part durable in a part file
+  // (DIR/part-<rank>-<txn>); then rank 0 logs the commit point (txn, in DIR/commits); then each owner
+  // applies its part through its Database and deletes the file. A crash before the commit point
+  // leaves parts that recovery drops; after it, parts that recovery completes: all or nothing.
+  void mutate(const std::optional<wire::Request>& mine, std::size_t owners) {
+    if (owners <= 1) {
+      agree([&] {
+        if (mine) apply_part(*mine);
+      });
+      return;
+    }
+    const std::uint64_t txn = next_txn_++;
+    ++spanning_;
+    const fs::path part_file = dir_ / ("part-" + std::to_string(rank_) + "-" + std::to_string(txn));
+    const auto forget = [&] {
+      std::error_code ec;
+      fs::remove(part_file, ec);
+    };
+    try {
+      crash_.at(rank_, "write", spanning_);
+      agree([&] {
+        if (mine) write_file(part_file, wire::encode_request(*mine, 0, wire::kProtocolVersion), sync_);
+      });
+      crash_.at(rank_, "parts", spanning_);
+      agree([&] {
+        if (commits_ != nullptr) commits_->commit(txn);
+      });
+    } catch (...) {
+      forget();  // not committed: no rank applies its part
+      throw;
+    }
+    crash_.at(rank_, "commit", spanning_);
+    agree([&] {
+      if (!mine) return;
+      apply_part(*mine);  // on failure the file stays: the next start completes the committed write
+      forget();
     });
   }
 
@@ -191,9 +403,9 @@ class Shard {
     });
     MPI_Allreduce(MPI_IN_PLACE, &missing, 1, MPI_UINT64_T, MPI_MIN, comm_);
     if (missing != kReservedId) throw Error(ErrorCode::unknown_id, "remove: no entry has id " + std::to_string(missing));
-    agree([&] {
-      if (!mine.empty()) db_.remove(m.name, mine);
-    });
+    std::optional<wire::Request> part;
+    if (!mine.empty()) part = wire::Remove{m.name, std::move(mine)};
+    mutate(part, owners_of(m.ids));
     return wire::Ack{};
   }
 
@@ -249,7 +461,13 @@ class Shard {
 
   MPI_Comm comm_;
   Database& db_;
+  fs::path dir_;
+  CommitLog* commits_;
+  bool sync_;
   std::size_t rank_ = 0, ranks_ = 1;
+  std::uint64_t next_txn_ = 1;  // the number the next cross-shard write takes (the same on every rank)
+  std::uint64_t spanning_ = 0;  // cross-shard writes this process ran (for the test hook)
+  CrashPoint crash_;
 };
 
 // Rank 0's hand-over point between the request threads and the MPI thread.
@@ -475,7 +693,36 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
     db.reset();
     return finish(1);
   }
-  Shard shard(comm, *db);
+  // Rank 0's commit log tells every rank which cross-shard writes committed; each completes or drops its parts.
+  std::unique_ptr<CommitLog> commits;
+  std::uint64_t last_committed = 0;
+  failed = 0;
+  if (rank == 0) {
+    try {
+      commits = std::make_unique<CommitLog>(dir / "commits", options.fsync == FsyncPolicy::always);
+      last_committed = commits->last();
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      failed = 1;
+    }
+  }
+  MPI_Bcast(&failed, 1, MPI_INT, 0, comm);
+  if (failed != 0) {
+    db.reset();
+    return finish(1);
+  }
+  MPI_Bcast(&last_committed, 1, MPI_UINT64_T, 0, comm);
+  Shard shard(comm, *db, dir, commits.get(), options.fsync == FsyncPolicy::always);
+  try {
+    const auto [applied, dropped] = shard.recover(last_committed);
+    if (applied + dropped > 0)
+      spdlog::info("shard {}: recovery completed {} committed cross-shard write part(s) and dropped {} uncommitted one(s)",
+                   rank, applied, dropped);
+  } catch (const std::exception& e) {
+    if (rank == 0) spdlog::error("recovery of the cross-shard writes failed: {}", e.what());
+    db.reset();
+    return finish(1);
+  }
 
   if (rank != 0) {
     MPI_Bcast(&status, sizeof(status), MPI_BYTE, 0, comm);  // whether rank 0 could bind

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <thread>
 #include <sstream>
 #include <thread>
 
@@ -59,7 +60,8 @@ struct Job {
   std::uint16_t port = 0;
   std::filesystem::path log;
 
-  Job(const std::filesystem::path& data, std::size_t ranks, const std::filesystem::path& log_path, bool wait_listening = true)
+  Job(const std::filesystem::path& data, std::size_t ranks, const std::filesystem::path& log_path, bool wait_listening = true,
+      const std::string& extra_env = "")
       : log(log_path) {
     port = free_port();
     std::vector<std::string> args;
@@ -71,6 +73,12 @@ struct Job {
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     const std::string lp = log.string();
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    if (!extra_env.empty()) env_strings.push_back(extra_env);
+    std::vector<char*> envp;
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
     pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
@@ -78,7 +86,7 @@ struct Job {
       const int out = ::open(lp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(out, STDOUT_FILENO);
       ::dup2(out, STDERR_FILENO);
-      ::execve(argv[0], argv.data(), environ);
+      ::execve(argv[0], argv.data(), envp.data());
       ::_exit(127);
     }
     ::setpgid(pid, pid);
@@ -119,8 +127,8 @@ struct Job {
     ::kill(pid, sig);
     return wait();
   }
-  // The pid of rank 0 (mpirun's child whose environment says OMPI_COMM_WORLD_RANK=0), or 0.
-  [[nodiscard]] pid_t rank0() const {
+  // The pid of rank r (mpirun's child whose environment says OMPI_COMM_WORLD_RANK=r), or 0.
+  [[nodiscard]] pid_t rank_pid(std::size_t r) const {
     for (const auto& e : std::filesystem::directory_iterator("/proc")) {
       const std::string name = e.path().filename().string();
       if (name.find_first_not_of("0123456789") != std::string::npos) continue;
@@ -132,14 +140,15 @@ struct Job {
       if (ppid != pid) continue;
       std::string env = read_file(e.path() / "environ");
       std::replace(env.begin(), env.end(), '\0', '\n');
-      if (("\n" + env).find("\nOMPI_COMM_WORLD_RANK=0\n") != std::string::npos) return static_cast<pid_t>(std::stol(name));
+      if (("\n" + env).find("\nOMPI_COMM_WORLD_RANK=" + std::to_string(r) + "\n") != std::string::npos)
+        return static_cast<pid_t>(std::stol(name));
     }
     return 0;
   }
   // Stops the job as an operator would: SIGTERM to rank 0, which stops every rank (mpirun itself would
   // forward the signal but then exit 1); its wait status.
   int stop_rank0() {
-    const pid_t r0 = rank0();
+    const pid_t r0 = rank_pid(0);
     REQUIRE(r0 > 0);
     ::kill(r0, SIGTERM);
     return wait();
@@ -321,7 +330,7 @@ ErrorCode error_of(F&& f) {
 
 }  // namespace
 
-TEST_CASE("sharded server answers as a single server and recovers every write after a restart", "[sharded_server]") {
+TEST_CASE("sharded server answers as a single server and recovers every write after a restart", "[sharded_server][answers]") {
   const std::size_t ranks = test_ranks();
   test::TempDir dir;
   std::filesystem::create_directories(dir.path);
@@ -382,5 +391,110 @@ TEST_CASE("sharded server answers as a single server and recovers every write af
     Job plain(dir.path / "sharded", 0, dir.path / "plain.log", /*wait_listening=*/false);
     CHECK(plain.wait() != 0);
     CHECK(read_file(dir.path / "plain.log").find("mpirun -np " + std::to_string(ranks)) != std::string::npos);
+  }
+}
+
+namespace {
+
+// Batch b of the crash tests: ids b*S .. b*S+S-1 with S = 2P rows (every rank owns two), values all b.
+void write_batch(Client& c, std::size_t b, std::size_t rows) {
+  std::vector<std::uint64_t> ids(rows);
+  std::vector<float> keys(rows * 4), values(rows * 2, static_cast<float>(b));
+  for (std::size_t i = 0; i < rows; ++i) {
+    ids[i] = b * rows + i;
+    keys[i * 4 + i % 4] = 1.0f + static_cast<float>(b % 7);
+  }
+  c.upsert("c", ids, keys, values);
+}
+
+// How many rows of batch b exist (each with its batch's values).
+std::size_t rows_of(Client& c, std::size_t b, std::size_t rows) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < rows; ++i) {
+    try {
+      const Entry e = c.get("c", b * rows + i);
+      CHECK(e.value == std::vector<float>(2, static_cast<float>(b)));
+      ++n;
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::unknown_id);
+    }
+  }
+  return n;
+}
+
+bool failed_exit(int status) { return status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
+
+}  // namespace
+
+TEST_CASE("sharded server keeps a batch that spans shards all or nothing when a rank dies at the commit point", "[sharded_server][commit_point]") {
+  const std::size_t ranks = test_ranks(), rows = 2 * ranks;
+  for (const std::size_t victim : {std::size_t{0}, ranks - 1})
+    for (const std::string point : {"write", "parts", "commit"}) {
+      INFO("rank " << victim << " killed at " << point);
+      test::TempDir dir;
+      std::filesystem::create_directories(dir.path);
+      {
+        // Cross-shard writes: 1 create, 2 batch 0, 3 batch 1 (the victim dies in it).
+        Job job(dir.path / "data", ranks, dir.path / "crash.log", true,
+                "SOFTKV_TEST_CRASH=" + std::to_string(victim) + ":" + point + ":3");
+        Client c(job.client());
+        c.create_collection("c", {4, 2});
+        write_batch(c, 0, rows);
+        CHECK_THROWS_AS(write_batch(c, 1, rows), Error);
+        CHECK(failed_exit(job.wait()));  // a dead rank ends the job, non-zero
+      }
+      wait_unlocked(dir.path / "data", ranks);
+      Job job(dir.path / "data", ranks, dir.path / "restart.log");
+      Client c(job.client());
+      CHECK(rows_of(c, 0, rows) == rows);
+      // A part missing: dropped. Every part durable: committed unless rank 0 died before logging the
+      // commit point (another rank's death races with rank 0's commit). Committed: completed by recovery.
+      const std::size_t batch1 = rows_of(c, 1, rows);
+      if (point == "write" || (point == "parts" && victim == 0)) CHECK(batch1 == 0);
+      else if (point == "commit") CHECK(batch1 == rows);
+      else CHECK((batch1 == 0 || batch1 == rows));
+      write_batch(c, 2, rows);  // transaction numbers go on without reusing a dropped part's
+      CHECK(rows_of(c, 2, rows) == rows);
+      CHECK(c.describe("c").size == 2 * rows + batch1);
+    }
+}
+
+TEST_CASE("sharded server keeps every acknowledged write when a rank is killed during a stream of writes", "[sharded_server][stream]") {
+  const std::size_t ranks = test_ranks(), rows = 2 * ranks;
+  for (const std::size_t victim : {ranks - 1, std::size_t{0}}) {
+    INFO("rank " << victim << " killed");
+    test::TempDir dir;
+    std::filesystem::create_directories(dir.path);
+    std::size_t acked = 0;
+    {
+      Job job(dir.path / "data", ranks, dir.path / "stream.log");
+      const pid_t pid = job.rank_pid(victim);
+      REQUIRE(pid > 0);
+      Client c(job.client());
+      c.create_collection("c", {4, 2});
+      std::thread killer;
+      try {
+        for (std::size_t b = 0; b < 100000; ++b) {
+          write_batch(c, b, rows);
+          acked = b + 1;
+          if (b == 20)
+            killer = std::thread([pid] {
+              std::this_thread::sleep_for(30ms);
+              ::kill(pid, SIGKILL);
+            });
+        }
+      } catch (const Error&) {  // the job died under the write in flight
+      }
+      if (killer.joinable()) killer.join();
+      CHECK(acked > 20);
+      CHECK(failed_exit(job.wait()));
+    }
+    wait_unlocked(dir.path / "data", ranks);
+    Job job(dir.path / "data", ranks, dir.path / "restart.log");
+    Client c(job.client());
+    for (std::size_t b = 0; b < acked; ++b) CHECK(rows_of(c, b, rows) == rows);
+    const std::size_t in_flight = rows_of(c, acked, rows);  // the write that was not acknowledged
+    CHECK((in_flight == 0 || in_flight == rows));
+    CHECK(c.describe("c").size == acked * rows + in_flight);
   }
 }
