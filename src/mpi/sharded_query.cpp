@@ -131,7 +131,7 @@ SoftResult soft_answer(PartialRecords& records, std::size_t i) {
 }  // namespace
 
 QueryResults detail::ShardScan::exact(const std::vector<float>& queries, std::size_t n, Retrieval kind,
-                                             const QueryOptions& options) const {
+                                      const QueryOptions& options) const {
   const std::size_t dv = shard.config().value_dim;
   const std::size_t top_m = kind == Retrieval::soft ? options.top_m : 0;
   PartialRecords records(n, kind == Retrieval::soft ? RecordKind::soft : RecordKind::hard, dv, top_m);
@@ -188,7 +188,7 @@ QueryResults detail::ShardScan::exact(const std::vector<float>& queries, std::si
 // One pruned soft query at k: the global top k (each shard's top k merged), then the softmax over
 // those rows (each owner contributes its own) and the tail bound from the global k-th score and N.
 SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::size_t k, std::size_t total,
-                                              const QueryOptions& options) const {
+                                        const QueryOptions& options) const {
   const std::size_t dv = shard.config().value_dim;
   // Round 1: candidates. A record of ids and scores only (no vector).
   PartialRecords top(1, RecordKind::soft, 0, k);
