@@ -74,7 +74,7 @@ struct ServerProcess {
       ::execve(SOFTKV_SERVER_BIN, argv.data(), environ);
       ::_exit(127);
     }
-    for (int i = 0; i < 200; ++i) {
+    for (int i = 0; i < 1200; ++i) {  // 30 s: under ctest -j2 next to mpirun jobs a start can take seconds
       try {
         Client probe({"127.0.0.1", port});
         return;
