@@ -315,7 +315,21 @@ void compare(Client& single, Client& sharded, const Data& data) {
     CHECK(test::max_abs_diff(p2.value, p1.value) <= 1e-5 * (1 + test::max_abs(p1.value)));
     CHECK(p2.tail_bound == Approx(p1.tail_bound).epsilon(1e-4).margin(1e-12));
     CHECK(p2.tail_bound_guaranteed == p1.tail_bound_guaranteed);
+    // epsilon: k doubles from 16 on the global figures, as on one collection.
+    QueryOptions eps;
+    eps.epsilon = 1e-3f;
+    const SoftResult e1 = single.query_soft("flat", q, eps), e2 = sharded.query_soft("flat", q, eps);
+    CHECK(e2.lse == Approx(e1.lse).epsilon(1e-5));
+    CHECK(e2.candidates == e1.candidates);
+    CHECK(test::max_abs_diff(e2.value, e1.value) <= 1e-5 * (1 + test::max_abs(e1.value)));
   }
+  // A top list longer than the collection: every entry, as on one server.
+  QueryOptions long_top;
+  long_top.top_m = 1u << 30;
+  const SoftResult l1 = single.query_soft("exact", {queries.data(), data.d}, long_top);
+  const SoftResult l2 = sharded.query_soft("exact", {queries.data(), data.d}, long_top);
+  CHECK(l2.top.size() == data.rows.size());
+  CHECK(l2.top.size() == l1.top.size());
 }
 
 template <typename F>

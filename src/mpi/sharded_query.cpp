@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cmath>
 #include <new>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "mpi/sharded_impl.hpp"
@@ -85,6 +87,26 @@ struct LocalFailure {
   }
 };
 
+// n empty records of this shape, allocated on every rank or on none: an allocation that fails on one
+// rank only would leave the others waiting in the reduction, so the ranks agree first. Collective.
+PartialRecords allocate_records(std::size_t n, RecordKind kind, std::size_t value_dim, std::size_t top_cap, MPI_Comm comm) {
+  std::optional<PartialRecords> records;
+  int failed = 0;
+  try {
+    records.emplace(n, kind, value_dim, top_cap);
+  } catch (const std::bad_alloc&) {
+    failed = 1;
+  } catch (const std::length_error&) {
+    failed = 1;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
+  if (failed != 0)
+    throw Error(ErrorCode::resource_exhausted, "sharded query: the partial answers of " + std::to_string(n) +
+                                                   " queries with a top list of " + std::to_string(top_cap) +
+                                                   " do not fit in memory on every rank");
+  return std::move(*records);
+}
+
 // One soft answer's partial: its (m, l, acc) from a shard's normalised answer (acc = value * l).
 SoftmaxState state_of(const SoftResult& r) {
   SoftmaxState s(r.value.size());
@@ -133,8 +155,13 @@ SoftResult soft_answer(PartialRecords& records, std::size_t i) {
 QueryResults detail::ShardScan::exact(const std::vector<float>& queries, std::size_t n, Retrieval kind,
                                       const QueryOptions& options) const {
   const std::size_t dv = shard.config().value_dim;
-  const std::size_t top_m = kind == Retrieval::soft ? options.top_m : 0;
-  PartialRecords records(n, kind == Retrieval::soft ? RecordKind::soft : RecordKind::hard, dv, top_m);
+  std::size_t top_m = kind == Retrieval::soft ? options.top_m : 0;
+  if (top_m > 0) {  // a top list longer than the collection holds nothing more: cap it at the global N
+    std::uint64_t total = shard.size();
+    MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UINT64_T, MPI_SUM, comm);
+    top_m = static_cast<std::size_t>(std::min<std::uint64_t>(top_m, total));
+  }
+  PartialRecords records = allocate_records(n, kind == Retrieval::soft ? RecordKind::soft : RecordKind::hard, dv, top_m, comm);
   LocalFailure failure;
   const std::size_t local_rows = shard.size();
   QueryResults r;  // this shard's own answers (kept for the overflow fallback of soft values)
@@ -212,7 +239,7 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
   const double kth = top.top_scores(0)[chosen - 1];
 
   // Round 2: the softmax over the chosen rows, each folded in by its owner with the library's merge.
-  PartialRecords soft(1, RecordKind::soft, dv, options.top_m);
+  PartialRecords soft(1, RecordKind::soft, dv, std::min(options.top_m, chosen));  // only chosen rows contribute
   std::vector<Contributor> mine;       // this rank's chosen rows (id, score)
   std::vector<std::vector<float>> mine_values;
   failure.run([&] {
