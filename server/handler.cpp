@@ -27,6 +27,7 @@ wire::Reply Handler::query(const wire::Query& q) {
 }
 
 bool Handler::is_cheap(const wire::Request& request) const {
+  if (forwarder_ != nullptr) return false;  // sharded: every request waits for the MPI dispatcher
   // Nothing here may wait: an I/O thread asks. So no collection lock (size_hint), and nothing that
   // takes the database's write lock (stats). A collection's lock is writer-first, so even a small
   // read could wait behind a writer that waits for a long scan: only small collections qualify,
@@ -59,6 +60,17 @@ bool Handler::is_cheap(const wire::Request& request) const {
 wire::Reply Handler::handle(const wire::Request& request) {
   ++requests_;
   try {
+    if (forwarder_ != nullptr) {
+      if (std::holds_alternative<wire::Hello>(request) || std::holds_alternative<wire::Auth>(request) ||
+          std::holds_alternative<wire::Ping>(request))
+        throw session_request();
+      wire::Reply reply = forwarder_->forward(request);
+      if (auto* stats = std::get_if<wire::StatsReply>(&reply)) {  // the front end's own counters
+        stats->connections = connections_.load();
+        stats->requests = requests_.load();
+      }
+      return reply;
+    }
     return std::visit(
         Overloaded{
             [](const wire::Hello&) -> wire::Reply { throw session_request(); },

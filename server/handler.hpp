@@ -10,11 +10,21 @@
 
 namespace softkv::server {
 
+/// Where a sharded server sends engine requests instead of its local Database (server/sharded.hpp):
+/// rank 0 of an MPI job hands each request to the thread that runs it on every rank.
+class RequestForwarder {
+ public:
+  virtual ~RequestForwarder() = default;
+  /// The reply to one engine request (never throws: failures are ErrorReply). May block.
+  virtual wire::Reply forward(const wire::Request& request) = 0;
+};
+
 /// Executes requests against a Database. Thread safe (the Database is); may block (scans, fsync).
 class Handler {
  public:
   /// Serves db; connections is the server's live connection count, reported by stats.
-  Handler(Database& db, const std::atomic<std::uint64_t>& connections) : db_(db), connections_(connections) {}
+  Handler(Database& db, const std::atomic<std::uint64_t>& connections, RequestForwarder* forwarder = nullptr)
+      : db_(db), connections_(connections), forwarder_(forwarder) {}
 
   /// The reply to one engine request (not hello, auth or ping: the session answers those). Every
   /// softkv::Error becomes an ErrorReply with its code, std::bad_alloc resource_exhausted, and any
@@ -35,6 +45,7 @@ class Handler {
 
   Database& db_;
   const std::atomic<std::uint64_t>& connections_;
+  RequestForwarder* forwarder_;  // sharded mode: every engine request goes here (null: to db_)
   std::atomic<std::uint64_t> requests_{0};
 };
 

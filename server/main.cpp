@@ -11,6 +11,9 @@
 #include <thread>
 
 #include "server.hpp"
+#ifdef SOFTKV_SERVER_MPI
+#include "sharded.hpp"
+#endif
 #include "softkv/softkv.hpp"
 
 namespace {
@@ -102,6 +105,11 @@ int main(int argc, char** argv) {
     options.coalesce = coalesce == "on";
     if (repair) spdlog::warn("--repair: a corrupt log record ends recovery there; later log segments are set aside as *.corrupt");
     options.log = [](std::string_view line) { spdlog::info("{}", line); };
+#ifdef SOFTKV_SERVER_MPI
+    // Under mpirun with P > 1 ranks: the sharded server (every rank runs this; rank 0 serves TCP).
+    if (softkv::server::mpi_world_size() > 1) return softkv::server::run_sharded(data, options, config, signal_pipe);
+    softkv::server::check_shard_count(data, 1);  // a sharded directory is refused without mpirun
+#endif
     softkv::Database db(data, options);
     softkv::server::Server server(db, config);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -104,7 +104,7 @@ class Server::Impl {
   Impl(Database& db, ServerConfig config)
       : config_(std::move(config)),
         budget_(config_.max_pending_bytes),
-        handler_(db, connections_),
+        handler_(db, connections_, config_.forwarder),
         workers_(config_.workers > 0 ? config_.workers : std::max(kDefaultWorkers, std::thread::hardware_concurrency())),
         acceptor_(io_) {
     if (!is_loopback(config_.host) && config_.auth_token.empty() && !config_.insecure)

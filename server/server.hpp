@@ -13,6 +13,8 @@
 
 namespace softkv::server {
 
+class RequestForwarder;
+
 /// Request threads by default. Most of them wait rather than compute: in a collection's coalescer for
 /// the pass that will serve their query (so up to this many concurrent queries share one pass), for the
 /// write lock, or for the scan pool, which has one thread per core and does the scanning.
@@ -33,6 +35,7 @@ struct ServerConfig {
   std::chrono::milliseconds frame_deadline{10000}; ///< time to deliver a frame once its first byte came
   std::chrono::milliseconds reply_deadline{30000}; ///< time for a client to take a reply; a non-reader is closed
   std::function<void(std::string_view)> log;       ///< connection-level log lines (may be empty)
+  RequestForwarder* forwarder = nullptr;           ///< sharded mode: engine requests go here, not to the Database
 };
 
 /// Serves one Database over TCP until stop(). Binding happens in the constructor.

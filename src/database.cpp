@@ -155,6 +155,8 @@ Database::Database(const std::filesystem::path& dir, DatabaseOptions options)
 
 Database::~Database() = default;
 
+void Database::check_name(std::string_view name) { softkv::check_name(name); }
+
 void Database::create_collection(std::string_view name, const CollectionConfig& config) {
   check_name(name);
   check_config(config);

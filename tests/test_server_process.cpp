@@ -74,7 +74,7 @@ struct ServerProcess {
       ::execve(SOFTKV_SERVER_BIN, argv.data(), environ);
       ::_exit(127);
     }
-    for (int i = 0; i < 800; ++i) {  // up to 20 s: a loaded CI machine replaying a log can take seconds
+    for (int i = 0; i < 1200; ++i) {  // 30 s: under ctest -j2 next to mpirun jobs a start (or a log replay) can take seconds
       try {
         Client probe({"127.0.0.1", port});
         return;

@@ -65,6 +65,8 @@ class Database {
   Database(const Database&) = delete;
   Database& operator=(const Database&) = delete;
 
+  /// Throws Error(invalid_argument) unless name is a valid collection name (as create_collection checks it).
+  static void check_name(std::string_view name);
   /// Creates a collection; names are 1-64 characters of [A-Za-z0-9_.-], not starting with '.'.
   void create_collection(std::string_view name, const CollectionConfig& config);
   /// Drops a collection and its entries.

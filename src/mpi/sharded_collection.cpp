@@ -48,17 +48,6 @@ ShardedCollection::Impl::~Impl() {
   if (finalized == 0) MPI_Comm_free(&comm_);  // after MPI_Finalize the communicator is gone with MPI
 }
 
-void ShardedCollection::Impl::reduce(detail::PartialRecords& records) {
-  const auto start = std::chrono::steady_clock::now();
-  records.allreduce(comm_);
-  reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-std::vector<float> ShardedCollection::Impl::sum_in_double(std::vector<double> local) const {
-  MPI_Allreduce(MPI_IN_PLACE, local.data(), detail::mpi_count(local.size(), "a value"), MPI_DOUBLE, MPI_SUM, comm_);
-  return {local.begin(), local.end()};
-}
-
 std::uint64_t ShardedCollection::Impl::allreduce_u64(std::uint64_t local, MPI_Op op) const {
   std::uint64_t global = 0;
   MPI_Allreduce(&local, &global, 1, MPI_UINT64_T, op, comm_);

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "mpi/partial_record.hpp"
@@ -30,6 +31,34 @@ void broadcast_status(RootStatus& status, int root, MPI_Comm comm);
 /// n as an MPI count; Error(resource_exhausted) naming `what` when it does not fit an int.
 int mpi_count(std::size_t n, const char* what);
 
+/// The checks a sharded query passes before it is broadcast (shapes, finite values, options as one
+/// collection checks them, no masks): returns the number of queries, throws Error otherwise.
+std::size_t check_query(const Collection& shard, std::span<const float> queries, Retrieval kind, const QueryOptions& options);
+
+/// One rank's shard of one collection and the communicator its queries reduce over: the scan and
+/// merge of a sharded query, shared by ShardedCollection and the sharded server. Every method is
+/// collective over comm (every rank calls it with the same arguments, after check_query passed).
+struct ShardScan {
+  const Collection& shard;         ///< this rank's entries
+  MPI_Comm comm;                   ///< the ranks holding the other shards
+  std::size_t rank;                ///< this rank in comm
+  std::size_t ranks;               ///< P
+  double* reduce_seconds = nullptr;  ///< where time in reductions is added (may be null)
+
+  /// The answers to n row-major queries q (exact or pruned, as opts say), on every rank.
+  [[nodiscard]] QueryResults answer(const std::vector<float>& q, std::size_t n, Retrieval kind, const QueryOptions& opts) const;
+  /// n exact queries (no pruning), answered with one reduction for the whole batch.
+  [[nodiscard]] QueryResults exact(const std::vector<float>& queries, std::size_t n, Retrieval kind, const QueryOptions& options) const;
+  /// One pruned soft query at k over `total` entries (two reductions).
+  [[nodiscard]] SoftResult pruned_at(const std::vector<float>& query, std::size_t k, std::size_t total, const QueryOptions& options) const;
+  /// One pruned soft query (top_k, or epsilon's adaptive k).
+  [[nodiscard]] SoftResult pruned(const std::vector<float>& query, std::size_t total, const QueryOptions& options) const;
+  /// The global reduction of the partial records, timed into *reduce_seconds.
+  void reduce(PartialRecords& records) const;
+  /// The element-wise sum over ranks of a vector of doubles (a convex blend's parts), as floats.
+  [[nodiscard]] std::vector<float> sum_in_double(std::vector<double> local) const;
+};
+
 }  // namespace detail
 
 /// A rank's part of a sharded collection: its shard and its duplicate of the communicator.
@@ -44,22 +73,14 @@ class ShardedCollection::Impl {
   Collection shard_;               ///< the entries this rank owns
   double reduce_seconds_ = 0;      ///< time in reductions during the last query
 
-  /// The global reduction of the partial records, timed into reduce_seconds_. Collective.
-  void reduce(detail::PartialRecords& records);
-  /// The element-wise sum over ranks of a vector of doubles (a convex blend's parts), as floats. Collective.
-  [[nodiscard]] std::vector<float> sum_in_double(std::vector<double> local) const;
+  /// This rank's shard as a ShardScan (the query half), timing reductions into reduce_seconds_.
+  [[nodiscard]] detail::ShardScan scan() { return {shard_, comm_, rank_, ranks_, &reduce_seconds_}; }
   /// MPI_Allreduce of one u64 with op. Collective.
   [[nodiscard]] std::uint64_t allreduce_u64(std::uint64_t local, MPI_Op op) const;
   /// Sends each owner its rows of `rows` (significant at root): the rows this rank owns, in root's
   /// order. Without vectors (a removal) only the ids travel. Collective.
   [[nodiscard]] Rows scatter(const Rows& rows, int root, bool with_vectors = true) const;
 
-  /// n exact queries (no pruning), answered with one reduction for the whole batch. Collective.
-  QueryResults exact(const std::vector<float>& queries, std::size_t n, Retrieval kind, const QueryOptions& options);
-  /// One pruned soft query at k over `total` entries (two reductions). Collective.
-  SoftResult pruned_at(const std::vector<float>& query, std::size_t k, std::size_t total, const QueryOptions& options);
-  /// One pruned soft query (top_k, or epsilon's adaptive k). Collective.
-  SoftResult pruned(const std::vector<float>& query, std::size_t total, const QueryOptions& options);
 };
 
 }  // namespace softkv

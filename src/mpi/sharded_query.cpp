@@ -1,7 +1,10 @@
 // ShardedCollection's queries: root broadcasts them, every rank scans its shard, one MPI_Allreduce merges.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <new>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "mpi/sharded_impl.hpp"
@@ -84,6 +87,26 @@ struct LocalFailure {
   }
 };
 
+// n empty records of this shape, allocated on every rank or on none: an allocation that fails on one
+// rank only would leave the others waiting in the reduction, so the ranks agree first. Collective.
+PartialRecords allocate_records(std::size_t n, RecordKind kind, std::size_t value_dim, std::size_t top_cap, MPI_Comm comm) {
+  std::optional<PartialRecords> records;
+  int failed = 0;
+  try {
+    records.emplace(n, kind, value_dim, top_cap);
+  } catch (const std::bad_alloc&) {
+    failed = 1;
+  } catch (const std::length_error&) {
+    failed = 1;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
+  if (failed != 0)
+    throw Error(ErrorCode::resource_exhausted, "sharded query: the partial answers of " + std::to_string(n) +
+                                                   " queries with a top list of " + std::to_string(top_cap) +
+                                                   " do not fit in memory on every rank");
+  return std::move(*records);
+}
+
 // One soft answer's partial: its (m, l, acc) from a shard's normalised answer (acc = value * l).
 SoftmaxState state_of(const SoftResult& r) {
   SoftmaxState s(r.value.size());
@@ -129,20 +152,25 @@ SoftResult soft_answer(PartialRecords& records, std::size_t i) {
 
 }  // namespace
 
-QueryResults ShardedCollection::Impl::exact(const std::vector<float>& queries, std::size_t n, Retrieval kind,
-                                             const QueryOptions& options) {
-  const std::size_t dv = shard_.config().value_dim;
-  const std::size_t top_m = kind == Retrieval::soft ? options.top_m : 0;
-  PartialRecords records(n, kind == Retrieval::soft ? RecordKind::soft : RecordKind::hard, dv, top_m);
+QueryResults detail::ShardScan::exact(const std::vector<float>& queries, std::size_t n, Retrieval kind,
+                                      const QueryOptions& options) const {
+  const std::size_t dv = shard.config().value_dim;
+  std::size_t top_m = kind == Retrieval::soft ? options.top_m : 0;
+  if (top_m > 0) {  // a top list longer than the collection holds nothing more: cap it at the global N
+    std::uint64_t total = shard.size();
+    MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UINT64_T, MPI_SUM, comm);
+    top_m = static_cast<std::size_t>(std::min<std::uint64_t>(top_m, total));
+  }
+  PartialRecords records = allocate_records(n, kind == Retrieval::soft ? RecordKind::soft : RecordKind::hard, dv, top_m, comm);
   LocalFailure failure;
-  const std::size_t local_rows = shard_.size();
+  const std::size_t local_rows = shard.size();
   QueryResults r;  // this shard's own answers (kept for the overflow fallback of soft values)
   if (local_rows > 0) {
     failure.run([&] {
       QueryOptions local = options;
       local.top_k.reset();
       local.epsilon.reset();
-      r = shard_.query(queries, kind, local);
+      r = shard.query(queries, kind, local);
       for (std::size_t b = 0; b < n; ++b) {
         records.header(b).rows = local_rows;
         if (kind == Retrieval::soft) {
@@ -186,19 +214,19 @@ QueryResults ShardedCollection::Impl::exact(const std::vector<float>& queries, s
 
 // One pruned soft query at k: the global top k (each shard's top k merged), then the softmax over
 // those rows (each owner contributes its own) and the tail bound from the global k-th score and N.
-SoftResult ShardedCollection::Impl::pruned_at(const std::vector<float>& query, std::size_t k, std::size_t total,
-                                              const QueryOptions& options) {
-  const std::size_t dv = shard_.config().value_dim;
+SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::size_t k, std::size_t total,
+                                        const QueryOptions& options) const {
+  const std::size_t dv = shard.config().value_dim;
   // Round 1: candidates. A record of ids and scores only (no vector).
   PartialRecords top(1, RecordKind::soft, 0, k);
   LocalFailure failure;
-  if (shard_.size() > 0) {
+  if (shard.size() > 0) {
     failure.run([&] {
       QueryOptions local = options;
       local.epsilon.reset();
       local.top_k = k;
       local.top_m = k;
-      const SoftResult r = shard_.query_soft(query, local);
+      const SoftResult r = shard.query_soft(query, local);
       fill_top(top, 0, r.top);
       top.header(0).guaranteed = r.tail_bound_guaranteed ? 1 : 0;
       top.header(0).searched_with = static_cast<std::uint32_t>(r.searched_with);
@@ -211,18 +239,18 @@ SoftResult ShardedCollection::Impl::pruned_at(const std::vector<float>& query, s
   const double kth = top.top_scores(0)[chosen - 1];
 
   // Round 2: the softmax over the chosen rows, each folded in by its owner with the library's merge.
-  PartialRecords soft(1, RecordKind::soft, dv, options.top_m);
+  PartialRecords soft(1, RecordKind::soft, dv, std::min(options.top_m, chosen));  // only chosen rows contribute
   std::vector<Contributor> mine;       // this rank's chosen rows (id, score)
   std::vector<std::vector<float>> mine_values;
   failure.run([&] {
     SoftmaxState state(dv);
     for (std::size_t j = 0; j < chosen; ++j) {
       const std::uint64_t id = top.top_ids(0)[j];
-      if (shard_owner(id, ranks_) != rank_) continue;
+      if (shard_owner(id, ranks) != rank) continue;
       SoftmaxState row(dv);
       row.max = top.top_scores(0)[j];
       row.sum = 1.0f;
-      row.acc = shard_.get(id).value;
+      row.acc = shard.get(id).value;
       state.merge(row);
       mine.push_back({id, 0.0f, row.max});
       mine_values.push_back(row.acc);
@@ -248,11 +276,11 @@ SoftResult ShardedCollection::Impl::pruned_at(const std::vector<float>& query, s
   r.tail_bound_guaranteed = top.header(0).guaranteed != 0;
   // Not every entry took part: the shards' index chose them, even where a small shard scanned all of its own.
   const auto merged = static_cast<IndexKind>(top.header(0).searched_with);
-  r.searched_with = merged != IndexKind::exact ? merged : shard_.config().index.kind;
+  r.searched_with = merged != IndexKind::exact ? merged : shard.config().index.kind;
   return r;
 }
 
-SoftResult ShardedCollection::Impl::pruned(const std::vector<float>& query, std::size_t total, const QueryOptions& options) {
+SoftResult detail::ShardScan::pruned(const std::vector<float>& query, std::size_t total, const QueryOptions& options) const {
   if (options.top_k) {
     if (*options.top_k >= total) return exact(query, 1, Retrieval::soft, options).soft[0];
     return pruned_at(query, *options.top_k, total, options);
@@ -262,6 +290,53 @@ SoftResult ShardedCollection::Impl::pruned(const std::vector<float>& query, std:
     SoftResult r = pruned_at(query, k, total, options);
     if (r.tail_bound <= *options.epsilon) return r;
   }
+}
+
+void detail::ShardScan::reduce(PartialRecords& records) const {
+  const auto start = std::chrono::steady_clock::now();
+  records.allreduce(comm);
+  if (reduce_seconds != nullptr)
+    *reduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::vector<float> detail::ShardScan::sum_in_double(std::vector<double> local) const {
+  MPI_Allreduce(MPI_IN_PLACE, local.data(), detail::mpi_count(local.size(), "a value"), MPI_DOUBLE, MPI_SUM, comm);
+  return {local.begin(), local.end()};
+}
+
+std::size_t detail::check_query(const Collection& shard, std::span<const float> queries, Retrieval kind,
+                                const QueryOptions& options) {
+  const std::size_t d = shard.config().dim;
+  if (queries.empty() || queries.size() % d != 0)
+    throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) +
+                                                   " floats, not a multiple of d = " + std::to_string(d));
+  detail::check_finite(queries, "query", d);
+  if (kind != Retrieval::soft && kind != Retrieval::hard) throw Error(ErrorCode::invalid_argument, "unknown retrieval kind");
+  shard.check_options(options, kind);  // the same checks as one collection's, even on an empty shard
+  // Masks are not carried to the other ranks yet (the broadcast options have no room for their
+  // lists): refuse them rather than answer over entries the mask should have hidden.
+  if (!options.tags_any.empty() || options.tag_range || !options.exclude_ids.empty())
+    throw Error(ErrorCode::unsupported, "sharded query: masks (tags_any, tag_range, exclude_ids) are not "
+                                        "supported on sharded collections yet");
+  detail::mpi_count(queries.size(), "a query batch");
+  return queries.size() / d;
+}
+
+QueryResults detail::ShardScan::answer(const std::vector<float>& q, std::size_t n, Retrieval kind,
+                                       const QueryOptions& opts) const {
+  // check_options refused top_k/epsilon without an index; options.exact scans everything (as use_index says).
+  const bool prune = kind == Retrieval::soft && (opts.top_k || opts.epsilon) && !opts.exact;
+  if (!prune) return exact(q, n, kind, opts);
+  // Pruned queries run one by one (as Collection::query does), each in lockstep on every rank.
+  std::uint64_t total = shard.size();
+  MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UINT64_T, MPI_SUM, comm);
+  if (total == 0) throw Error(ErrorCode::empty_collection, "sharded query: no shard holds an entry");
+  const std::size_t d = shard.config().dim;
+  QueryResults out;
+  for (std::size_t b = 0; b < n; ++b)
+    out.soft.push_back(pruned({q.begin() + static_cast<std::ptrdiff_t>(b * d), q.begin() + static_cast<std::ptrdiff_t>((b + 1) * d)},
+                              total, opts));
+  return out;
 }
 
 QueryResults ShardedCollection::query(std::span<const float> queries, Retrieval kind, const QueryOptions& options,
@@ -278,19 +353,7 @@ QueryResults ShardedCollection::query(std::span<const float> queries, Retrieval 
   } h;
   if (is_root) {
     try {
-      if (queries.empty() || queries.size() % d != 0)
-        throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) +
-                                                       " floats, not a multiple of d = " + std::to_string(d));
-      detail::check_finite(queries, "query", d);
-      if (kind != Retrieval::soft && kind != Retrieval::hard) throw Error(ErrorCode::invalid_argument, "unknown retrieval kind");
-      im.shard_.check_options(options, kind);  // the same checks as one collection's, even on an empty shard
-      // Masks are not carried to the other ranks yet (WireOptions has no room for their lists):
-      // refuse them rather than answer over entries the mask should have hidden.
-      if (!options.tags_any.empty() || options.tag_range || !options.exclude_ids.empty())
-        throw Error(ErrorCode::unsupported, "sharded query: masks (tags_any, tag_range, exclude_ids) are not "
-                                            "supported on sharded collections yet");
-      detail::mpi_count(queries.size(), "a query batch");
-      h.n = queries.size() / d;
+      h.n = detail::check_query(im.shard_, queries, kind, options);
     } catch (const Error& e) {
       h.status = detail::status_of(e);
     } catch (const std::bad_alloc&) {  // root alone must not leave the collective: the others wait on it
@@ -304,18 +367,7 @@ QueryResults ShardedCollection::query(std::span<const float> queries, Retrieval 
   std::vector<float> q(is_root ? queries.begin() : queries.end(), queries.end());
   q.resize(h.n * d);
   MPI_Bcast(q.data(), static_cast<int>(q.size()), MPI_FLOAT, root, im.comm_);
-
-  // check_options refused top_k/epsilon without an index; options.exact scans everything (as use_index says).
-  const bool prune = kind == Retrieval::soft && (opts.top_k || opts.epsilon) && !opts.exact;
-  if (!prune) return im.exact(q, h.n, kind, opts);
-  // Pruned queries run one by one (as Collection::query does), each in lockstep on every rank.
-  const std::size_t total = im.allreduce_u64(im.shard_.size(), MPI_SUM);
-  if (total == 0) throw Error(ErrorCode::empty_collection, "sharded query: no shard holds an entry");
-  QueryResults out;
-  for (std::size_t b = 0; b < h.n; ++b)
-    out.soft.push_back(im.pruned({q.begin() + static_cast<std::ptrdiff_t>(b * d), q.begin() + static_cast<std::ptrdiff_t>((b + 1) * d)},
-                                 total, opts));
-  return out;
+  return im.scan().answer(q, h.n, kind, opts);
 }
 
 SoftResult ShardedCollection::query_soft(std::span<const float> query, const QueryOptions& options, int root) const {

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <csignal>
+#include <cstdio>
 #include <vector>
 
 #include "softkv/mpi.hpp"
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
     softkv::ShardedCollection s(MPI_COMM_WORLD, config);
     const std::vector<float> keys(8 * 4, 1.0f), values(8 * 2, 1.0f);
     (void)s.add_batch(keys, values);
+    if (rank == 0) std::printf("dead_rank: rows added\n"), std::fflush(stdout);  // the test checks the job ran this far
     if (rank == ranks - 1) std::raise(SIGKILL);
     const std::vector<float> q(4, 1.0f);
     (void)s.query_soft(q);  // waits on the dead rank's part of the reduction

@@ -1,0 +1,397 @@
+// One rank of the sharded server: a request run on every rank together (each rank's share of it on
+// its own Database), and the commit protocol of writes over several shards (README, "The sharded server").
+#include "shard.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <vector>
+
+#include "handler.hpp"
+#include "mpi/sharded_impl.hpp"
+#include "overloaded.hpp"
+#include "softkv/simd.hpp"
+#include "softkv/version.hpp"
+
+namespace softkv::server {
+namespace {
+
+namespace fs = std::filesystem;
+using detail::Overloaded;
+
+std::uint64_t check_word(std::uint64_t txn) { return txn * 0x9E3779B97F4A7C15ull + 0x736f66746b76ull; }
+
+// Writes bytes to path, on stable storage (file and directory) when sync.
+void write_file(const fs::path& path, std::span<const std::byte> bytes, bool sync) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(ErrorCode::io_error, "cannot create " + path.string() + ": " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw Error(ErrorCode::io_error, "cannot write " + path.string() + ": " + std::strerror(errno));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  const bool synced = !sync || ::fdatasync(fd) == 0;
+  ::close(fd);
+  if (!synced) throw Error(ErrorCode::io_error, "cannot fsync " + path.string() + ": " + std::strerror(errno));
+  if (!sync) return;
+  const int dfd = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace
+
+CommitLog::CommitLog(const fs::path& path, bool sync) : sync_(sync) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(ErrorCode::io_error, "cannot open " + path.string() + ": " + std::strerror(errno));
+  std::uint64_t slots[4] = {};
+  const ssize_t n = ::pread(fd_, slots, sizeof(slots), 0);
+  for (int i = 0; i < 2 && n >= (i + 1) * 16; ++i)
+    if (slots[2 * i + 1] == check_word(slots[2 * i])) last_ = std::max(last_, slots[2 * i]);
+}
+
+CommitLog::~CommitLog() { ::close(fd_); }
+
+void CommitLog::commit(std::uint64_t txn) {
+  const std::uint64_t slot[2] = {txn, check_word(txn)};
+  if (::pwrite(fd_, slot, sizeof(slot), static_cast<off_t>((txn % 2) * sizeof(slot))) != static_cast<ssize_t>(sizeof(slot)) ||
+      (sync_ && ::fdatasync(fd_) != 0))
+    throw Error(ErrorCode::io_error, std::string("cannot record a commit point in the commit log: ") + std::strerror(errno));
+  last_ = txn;
+}
+
+wire::Request decode_command(std::span<const std::byte> bytes) {
+  const wire::FrameScan scan = wire::scan_frame(bytes, std::numeric_limits<std::uint32_t>::max());
+  if (scan.status != wire::FrameScan::Status::complete) throw Error(ErrorCode::corrupt_file, "an incomplete request frame");
+  return wire::decode_request(scan.frame, wire::kProtocolVersion);
+}
+
+CrashPoint::CrashPoint() {
+  const char* spec = std::getenv("SOFTKV_TEST_CRASH");
+  if (spec == nullptr) return;
+  const std::string s(spec);
+  const auto a = s.find(':'), b = s.rfind(':');
+  if (a == std::string::npos || b == a) return;
+  rank = std::atoi(s.substr(0, a).c_str());
+  point = s.substr(a + 1, b - a - 1);
+  nth = std::strtoull(s.substr(b + 1).c_str(), nullptr, 10);
+}
+
+void CrashPoint::at(std::size_t my_rank, const char* here, std::uint64_t count) const {
+  if (rank == static_cast<int>(my_rank) && point == here && count == nth) ::kill(::getpid(), SIGKILL);
+}
+
+template <typename Body>
+void Shard::agree(const Body& body) {
+  int code = 0;
+  std::string message;
+  try {
+    body();
+  } catch (const Error& e) {
+    code = static_cast<int>(e.code());
+    message = e.what();
+  } catch (const std::bad_alloc&) {
+    code = static_cast<int>(ErrorCode::resource_exhausted);
+    message = "out of memory on shard " + std::to_string(rank_);
+  } catch (const std::exception& e) {
+    code = static_cast<int>(ErrorCode::internal);
+    message = std::string("internal error (please report): ") + e.what();
+  }
+  struct {
+    int code;
+    int rank;
+  } local{code, static_cast<int>(rank_)}, global{0, 0};
+  MPI_Allreduce(&local, &global, 1, MPI_2INT, MPI_MAXLOC, comm_);
+  if (global.code == 0) return;
+  detail::RootStatus status;
+  if (global.rank == static_cast<int>(rank_)) status = detail::status_of(Error(static_cast<ErrorCode>(code), message));
+  detail::broadcast_status(status, global.rank, comm_);  // throws it on every rank
+}
+
+Shard::Shard(MPI_Comm comm, Database& db, fs::path dir, CommitLog* commits, bool sync)
+    : comm_(comm), db_(db), dir_(std::move(dir)), commits_(commits), sync_(sync) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm_, &rank);
+  MPI_Comm_size(comm_, &size);
+  rank_ = static_cast<std::size_t>(rank);
+  ranks_ = static_cast<std::size_t>(size);
+}
+
+std::pair<std::size_t, std::size_t> Shard::recover(std::uint64_t last_committed) {
+  next_txn_ = last_committed + 1;
+  std::size_t applied = 0, dropped = 0;
+  agree([&] {
+    const std::string prefix = "part-" + std::to_string(rank_) + "-";
+    std::vector<std::pair<std::uint64_t, fs::path>> parts;
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(prefix, 0) != 0) continue;
+      parts.emplace_back(std::strtoull(name.c_str() + prefix.size(), nullptr, 10), e.path());
+    }
+    std::sort(parts.begin(), parts.end());
+    for (const auto& [txn, path] : parts) {
+      if (txn <= last_committed) {
+        std::ifstream in(path, std::ios::binary);
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        wire::Request part;
+        try {
+          part = decode_command(std::as_bytes(std::span(text.data(), text.size())));
+        } catch (const Error& e) {
+          throw Error(ErrorCode::corrupt_file, path.string() + " (the part of committed write " + std::to_string(txn) +
+                                                   ") cannot be read: " + e.what());
+        }
+        apply_part(part);
+        ++applied;
+      } else {
+        ++dropped;
+      }
+      fs::remove(path);
+    }
+  });
+  return {applied, dropped};
+}
+
+wire::Reply Shard::execute(const wire::Request& request) {
+  return std::visit(
+      Overloaded{
+          [](const wire::Hello&) -> wire::Reply { throw session_only(); },
+          [](const wire::Auth&) -> wire::Reply { throw session_only(); },
+          [](const wire::Ping&) -> wire::Reply { throw session_only(); },
+          [&](const wire::Create& m) -> wire::Reply {
+            agree([&] {
+              Database::check_name(m.name);
+              check_config(m.config);
+              if (db_.has_collection(m.name)) throw Error(ErrorCode::collection_exists, "a collection named '" + m.name + "' exists");
+            });
+            mutate(m, ranks_);
+            return wire::Ack{};
+          },
+          [&](const wire::Drop& m) -> wire::Reply {
+            agree([&] { (void)db_.collection(m.name); });
+            mutate(m, ranks_);
+            return wire::Ack{};
+          },
+          [&](const wire::List&) -> wire::Reply { return wire::NamesReply{db_.list_collections()}; },
+          [&](const wire::Describe& m) -> wire::Reply { return describe(m); },
+          [&](const wire::QueryStats&) -> wire::Reply {
+            throw Error(ErrorCode::unsupported,
+                        "query_stats is not supported by the sharded server (coalescing counters are per rank)");
+          },
+          [&](const wire::Add& m) -> wire::Reply { return add(m); },
+          [&](const wire::Upsert& m) -> wire::Reply {
+            agree([&] {
+              const auto c = db_.collection(m.name);
+              const Rows rows = c->prepare(m.ids, m.keys, m.values, m.tags);
+              if (rows.ids.size() * c->config().dim != rows.keys.size())  // no ids for n > 0 rows (as Database::upsert)
+                throw Error(ErrorCode::dimension_mismatch,
+                            "0 ids but " + std::to_string(rows.keys.size() / c->config().dim) + " keys");
+              detail::mpi_count(m.ids.size(), "a write");
+            });
+            write_mine(m.name, m.ids, m.keys, m.values, m.tags);
+            return wire::Ack{};
+          },
+          [&](const wire::Remove& m) -> wire::Reply { return remove(m); },
+          [&](const wire::Get& m) -> wire::Reply { return get(m); },
+          [&](const wire::Query& m) -> wire::Reply { return query(m); },
+          [&](const wire::Snapshot&) -> wire::Reply {
+            agree([&] { db_.snapshot(); });
+            return wire::Ack{};
+          },
+          [&](const wire::Stats&) -> wire::Reply {
+            std::uint64_t sequence = db_.last_sequence();  // the sum over shards of their logged mutations
+            MPI_Allreduce(MPI_IN_PLACE, &sequence, 1, MPI_UINT64_T, MPI_SUM, comm_);
+            return wire::StatsReply{kVersion, std::string(simd_path()), db_.list_collections().size(), 0, 0, sequence};
+          },
+      },
+      request);
+}
+
+
+std::size_t Shard::owners_of(std::span<const std::uint64_t> ids) const {
+  std::vector<bool> owns(ranks_, false);
+  for (std::uint64_t id : ids) owns[shard_owner(id, ranks_)] = true;
+  return static_cast<std::size_t>(std::count(owns.begin(), owns.end(), true));
+}
+
+void Shard::write_mine(const std::string& name, std::span<const std::uint64_t> ids, std::span<const float> keys,
+                std::span<const float> values, std::span<const std::uint64_t> tags) {
+  std::optional<wire::Request> part;
+  agree([&] {
+    const auto c = db_.collection(name);
+    const std::size_t d = c->config().dim, dv = c->config().value_dim;
+    wire::Upsert mine{name, {}, {}, {}, {}};
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (shard_owner(ids[i], ranks_) != rank_) continue;
+      mine.ids.push_back(ids[i]);
+      mine.keys.insert(mine.keys.end(), keys.begin() + static_cast<std::ptrdiff_t>(i * d),
+                       keys.begin() + static_cast<std::ptrdiff_t>((i + 1) * d));
+      mine.values.insert(mine.values.end(), values.begin() + static_cast<std::ptrdiff_t>(i * dv),
+                         values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv));
+      if (!tags.empty()) mine.tags.push_back(tags[i]);
+    }
+    if (!mine.ids.empty()) part = std::move(mine);
+  });
+  mutate(part, owners_of(ids));
+}
+
+void Shard::apply_part(const wire::Request& part) {
+  std::visit(Overloaded{
+                 [&](const wire::Create& m) {
+                   if (!db_.has_collection(m.name)) db_.create_collection(m.name, m.config);
+                 },
+                 [&](const wire::Drop& m) {
+                   if (db_.has_collection(m.name)) db_.drop_collection(m.name);
+                 },
+                 [&](const wire::Upsert& m) { db_.upsert(m.name, m.ids, m.keys, m.values, m.tags); },
+                 [&](const wire::Remove& m) {
+                   const auto c = db_.collection(m.name);
+                   std::vector<std::uint64_t> present;
+                   for (std::uint64_t id : m.ids)
+                     if (c->contains(id)) present.push_back(id);
+                   if (!present.empty()) db_.remove(m.name, present);
+                 },
+                 [&](const auto&) { throw Error(ErrorCode::internal, "a part of a write that is not a mutation"); },
+             },
+             part);
+}
+
+void Shard::mutate(const std::optional<wire::Request>& mine, std::size_t owners) {
+  if (owners <= 1) {
+    agree([&] {
+      if (mine) apply_part(*mine);
+    });
+    return;
+  }
+  const std::uint64_t txn = next_txn_++;
+  ++spanning_;
+  const fs::path part_file = dir_ / ("part-" + std::to_string(rank_) + "-" + std::to_string(txn));
+  const auto forget = [&] {
+    std::error_code ec;
+    fs::remove(part_file, ec);
+  };
+  try {
+    crash_.at(rank_, "write", spanning_);
+    agree([&] {
+      if (mine) write_file(part_file, wire::encode_request(*mine, 0, wire::kProtocolVersion), sync_);
+    });
+    crash_.at(rank_, "parts", spanning_);
+    agree([&] {
+      if (commits_ != nullptr) commits_->commit(txn);
+    });
+  } catch (...) {
+    forget();  // not committed: no rank applies its part
+    throw;
+  }
+  crash_.at(rank_, "commit", spanning_);
+  agree([&] {
+    if (!mine) return;
+    apply_part(*mine);  // on failure the file stays: the next start completes the committed write
+    forget();
+  });
+}
+
+wire::Reply Shard::add(const wire::Add& m) {
+  std::uint64_t first = 0;
+  std::size_t n = 0;
+  agree([&] {
+    const auto c = db_.collection(m.name);
+    (void)c->prepare({}, m.keys, m.values, m.tags);  // every check Database::add makes, on every rank alike
+    first = c->next_id();
+    n = m.keys.size() / c->config().dim;
+  });
+  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_UINT64_T, MPI_MAX, comm_);  // the global next id
+  if (n > kReservedId - first) throw Error(ErrorCode::invalid_argument, "the id space is exhausted");
+  std::vector<std::uint64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = first + i;
+  write_mine(m.name, ids, m.keys, m.values, m.tags);
+  return wire::IdsReply{std::move(ids)};
+}
+
+wire::Reply Shard::remove(const wire::Remove& m) {
+  std::vector<std::uint64_t> mine;
+  std::uint64_t missing = kReservedId;
+  agree([&] {
+    const auto c = db_.collection(m.name);
+    std::vector<std::uint64_t> sorted(m.ids.begin(), m.ids.end());
+    std::sort(sorted.begin(), sorted.end());
+    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+    if (twice != sorted.end()) throw Error(ErrorCode::invalid_argument, "remove: id " + std::to_string(*twice) + " is given twice");
+    for (std::uint64_t id : m.ids)
+      if (shard_owner(id, ranks_) == rank_) {
+        mine.push_back(id);
+        if (!c->contains(id)) missing = std::min(missing, id);
+      }
+  });
+  MPI_Allreduce(MPI_IN_PLACE, &missing, 1, MPI_UINT64_T, MPI_MIN, comm_);
+  if (missing != kReservedId) throw Error(ErrorCode::unknown_id, "remove: no entry has id " + std::to_string(missing));
+  std::optional<wire::Request> part;
+  if (!mine.empty()) part = wire::Remove{m.name, std::move(mine)};
+  mutate(part, owners_of(m.ids));
+  return wire::Ack{};
+}
+
+wire::Reply Shard::get(const wire::Get& m) {
+  const int owner = static_cast<int>(shard_owner(m.id, ranks_));
+  Entry entry;
+  detail::RootStatus status;
+  if (owner == static_cast<int>(rank_)) {
+    try {
+      entry = db_.collection(m.name)->get(m.id);
+    } catch (const Error& e) {
+      status = detail::status_of(e);
+    } catch (const std::bad_alloc&) {
+      status = detail::status_of(Error(ErrorCode::resource_exhausted, "get: out of memory on the owner"));
+    }
+  }
+  detail::broadcast_status(status, owner, comm_);
+  std::uint64_t shape[3] = {entry.key.size(), entry.value.size(), entry.tag};
+  MPI_Bcast(shape, 3, MPI_UINT64_T, owner, comm_);
+  entry.id = m.id;
+  entry.key.resize(shape[0]);
+  entry.value.resize(shape[1]);
+  entry.tag = shape[2];
+  MPI_Bcast(entry.key.data(), static_cast<int>(shape[0]), MPI_FLOAT, owner, comm_);
+  MPI_Bcast(entry.value.data(), static_cast<int>(shape[1]), MPI_FLOAT, owner, comm_);
+  return wire::GetReply{std::move(entry)};
+}
+
+wire::Reply Shard::describe(const wire::Describe& m) {
+  CollectionStats stats;
+  agree([&] { stats = db_.stats(m.name); });
+  std::uint64_t sums[3] = {stats.size, stats.bytes_in_memory, stats.bytes_on_disk};
+  MPI_Allreduce(MPI_IN_PLACE, sums, 3, MPI_UINT64_T, MPI_SUM, comm_);
+  stats.size = sums[0];
+  stats.bytes_in_memory = sums[1];
+  stats.bytes_on_disk = sums[2];
+  return wire::DescribeReply{std::move(stats)};
+}
+
+wire::Reply Shard::query(const wire::Query& m) {
+  const Retrieval kind = m.kind == wire::QueryKind::hard ? Retrieval::hard : Retrieval::soft;
+  std::shared_ptr<const Collection> c;
+  std::size_t n = 0;
+  agree([&] {
+    c = db_.collection(m.name);
+    n = detail::check_query(*c, m.queries, kind, m.options);
+  });
+  const detail::ShardScan scan{*c, comm_, rank_, ranks_, nullptr};
+  QueryResults r = scan.answer(m.queries, n, kind, m.options);
+  if (kind == Retrieval::hard) return wire::HardReply{std::move(r.hard)};
+  return wire::SoftReply{std::move(r.soft)};
+}
+
+}  // namespace softkv::server

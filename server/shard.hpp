@@ -1,0 +1,123 @@
+// One rank of the sharded server (sharded.hpp): its shard of every collection (a Database) and the
+// collective execution of a request, with the commit protocol that keeps a write over several shards
+// all or nothing across a crash.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "softkv/database.hpp"
+#include "wire/protocol.hpp"
+
+namespace softkv::server {
+
+// Rank 0's record of the last committed cross-shard write: DIR/commits, two 16-byte slots (the
+// transaction number and a check word) written alternately, so that a torn write spoils only the
+// slot being written and the other still holds the previous commit.
+class CommitLog {
+ public:
+  // Opens (creating) path; sync: fdatasync every commit (--fsync always).
+  CommitLog(const std::filesystem::path& path, bool sync);
+  ~CommitLog();
+  CommitLog(const CommitLog&) = delete;
+  CommitLog& operator=(const CommitLog&) = delete;
+
+  // The last committed transaction (0: none).
+  [[nodiscard]] std::uint64_t last() const { return last_; }
+  // Records txn (> last()) as committed, on stable storage when sync.
+  void commit(std::uint64_t txn);
+
+ private:
+  int fd_ = -1;
+  bool sync_;
+  std::uint64_t last_ = 0;
+};
+
+// The request a command or part file holds (a request frame at the highest protocol version).
+wire::Request decode_command(std::span<const std::byte> bytes);
+
+// Test hook (tests/test_sharded_server.cpp): SOFTKV_TEST_CRASH="<rank>:<write|parts|commit>:<n>" makes
+// that rank kill itself with SIGKILL in its n-th cross-shard write: before it writes its part (write),
+// once every part is durable (parts), or once rank 0 has logged the commit point (commit).
+struct CrashPoint {
+  int rank = -1;           // the rank that dies (-1: none)
+  std::string point;       // where
+  std::uint64_t nth = 0;   // in which cross-shard write of this process
+  CrashPoint();            // reads SOFTKV_TEST_CRASH
+  // Kills this process when (my_rank, here, count) is the configured point.
+  void at(std::size_t my_rank, const char* here, std::uint64_t count) const;
+};
+
+// One rank's part of the sharded server: its Database (its shard of every collection) and the
+// communicator. execute() is collective: every rank calls it with the same request, in the same order.
+class Shard {
+ public:
+  // dir: the job's data directory (DIR), where this rank keeps its part files; commits: rank 0's
+  // commit log (null on the other ranks); sync: fsync part files (--fsync always).
+  Shard(MPI_Comm comm, Database& db, std::filesystem::path dir, CommitLog* commits, bool sync);
+
+  // Collective, at start after every rank opened its Database: completes the cross-shard writes that
+  // rank 0 committed (re-applying this rank's part, which is idempotent) and drops the parts of the
+  // others, which no client was told had succeeded. Returns the parts re-applied and dropped here.
+  std::pair<std::size_t, std::size_t> recover(std::uint64_t last_committed);
+
+  // The reply to request on rank 0 (other ranks discard theirs). A failure throws softkv::Error on
+  // every rank alike.
+  wire::Reply execute(const wire::Request& request);
+
+  [[nodiscard]] std::size_t rank() const { return rank_; }
+
+ private:
+  static Error session_only() { return Error(ErrorCode::internal, "hello, auth and ping are the session's, not the shards'"); }
+
+  // Runs body on this rank, then agrees with every rank: when any rank failed, every rank throws the
+  // error of the rank with the highest code (the lowest such rank), with that rank's message.
+  template <typename Body>
+  void agree(const Body& body);
+
+  // The number of ranks owning at least one of ids.
+  [[nodiscard]] std::size_t owners_of(std::span<const std::uint64_t> ids) const;
+
+  // Stores the rows of a write that this rank owns (ids[i] mod P == rank), all of them checked before.
+  void write_mine(const std::string& name, std::span<const std::uint64_t> ids, std::span<const float> keys,
+                  std::span<const float> values, std::span<const std::uint64_t> tags);
+
+  // Applies this rank's part of a write to its Database. Idempotent, for recovery: a part whose write
+  // was committed may have been applied before the crash (create: skipped if the collection exists;
+  // drop: if it does not; remove: ids already gone are skipped; upsert stores the same rows again).
+  void apply_part(const wire::Request& part);
+
+  // Collective: runs one checked write whose parts (mine: this rank's, if any) are on `owners` ranks.
+  // One owner: its Database logs and applies its part at once (one log record: atomic by itself).
+  // Several (DESIGN.md "Sharding over MPI"): each owner first makes its part durable in a part file
+  // (DIR/part-<rank>-<txn>); then rank 0 logs the commit point (txn, in DIR/commits); then each owner
+  // applies its part through its Database and deletes the file. A crash before the commit point
+  // leaves parts that recovery drops; after it, parts that recovery completes: all or nothing.
+  void mutate(const std::optional<wire::Request>& mine, std::size_t owners);
+
+  // The requests that take more than one step (each collective).
+  wire::Reply add(const wire::Add& m);
+  wire::Reply remove(const wire::Remove& m);
+  wire::Reply get(const wire::Get& m);
+  wire::Reply describe(const wire::Describe& m);
+  wire::Reply query(const wire::Query& m);
+
+  MPI_Comm comm_;
+  Database& db_;
+  std::filesystem::path dir_;
+  CommitLog* commits_;
+  bool sync_;
+  std::size_t rank_ = 0, ranks_ = 1;
+  std::uint64_t next_txn_ = 1;  // the number the next cross-shard write takes (the same on every rank)
+  std::uint64_t spanning_ = 0;  // cross-shard writes this process ran (for the test hook)
+  CrashPoint crash_;
+};
+
+}  // namespace softkv::server

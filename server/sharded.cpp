@@ -1,0 +1,363 @@
+// The sharded server's life cycle. Rank 0 runs the TCP front end; its request threads hand every
+// engine request to the MPI dispatcher (rank 0's main thread, the only thread of the process that
+// calls MPI), which broadcasts it (the request's own wire encoding) to every rank and runs it there
+// with them (shard.cpp: writes on the owners of their rows, queries merged with the library's
+// partial records, stats summed). The other ranks follow rank 0's commands until it stops.
+#include "sharded.hpp"
+
+#include <mpi.h>
+#include <spdlog/spdlog.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <future>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "handler.hpp"
+#include "shard.hpp"
+#include "mpi/sharded_impl.hpp"
+#include "softkv/simd.hpp"
+#include "softkv/version.hpp"
+#include "wire/protocol.hpp"
+
+namespace softkv::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What rank 0 broadcasts before each command's payload.
+enum class Command : std::uint32_t { request = 1, shutdown = 2 };
+struct CommandHeader {
+  Command command = Command::shutdown;
+  std::uint32_t reserved = 0;
+  std::uint64_t bytes = 0;  // the encoded request that follows
+};
+
+// Rank 0's hand-over point between the request threads and the MPI thread.
+class Dispatcher final : public RequestForwarder {
+ public:
+  Dispatcher(MPI_Comm comm, Shard& shard) : comm_(comm), shard_(shard) {}
+
+  wire::Reply forward(const wire::Request& request) override {
+    Job job{&request, {}};
+    auto reply = job.reply.get_future();
+    {
+      std::lock_guard lock(mutex_);
+      if (closed_) return wire::ErrorReply{ErrorCode::server_busy, "the sharded server is shutting down"};
+      queue_.push_back(&job);
+    }
+    ready_.notify_one();
+    return reply.get();
+  }
+
+  // No more requests: run() returns once the queue is empty.
+  void close() {
+    {
+      std::lock_guard lock(mutex_);
+      closed_ = true;
+    }
+    ready_.notify_one();
+  }
+
+  // The MPI thread (rank 0's main thread): runs each request on every rank, in arrival order, until
+  // close(); then tells the other ranks to stop.
+  void run() {
+    for (;;) {
+      Job* job = nullptr;
+      {
+        std::unique_lock lock(mutex_);
+        ready_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+        if (queue_.empty()) break;
+        job = queue_.front();
+        queue_.pop_front();
+      }
+      wire::Reply reply;
+      try {
+        const std::vector<std::byte> bytes = wire::encode_request(*job->request, 0, wire::kProtocolVersion);
+        CommandHeader h{Command::request, 0, bytes.size()};
+        detail::mpi_count(bytes.size(), "a request");
+        send(h);
+        MPI_Bcast(const_cast<std::byte*>(bytes.data()), static_cast<int>(bytes.size()), MPI_BYTE, 0, comm_);
+        reply = shard_.execute(*job->request);
+      } catch (...) {
+        reply = current_error_reply();
+      }
+      job->reply.set_value(std::move(reply));
+    }
+    CommandHeader h{Command::shutdown, 0, 0};
+    send(h);
+  }
+
+ private:
+  struct Job {
+    const wire::Request* request;
+    std::promise<wire::Reply> reply;
+  };
+
+  // The header goes out with a non-blocking broadcast: the other ranks wait for it without spinning.
+  void send(CommandHeader& h) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    MPI_Ibcast(&h, sizeof(h), MPI_BYTE, 0, comm_, &r);
+    MPI_Wait(&r, MPI_STATUS_IGNORE);
+  }
+
+  MPI_Comm comm_;
+  Shard& shard_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Job*> queue_;
+  bool closed_ = false;
+};
+
+// A rank other than 0: waits for commands (polling a non-blocking broadcast, sleeping in between, so
+// an idle rank takes no CPU) and runs each with the others until the shutdown command.
+void follow(MPI_Comm comm, Shard& shard) {
+  for (;;) {
+    CommandHeader h;
+    MPI_Request r = MPI_REQUEST_NULL;
+    MPI_Ibcast(&h, sizeof(h), MPI_BYTE, 0, comm, &r);
+    auto pause = std::chrono::microseconds(20);
+    for (int done = 0;;) {
+      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+      if (done != 0) break;
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+    if (h.command != Command::request) return;
+    std::vector<std::byte> bytes(h.bytes);
+    MPI_Bcast(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, 0, comm);
+    wire::Request request;
+    try {
+      request = decode_command(bytes);
+    } catch (const std::exception& e) {  // rank 0 encoded it: the ranks could no longer agree on anything
+      spdlog::critical("shard {}: cannot decode a command from rank 0 ({}); aborting the job", shard.rank(), e.what());
+      MPI_Abort(comm, 3);
+    }
+    try {
+      (void)shard.execute(request);
+    } catch (const std::exception&) {  // every rank throws alike; rank 0 reports it to the client
+    }
+  }
+}
+
+bool is_shard_dir(const std::string& name) {
+  if (name.rfind("shard-", 0) != 0 || name.size() == 6) return false;
+  return std::all_of(name.begin() + 6, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
+}  // namespace
+
+std::size_t mpi_world_size() {
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (size == nullptr) return 1;
+  const long n = std::strtol(size, nullptr, 10);
+  return n > 1 ? static_cast<std::size_t>(n) : 1;
+}
+
+void check_shard_count(const fs::path& dir, std::size_t ranks) {
+  const fs::path file = dir / "shards";
+  std::error_code ec;
+  if (fs::exists(file, ec)) {
+    std::ifstream in(file);
+    std::size_t recorded = 0;
+    if (!(in >> recorded) || recorded < 2)
+      throw Error(ErrorCode::corrupt_file, file.string() + " does not hold a shard count");
+    if (ranks == 1)
+      throw Error(ErrorCode::invalid_argument, dir.string() + " is a sharded database of " + std::to_string(recorded) +
+                                                   " shards: start it with mpirun -np " + std::to_string(recorded) +
+                                                   " softkv-server --data " + dir.string());
+    if (recorded != ranks)
+      throw Error(ErrorCode::invalid_argument,
+                  dir.string() + " holds " + std::to_string(recorded) + " shards (" + file.string() + ") but this job has " +
+                      std::to_string(ranks) + " ranks: restart with mpirun -np " + std::to_string(recorded) +
+                      " (resharding, moving rows between shards, is not supported)");
+    return;
+  }
+  if (ranks == 1) return;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(ErrorCode::io_error, "cannot create " + dir.string() + ": " + ec.message());
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "LOCK" || name.rfind("wal-", 0) == 0 || name.rfind("snapshot", 0) == 0)
+      throw Error(ErrorCode::invalid_argument, dir.string() + " holds a single-process database (" + name +
+                                                   "); a sharded server needs its own directory");
+    if (is_shard_dir(name))
+      throw Error(ErrorCode::invalid_argument, dir.string() + " has shard directories but no " + file.string() +
+                                                   ": refusing to guess the shard count");
+  }
+  const fs::path tmp = dir / "shards.tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << ranks << "\n";
+    out.flush();
+    if (!out) throw Error(ErrorCode::io_error, "cannot write " + tmp.string());
+  }
+  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) throw Error(ErrorCode::io_error, "cannot write " + file.string() + ": " + ec.message());
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfig config, const int stop_pipe[2]) {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const auto finish = [&](int status) {
+    MPI_Comm_free(&comm);
+    MPI_Finalize();
+    return status;
+  };
+  if (rank != 0) {  // rank 0 ends the job (mpirun forwards SIGINT/SIGTERM to every rank)
+    std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGTERM, SIG_IGN);
+  }
+  // Rank 0 checks (and on first start records) the shard count; every rank learns the outcome.
+  detail::RootStatus status;
+  if (rank == 0) {
+    try {
+      if (provided < MPI_THREAD_FUNNELED) throw Error(ErrorCode::unsupported, "the MPI library does not provide MPI_THREAD_FUNNELED");
+      check_shard_count(dir, static_cast<std::size_t>(size));
+    } catch (const std::exception& e) {
+      status = detail::status_of(Error(ErrorCode::invalid_argument, e.what()));
+    }
+  }
+  MPI_Bcast(&status, sizeof(status), MPI_BYTE, 0, comm);
+  if (status.code != 0) {
+    if (rank == 0) spdlog::error("{}", status.message);
+    return finish(2);
+  }
+
+  // Every rank opens its shard; the job starts only if all did.
+  std::unique_ptr<Database> db;
+  const fs::path mine = dir / ("shard-" + std::to_string(rank));
+  int failed = 0;
+  try {
+    db = std::make_unique<Database>(mine, options);
+  } catch (const std::exception& e) {
+    spdlog::error("shard {}: cannot open {}: {}", rank, mine.string(), e.what());
+    failed = 1;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
+  if (failed != 0) {
+    db.reset();
+    return finish(1);
+  }
+  // Rank 0's commit log tells every rank which cross-shard writes committed; each completes or drops its parts.
+  std::unique_ptr<CommitLog> commits;
+  std::uint64_t last_committed = 0;
+  failed = 0;
+  if (rank == 0) {
+    try {
+      commits = std::make_unique<CommitLog>(dir / "commits", options.fsync == FsyncPolicy::always);
+      last_committed = commits->last();
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      failed = 1;
+    }
+  }
+  MPI_Bcast(&failed, 1, MPI_INT, 0, comm);
+  if (failed != 0) {
+    db.reset();
+    return finish(1);
+  }
+  MPI_Bcast(&last_committed, 1, MPI_UINT64_T, 0, comm);
+  Shard shard(comm, *db, dir, commits.get(), options.fsync == FsyncPolicy::always);
+  try {
+    const auto [applied, dropped] = shard.recover(last_committed);
+    if (applied + dropped > 0)
+      spdlog::info("shard {}: recovery completed {} committed cross-shard write part(s) and dropped {} uncommitted one(s)",
+                   rank, applied, dropped);
+  } catch (const std::exception& e) {
+    if (rank == 0) spdlog::error("recovery of the cross-shard writes failed: {}", e.what());
+    db.reset();
+    return finish(1);
+  }
+
+  if (rank != 0) {
+    MPI_Bcast(&status, sizeof(status), MPI_BYTE, 0, comm);  // whether rank 0 could bind
+    if (status.code == 0) follow(comm, shard);
+  } else {
+    Dispatcher dispatcher(comm, shard);
+    config.forwarder = &dispatcher;
+    std::unique_ptr<Server> server;
+    try {
+      server = std::make_unique<Server>(*db, config);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      status = detail::status_of(Error(ErrorCode::io_error, e.what()));
+    }
+    MPI_Bcast(&status, sizeof(status), MPI_BYTE, 0, comm);
+    if (status.code != 0) {
+      db.reset();
+      return finish(1);
+    }
+    spdlog::info("softkv-server {} (sharded, {} ranks) on {}:{}, kernel path {}, data {} (shard-0 .. shard-{}), {} collection(s)",
+                 kVersion, size, config.host, server->port(), simd_path(), dir.string(), size - 1,
+                 db->list_collections().size());
+    spdlog::info("connect with: softkv --port {} stats   (or softkv::Client / Python softkv.Client)", server->port());
+    int exit_status = 0;
+    std::thread front([&] {
+      try {
+        server->run();
+      } catch (const std::exception& e) {
+        spdlog::error("the server stopped on an error: {}", e.what());
+        exit_status = 1;
+      }
+      dispatcher.close();
+    });
+    std::thread waiter([&] {
+      char sig = 0;
+      while (::read(stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+      }
+      if (sig != 0) spdlog::info("signal {}: finishing in-flight requests", int(sig));
+      server->stop();
+    });
+    dispatcher.run();  // until the front end has stopped and every request was answered
+    front.join();
+    const char wake = 0;  // ends the waiter if the server stopped for another reason
+    [[maybe_unused]] const auto n = ::write(stop_pipe[1], &wake, 1);
+    waiter.join();
+    server.reset();
+    if (exit_status != 0) status.code = 1;
+  }
+  // Every rank writes a snapshot of its shard before it exits (a fast restart; the logs alone suffice).
+  int snapshot_failed = 0;
+  try {
+    db->snapshot();
+  } catch (const std::exception& e) {
+    spdlog::error("shard {}: the snapshot before exit failed: {}; the log is intact and the next start replays it", rank, e.what());
+    snapshot_failed = 1;
+  }
+  db.reset();
+  MPI_Allreduce(MPI_IN_PLACE, &snapshot_failed, 1, MPI_INT, MPI_MAX, comm);
+  const int exit_status = status.code != 0 || snapshot_failed != 0 ? 1 : 0;
+  if (rank == 0) spdlog::info(exit_status == 0 ? "stopped" : "stopped with errors");
+  return finish(exit_status);
+}
+
+}  // namespace softkv::server

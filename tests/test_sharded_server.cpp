@@ -1,0 +1,514 @@
+// The sharded server: `mpirun -np P softkv-server` (P from SOFTKV_TEST_RANKS) against a single
+// softkv-server holding the same data, through the unchanged C++ client; restart and a refused P.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <thread>
+#include <sstream>
+#include <thread>
+
+#include "reference.hpp"
+#include "softkv/softkv.hpp"
+#include "temp_dir.hpp"
+
+extern char** environ;
+
+using namespace softkv;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::size_t test_ranks() {
+  const char* r = std::getenv("SOFTKV_TEST_RANKS");
+  return r != nullptr ? static_cast<std::size_t>(std::atoi(r)) : 2;
+}
+
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A server process in its own process group (mpirun and its ranks), killed as a group if the test
+// fails; ranks == 0: a plain softkv-server.
+struct Job {
+  pid_t pid = 0;
+  std::uint16_t port = 0;
+  std::filesystem::path log;
+
+  Job(const std::filesystem::path& data, std::size_t ranks, const std::filesystem::path& log_path, bool wait_listening = true,
+      const std::string& extra_env = "")
+      : log(log_path) {
+    port = free_port();
+    std::vector<std::string> args;
+    if (ranks > 0) args = {SOFTKV_MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(ranks)};
+    for (std::string a : {std::string(SOFTKV_SERVER_BIN), std::string("--data"), data.string(), std::string("--port"),
+                          std::to_string(port), std::string("--snapshot-after-mb"), std::string("0")})
+      args.push_back(a);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string lp = log.string();
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    if (!extra_env.empty()) env_strings.push_back(extra_env);
+    std::vector<char*> envp;
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      const int out = ::open(lp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(out, STDOUT_FILENO);
+      ::dup2(out, STDERR_FILENO);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);
+    if (!wait_listening) return;
+    for (int i = 0; i < 1200; ++i) {  // mpirun on a loaded 2-core machine: allow 60 s
+      try {
+        Client probe({"127.0.0.1", port});
+        return;
+      } catch (const Error&) {
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid) {
+          pid = 0;
+          FAIL("the server exited before listening: " << read_file(log));
+        }
+        std::this_thread::sleep_for(50ms);
+      }
+    }
+    kill_group();
+    FAIL("the server did not start listening: " << read_file(log));
+  }
+  ~Job() {
+    if (pid > 0) stop(SIGTERM);
+  }
+  // Waits up to 60 s for the job to end (SIGKILL to the group after that); its wait status, or -1.
+  int wait() {
+    for (int i = 0; i < 1200; ++i) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = 0;
+        return status;
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    kill_group();
+    return -1;
+  }
+  int stop(int sig) {
+    ::kill(pid, sig);
+    return wait();
+  }
+  // The pid of rank r (mpirun's child whose environment says OMPI_COMM_WORLD_RANK=r), or 0.
+  [[nodiscard]] pid_t rank_pid(std::size_t r) const {
+    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const std::string stat = read_file(e.path() / "stat");
+      std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // after "pid (comm) "
+      std::string state;
+      pid_t ppid = 0;
+      fields >> state >> ppid;
+      if (ppid != pid) continue;
+      std::string env = read_file(e.path() / "environ");
+      std::replace(env.begin(), env.end(), '\0', '\n');
+      if (("\n" + env).find("\nOMPI_COMM_WORLD_RANK=" + std::to_string(r) + "\n") != std::string::npos)
+        return static_cast<pid_t>(std::stol(name));
+    }
+    return 0;
+  }
+  // Stops the job as an operator would: SIGTERM to rank 0, which stops every rank (mpirun itself would
+  // forward the signal but then exit 1); its wait status.
+  int stop_rank0() {
+    const pid_t r0 = rank_pid(0);
+    REQUIRE(r0 > 0);
+    ::kill(r0, SIGTERM);
+    return wait();
+  }
+  void kill_group() {
+    if (pid <= 0) return;
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    pid = 0;
+  }
+  [[nodiscard]] ClientOptions client() const { return {"127.0.0.1", port}; }
+};
+
+// Waits (up to 30 s) until no process holds a shard's lock: the ranks of a killed job may outlive
+// mpirun (the group leader the test waits for) by a moment.
+void wait_unlocked(const std::filesystem::path& dir, std::size_t ranks) {
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const auto lock = dir / ("shard-" + std::to_string(r)) / "LOCK";
+    const int fd = ::open(lock.c_str(), O_RDWR);
+    if (fd < 0) continue;
+    bool free = false;
+    for (int i = 0; i < 600 && !free; ++i) {
+      free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+      if (!free) std::this_thread::sleep_for(50ms);
+    }
+    ::close(fd);
+    REQUIRE(free);
+  }
+}
+
+struct Data {
+  std::size_t d = 6, dv = 5;
+  std::map<std::uint64_t, std::pair<std::vector<float>, std::vector<float>>> rows;  // id -> key, value
+};
+
+// The same writes into both servers: adds (batches spanning every shard), duplicate keys on ids
+// owned by different ranks (hard ties), upserts, removes, a bad write refused by both.
+void load(Client& single, Client& sharded, Data& data) {
+  CollectionConfig exact{data.d, data.dv};
+  CollectionConfig flat{data.d, data.dv};
+  flat.index.kind = IndexKind::flat;
+  for (Client* c : {&single, &sharded}) {
+    c->create_collection("exact", exact);
+    c->create_collection("flat", flat);
+    c->create_collection("empty", exact);
+  }
+  for (int batch = 0; batch < 4; ++batch) {
+    const std::size_t n = 37;
+    std::vector<float> keys = test::integer_floats(n * data.d, 100 + batch), values = test::normal_floats(n * data.dv, 200 + batch);
+    if (batch == 1)  // rows 0..3 (ids 37..40, on different ranks) share the key 10 e0: the best for e0, tied
+      for (std::size_t i = 0; i < 4; ++i)
+        for (std::size_t j = 0; j < data.d; ++j) keys[i * data.d + j] = j == 0 ? 10.0f : 0.0f;
+    for (const char* name : {"exact", "flat"}) {
+      const auto ids = single.add(name, keys, values);
+      REQUIRE(sharded.add(name, keys, values) == ids);
+      if (std::string(name) == "exact")
+        for (std::size_t i = 0; i < n; ++i)
+          data.rows[ids[i]] = {{keys.begin() + i * data.d, keys.begin() + (i + 1) * data.d},
+                               {values.begin() + i * data.dv, values.begin() + (i + 1) * data.dv}};
+    }
+  }
+  // Upsert: replace some ids, insert new ones beyond next_id (the next add starts above them).
+  const std::vector<std::uint64_t> ids = {3, 4, 5, 400, 401};
+  const std::vector<float> keys = test::integer_floats(ids.size() * data.d, 7), values = test::normal_floats(ids.size() * data.dv, 8);
+  for (Client* c : {&single, &sharded})
+    for (const char* name : {"exact", "flat"}) c->upsert(name, ids, keys, values);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    data.rows[ids[i]] = {{keys.begin() + i * data.d, keys.begin() + (i + 1) * data.d},
+                         {values.begin() + i * data.dv, values.begin() + (i + 1) * data.dv}};
+  const std::vector<float> k1 = test::integer_floats(3 * data.d, 9), v1 = test::normal_floats(3 * data.dv, 10);
+  const auto more = single.add("exact", k1, v1);
+  REQUIRE(sharded.add("exact", k1, v1) == more);
+  REQUIRE(more.front() == 402);
+  for (std::size_t i = 0; i < more.size(); ++i)
+    data.rows[more[i]] = {{k1.begin() + i * data.d, k1.begin() + (i + 1) * data.d},
+                          {v1.begin() + i * data.dv, v1.begin() + (i + 1) * data.dv}};
+  const std::vector<std::uint64_t> gone = {0, 7, 8, 9, 401};
+  for (Client* c : {&single, &sharded}) c->remove("exact", gone);
+  for (auto id : gone) data.rows.erase(id);
+  // All or nothing: one unknown id among present ones removes nothing, on either server.
+  for (Client* c : {&single, &sharded}) {
+    const std::vector<std::uint64_t> bad = {1, 2, 999};
+    try {
+      c->remove("exact", bad);
+      FAIL("remove of an unknown id succeeded");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::unknown_id);
+    }
+    // A NaN in one row (owned by one rank) refuses the whole batch.
+    std::vector<float> k = test::integer_floats(4 * data.d, 11), v = test::normal_floats(4 * data.dv, 12);
+    k[3 * data.d] = std::nanf("");
+    try {
+      (void)c->add("exact", k, v);
+      FAIL("add of a NaN key succeeded");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::non_finite);
+    }
+  }
+}
+
+// Compares every kind of answer of the two servers, and the soft values with a double reference.
+void compare(Client& single, Client& sharded, const Data& data) {
+  CHECK(sharded.list_collections() == single.list_collections());
+  CHECK(sharded.describe("exact").size == single.describe("exact").size);
+  CHECK(sharded.describe("exact").size == data.rows.size());
+  for (const auto& [id, row] : data.rows) {
+    const Entry e = sharded.get("exact", id);
+    CHECK(e.key == row.first);
+    CHECK(e.value == row.second);
+  }
+  std::vector<float> keys, values;
+  for (const auto& [id, row] : data.rows) {
+    keys.insert(keys.end(), row.first.begin(), row.first.end());
+    values.insert(values.end(), row.second.begin(), row.second.end());
+  }
+  const std::size_t b = 9;
+  std::vector<float> queries = test::normal_floats(b * data.d, 77);
+  std::copy(keys.begin(), keys.begin() + 6, queries.begin());  // not a tie-breaker by itself, but a sharp peak
+  QueryOptions top;
+  top.top_m = 5;
+  for (const char* name : {"exact", "flat"}) {
+    const auto s1 = single.query_soft_batch(name, queries, top), s2 = sharded.query_soft_batch(name, queries, top);
+    const auto h1 = single.query_hard_batch(name, queries), h2 = sharded.query_hard_batch(name, queries);
+    REQUIRE(s1.size() == b);
+    REQUIRE(s2.size() == b);
+    for (std::size_t i = 0; i < b; ++i) {
+      CHECK(s2[i].lse == Approx(s1[i].lse).epsilon(1e-5));
+      CHECK(test::max_abs_diff(s2[i].value, s1[i].value) <= 1e-5 * (1 + test::max_abs(s1[i].value)));
+      REQUIRE(s2[i].top.size() == s1[i].top.size());
+      for (std::size_t j = 0; j < s1[i].top.size(); ++j) CHECK(s2[i].top[j].score == Approx(s1[i].top[j].score).epsilon(1e-5));
+      CHECK(h2[i].id == h1[i].id);
+      CHECK(h2[i].score == Approx(h1[i].score).epsilon(1e-6));
+      CHECK(h2[i].value == h1[i].value);
+      // Single queries take the same path as batches on both.
+      const HardResult one = sharded.query_hard(name, {queries.data() + i * data.d, data.d});
+      CHECK(one.id == h1[i].id);
+    }
+    if (std::string(name) == "exact") {
+      const double scale = 1.0 / std::sqrt(double(data.d));
+      for (std::size_t i = 0; i < b; ++i) {
+        const auto ref = test::soft_reference(queries.data() + i * data.d, keys.data(), values.data(), data.rows.size(),
+                                              data.d, data.dv, scale);
+        CHECK(s2[i].lse == Approx(ref.lse).epsilon(1e-5));
+        for (std::size_t j = 0; j < data.dv; ++j) CHECK(s2[i].value[j] == Approx(ref.value[j]).margin(1e-5));
+      }
+    }
+  }
+  // Ties across ranks: ids 37..40 share the key 10 e0; the hard answer is the smallest id.
+  for (const char* name : {"exact", "flat"}) {
+    std::vector<float> q(data.d, 0.0f);
+    q[0] = 1.0f;
+    const HardResult h1 = single.query_hard(name, q), h2 = sharded.query_hard(name, q);
+    CHECK(h2.id == h1.id);
+    CHECK(h2.id == 37);
+  }
+  // Pruned queries: the global top k, with the tail bound.
+  QueryOptions pruned;
+  pruned.top_k = 12;
+  pruned.top_m = 3;
+  for (std::size_t i = 0; i < b; ++i) {
+    const std::span<const float> q(queries.data() + i * data.d, data.d);
+    const SoftResult p1 = single.query_soft("flat", q, pruned), p2 = sharded.query_soft("flat", q, pruned);
+    CHECK(p2.lse == Approx(p1.lse).epsilon(1e-5));
+    CHECK(test::max_abs_diff(p2.value, p1.value) <= 1e-5 * (1 + test::max_abs(p1.value)));
+    CHECK(p2.tail_bound == Approx(p1.tail_bound).epsilon(1e-4).margin(1e-12));
+    CHECK(p2.tail_bound_guaranteed == p1.tail_bound_guaranteed);
+    // epsilon: k doubles from 16 on the global figures, as on one collection.
+    QueryOptions eps;
+    eps.epsilon = 1e-3f;
+    const SoftResult e1 = single.query_soft("flat", q, eps), e2 = sharded.query_soft("flat", q, eps);
+    CHECK(e2.lse == Approx(e1.lse).epsilon(1e-5));
+    CHECK(e2.candidates == e1.candidates);
+    CHECK(test::max_abs_diff(e2.value, e1.value) <= 1e-5 * (1 + test::max_abs(e1.value)));
+  }
+  // A top list longer than the collection: every entry, as on one server.
+  QueryOptions long_top;
+  long_top.top_m = 1u << 30;
+  const SoftResult l1 = single.query_soft("exact", {queries.data(), data.d}, long_top);
+  const SoftResult l2 = sharded.query_soft("exact", {queries.data(), data.d}, long_top);
+  CHECK(l2.top.size() == data.rows.size());
+  CHECK(l2.top.size() == l1.top.size());
+}
+
+template <typename F>
+ErrorCode error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ErrorCode{};
+}
+
+}  // namespace
+
+TEST_CASE("sharded server answers as a single server and recovers every write after a restart", "[sharded_server][answers]") {
+  const std::size_t ranks = test_ranks();
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.path);
+  Data data;
+  {
+    Job single(dir.path / "single", 0, dir.path / "single.log");
+    Job sharded(dir.path / "sharded", ranks, dir.path / "sharded.log");
+    Client cs(single.client()), cp(sharded.client());
+    load(cs, cp, data);
+    compare(cs, cp, data);
+
+    // Errors are typed and lose nothing.
+    const std::vector<float> q(data.d, 0.5f), bad(data.d + 1, 0.5f);
+    CHECK(error_of([&] { (void)cp.query_soft("nope", q); }) == ErrorCode::unknown_collection);
+    CHECK(error_of([&] { (void)cp.query_soft("exact", bad); }) == ErrorCode::dimension_mismatch);
+    CHECK(error_of([&] { (void)cp.query_soft("empty", q); }) == ErrorCode::empty_collection);
+    CHECK(error_of([&] { (void)cp.get("exact", 0); }) == ErrorCode::unknown_id);
+    CHECK(error_of([&] { cp.create_collection("exact", {data.d, data.dv}); }) == ErrorCode::collection_exists);
+    CHECK(error_of([&] { (void)cp.query_stats("exact"); }) == ErrorCode::unsupported);
+    QueryOptions masked;
+    masked.tags_any = {1};
+    CHECK(error_of([&] { (void)cp.query_soft("exact", q, masked); }) == ErrorCode::unsupported);
+    CHECK(cp.describe("exact").size == data.rows.size());
+    CHECK(cp.stats().last_sequence > 0);
+    cp.drop_collection("empty");
+    cs.drop_collection("empty");
+    cp.snapshot();
+    // More writes after the snapshot: recovered from the logs.
+    const std::vector<float> k = test::integer_floats(5 * data.d, 21), v = test::normal_floats(5 * data.dv, 22);
+    const auto ids = cs.add("exact", k, v);
+    REQUIRE(cp.add("exact", k, v) == ids);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      data.rows[ids[i]] = {{k.begin() + i * data.d, k.begin() + (i + 1) * data.d}, {v.begin() + i * data.dv, v.begin() + (i + 1) * data.dv}};
+    // The sharded job is killed (every rank, no snapshot at exit): every acknowledged write is in the logs.
+    sharded.kill_group();
+  }
+  wait_unlocked(dir.path / "sharded", ranks);
+  CHECK(read_file(dir.path / "sharded" / "shards") == std::to_string(ranks) + "\n");
+  for (std::size_t r = 0; r < ranks; ++r) CHECK(std::filesystem::is_directory(dir.path / "sharded" / ("shard-" + std::to_string(r))));
+  {
+    Job single(dir.path / "single", 0, dir.path / "single2.log");
+    Job sharded(dir.path / "sharded", ranks, dir.path / "sharded2.log");
+    Client cs(single.client()), cp(sharded.client());
+    compare(cs, cp, data);
+    CHECK(sharded.stop_rank0() == 0);  // a clean stop: every rank snapshots, mpirun exits 0
+  }
+  {  // and once more after that clean stop (snapshots only)
+    Job single(dir.path / "single", 0, dir.path / "single3.log");
+    Job sharded(dir.path / "sharded", ranks, dir.path / "sharded3.log");
+    Client cs(single.client()), cp(sharded.client());
+    compare(cs, cp, data);
+  }
+  {  // another rank count is refused with a clear message, and so is a plain server on sharded data
+    Job other(dir.path / "sharded", ranks + 1, dir.path / "other.log", /*wait_listening=*/false);
+    const int status = other.wait();
+    CHECK(status != 0);
+    CHECK(read_file(dir.path / "other.log").find("resharding") != std::string::npos);
+    Job plain(dir.path / "sharded", 0, dir.path / "plain.log", /*wait_listening=*/false);
+    CHECK(plain.wait() != 0);
+    CHECK(read_file(dir.path / "plain.log").find("mpirun -np " + std::to_string(ranks)) != std::string::npos);
+  }
+}
+
+namespace {
+
+// Batch b of the crash tests: ids b*S .. b*S+S-1 with S = 2P rows (every rank owns two), values all b.
+void write_batch(Client& c, std::size_t b, std::size_t rows) {
+  std::vector<std::uint64_t> ids(rows);
+  std::vector<float> keys(rows * 4), values(rows * 2, static_cast<float>(b));
+  for (std::size_t i = 0; i < rows; ++i) {
+    ids[i] = b * rows + i;
+    keys[i * 4 + i % 4] = 1.0f + static_cast<float>(b % 7);
+  }
+  c.upsert("c", ids, keys, values);
+}
+
+// How many rows of batch b exist (each with its batch's values).
+std::size_t rows_of(Client& c, std::size_t b, std::size_t rows) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < rows; ++i) {
+    try {
+      const Entry e = c.get("c", b * rows + i);
+      CHECK(e.value == std::vector<float>(2, static_cast<float>(b)));
+      ++n;
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::unknown_id);
+    }
+  }
+  return n;
+}
+
+bool failed_exit(int status) { return status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
+
+}  // namespace
+
+TEST_CASE("sharded server keeps a batch that spans shards all or nothing when a rank dies at the commit point", "[sharded_server][commit_point]") {
+  const std::size_t ranks = test_ranks(), rows = 2 * ranks;
+  for (const std::size_t victim : {std::size_t{0}, ranks - 1})
+    for (const std::string point : {"write", "parts", "commit"}) {
+      INFO("rank " << victim << " killed at " << point);
+      test::TempDir dir;
+      std::filesystem::create_directories(dir.path);
+      {
+        // Cross-shard writes: 1 create, 2 batch 0, 3 batch 1 (the victim dies in it).
+        Job job(dir.path / "data", ranks, dir.path / "crash.log", true,
+                "SOFTKV_TEST_CRASH=" + std::to_string(victim) + ":" + point + ":3");
+        Client c(job.client());
+        c.create_collection("c", {4, 2});
+        write_batch(c, 0, rows);
+        CHECK_THROWS_AS(write_batch(c, 1, rows), Error);
+        CHECK(failed_exit(job.wait()));  // a dead rank ends the job, non-zero
+      }
+      wait_unlocked(dir.path / "data", ranks);
+      Job job(dir.path / "data", ranks, dir.path / "restart.log");
+      Client c(job.client());
+      CHECK(rows_of(c, 0, rows) == rows);
+      // A part missing: dropped. Every part durable: committed unless rank 0 died before logging the
+      // commit point (another rank's death races with rank 0's commit). Committed: completed by recovery.
+      const std::size_t batch1 = rows_of(c, 1, rows);
+      if (point == "write" || (point == "parts" && victim == 0)) CHECK(batch1 == 0);
+      else if (point == "commit") CHECK(batch1 == rows);
+      else CHECK((batch1 == 0 || batch1 == rows));
+      write_batch(c, 2, rows);  // transaction numbers go on without reusing a dropped part's
+      CHECK(rows_of(c, 2, rows) == rows);
+      CHECK(c.describe("c").size == 2 * rows + batch1);
+    }
+}
+
+TEST_CASE("sharded server keeps every acknowledged write when a rank is killed during a stream of writes", "[sharded_server][stream]") {
+  const std::size_t ranks = test_ranks(), rows = 2 * ranks;
+  for (const std::size_t victim : {ranks - 1, std::size_t{0}}) {
+    INFO("rank " << victim << " killed");
+    test::TempDir dir;
+    std::filesystem::create_directories(dir.path);
+    std::size_t acked = 0;
+    {
+      Job job(dir.path / "data", ranks, dir.path / "stream.log");
+      const pid_t pid = job.rank_pid(victim);
+      REQUIRE(pid > 0);
+      Client c(job.client());
+      c.create_collection("c", {4, 2});
+      std::thread killer;
+      try {
+        for (std::size_t b = 0; b < 100000; ++b) {
+          write_batch(c, b, rows);
+          acked = b + 1;
+          if (b == 20)
+            killer = std::thread([pid] {
+              std::this_thread::sleep_for(30ms);
+              ::kill(pid, SIGKILL);
+            });
+        }
+      } catch (const Error&) {  // the job died under the write in flight
+      }
+      if (killer.joinable()) killer.join();
+      CHECK(acked > 20);
+      CHECK(failed_exit(job.wait()));
+    }
+    wait_unlocked(dir.path / "data", ranks);
+    Job job(dir.path / "data", ranks, dir.path / "restart.log");
+    Client c(job.client());
+    for (std::size_t b = 0; b < acked; ++b) CHECK(rows_of(c, b, rows) == rows);
+    const std::size_t in_flight = rows_of(c, acked, rows);  // the write that was not acknowledged
+    CHECK((in_flight == 0 || in_flight == rows));
+    CHECK(c.describe("c").size == acked * rows + in_flight);
+  }
+}
