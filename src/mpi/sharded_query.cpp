@@ -284,6 +284,8 @@ QueryResults ShardedCollection::query(std::span<const float> queries, Retrieval 
       detail::check_finite(queries, "query", d);
       if (kind != Retrieval::soft && kind != Retrieval::hard) throw Error(ErrorCode::invalid_argument, "unknown retrieval kind");
       im.shard_.check_options(options, kind);  // the same checks as one collection's, even on an empty shard
+      if (options.iterations != 1)
+        throw Error(ErrorCode::unsupported, "iterative retrieval (iterations > 1) is not supported on sharded collections");
       detail::mpi_count(queries.size(), "a query batch");
       h.n = queries.size() / d;
     } catch (const Error& e) {

@@ -245,11 +245,73 @@ void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, 
   }
 }
 
+// Head j's scores of a widened chunk: the same product scale * dot as score_rows, over key slice j
+// (width dh at offset j * dh within rows of stride d), so a head scores what a collection of its
+// slices alone would. Not inlined, like score_rows.
+template <class P>
+[[gnu::noinline]] void score_head_rows(const float* q, float scale, const float* keys, std::size_t rows, std::size_t stride,
+                                       std::size_t dh, float* scores) {
+  for (std::size_t r = 0; r < rows; ++r) scores[r] = scale * P::dot(q, keys + r * stride, dh);
+}
+
+// Scratch of heads x kScanBlockRows floats, kept per thread (a masked scan calls per block).
+inline float* head_scratch(std::size_t floats) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+// Multi-head: per block one key pass scores every head, then each head's max and exponentials, then
+// one value pass blends every head's slice; each row is read once for all heads.
+template <class P>
+void soft_scan_heads(const float* q, const float* scales, std::size_t heads, const RowSpan& span, float* max, float* sum,
+                     float* acc, ScoreSink* const* sinks) {
+  const std::size_t d = span.dim, dv = span.value_dim, dh = d / heads, dvh = dv / heads;
+  float* scores = head_scratch(2 * heads * kScanBlockRows);  // head j's block at j * kScanBlockRows
+  float* weights = scores + heads * kScanBlockRows;
+  Widener<P> widen;
+  for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
+    const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
+    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+      for (std::size_t j = 0; j < heads; ++j)
+        score_head_rows<P>(q + j * dh, scales[j], k + j * dh, n, d, dh, scores + j * kScanBlockRows + off);
+    });
+    for (std::size_t j = 0; j < heads; ++j) {
+      float* s = scores + j * kScanBlockRows;
+      raise_max<P>(P::max(s, rows), max[j], sum[j], acc + j * dvh, dvh);
+      sum[j] += P::exp_shifted(s, rows, max[j], weights + j * kScanBlockRows);
+      if (sinks != nullptr && sinks[j] != nullptr) sinks[j]->offer(s, start, rows);
+    }
+    widen.values(span, start, rows, [&](const float* v, std::size_t off, std::size_t n) {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < heads; ++j)
+          P::axpy(acc + j * dvh, weights[j * kScanBlockRows + off + r], v + r * dv + j * dvh, dvh);
+    });
+  }
+}
+
+template <class P>
+void hard_scan_heads(const float* q, const float* scales, std::size_t heads, const RowSpan& span, ArgMax* best) {
+  const std::size_t d = span.dim, dh = d / heads;
+  float* scores = head_scratch(heads * kScanBlockRows);
+  Widener<P> widen;
+  for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
+    const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
+    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+      for (std::size_t j = 0; j < heads; ++j)
+        score_head_rows<P>(q + j * dh, scales[j], k + j * dh, n, d, dh, scores + j * kScanBlockRows + off);
+    });
+    for (std::size_t j = 0; j < heads; ++j)
+      for (std::size_t r = 0; r < rows; ++r) offer_argmax(scores[j * kScanBlockRows + r], start + r, span.ids, best[j]);
+  }
+}
+
 // The table for one primitives policy; each kernels_*.cpp calls this once with its own P.
 template <class P>
 KernelTable make_table(std::string_view name) {
   return KernelTable{name,         &P::dot,           &score_span<P>,       &soft_scan<P>,
-                     &soft_scan_batch<P>, &hard_scan<P>, &hard_scan_batch<P>, &top_scan<P>};
+                     &soft_scan_batch<P>, &hard_scan<P>, &hard_scan_batch<P>, &top_scan<P>,
+                     &soft_scan_heads<P>, &hard_scan_heads<P>};
 }
 
 }  // namespace softkv::detail::scan
