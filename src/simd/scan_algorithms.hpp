@@ -245,13 +245,18 @@ void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, 
   }
 }
 
-// Head j's scores of a widened chunk: the same product scale * dot as score_rows, over key slice j
-// (width dh at offset j * dh within rows of stride d), so a head scores what a collection of its
-// slices alone would. Not inlined, like score_rows.
+// Every head's scores of a widened chunk, row by row (a row's key stays in L1 while its h slices are
+// scored): head j's score of row r is the same product scale * dot as score_rows, over key slice j
+// (width dh at offset j * dh within rows of stride d), so a head scores what a collection of its slices
+// alone would. Head j's scores go to scores[j * kScanBlockRows + r]. Not inlined, like score_rows.
 template <class P>
-[[gnu::noinline]] void score_head_rows(const float* q, float scale, const float* keys, std::size_t rows, std::size_t stride,
-                                       std::size_t dh, float* scores) {
-  for (std::size_t r = 0; r < rows; ++r) scores[r] = scale * P::dot(q, keys + r * stride, dh);
+[[gnu::noinline]] void score_heads_rows(const float* q, const float* scales, std::size_t heads, const float* keys,
+                                        std::size_t rows, std::size_t d, float* scores) {
+  const std::size_t dh = d / heads;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* k = keys + r * d;
+    for (std::size_t j = 0; j < heads; ++j) scores[j * kScanBlockRows + r] = scales[j] * P::dot(q + j * dh, k + j * dh, dh);
+  }
 }
 
 // Scratch of heads x kScanBlockRows floats, kept per thread (a masked scan calls per block).
@@ -266,15 +271,14 @@ inline float* head_scratch(std::size_t floats) {
 template <class P>
 void soft_scan_heads(const float* q, const float* scales, std::size_t heads, const RowSpan& span, float* max, float* sum,
                      float* acc, ScoreSink* const* sinks) {
-  const std::size_t d = span.dim, dv = span.value_dim, dh = d / heads, dvh = dv / heads;
+  const std::size_t d = span.dim, dv = span.value_dim, dvh = dv / heads;
   float* scores = head_scratch(2 * heads * kScanBlockRows);  // head j's block at j * kScanBlockRows
   float* weights = scores + heads * kScanBlockRows;
   Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
     widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
-      for (std::size_t j = 0; j < heads; ++j)
-        score_head_rows<P>(q + j * dh, scales[j], k + j * dh, n, d, dh, scores + j * kScanBlockRows + off);
+      score_heads_rows<P>(q, scales, heads, k, n, d, scores + off);
     });
     for (std::size_t j = 0; j < heads; ++j) {
       float* s = scores + j * kScanBlockRows;
@@ -292,17 +296,27 @@ void soft_scan_heads(const float* q, const float* scales, std::size_t heads, con
 
 template <class P>
 void hard_scan_heads(const float* q, const float* scales, std::size_t heads, const RowSpan& span, ArgMax* best) {
-  const std::size_t d = span.dim, dh = d / heads;
+  const std::size_t d = span.dim;
   float* scores = head_scratch(heads * kScanBlockRows);
   Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
     widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
-      for (std::size_t j = 0; j < heads; ++j)
-        score_head_rows<P>(q + j * dh, scales[j], k + j * dh, n, d, dh, scores + j * kScanBlockRows + off);
+      score_heads_rows<P>(q, scales, heads, k, n, d, scores + off);
     });
-    for (std::size_t j = 0; j < heads; ++j)
-      for (std::size_t r = 0; r < rows; ++r) offer_argmax(scores[j * kScanBlockRows + r], start + r, span.ids, best[j]);
+    for (std::size_t j = 0; j < heads; ++j) {
+      const float* s = scores + j * kScanBlockRows;
+      if (rows == kScanBlockRows) {
+        // A full block screened as 16 x 16 lanes (as hard_scan_batch screens): a finite sum means every
+        // score is finite, and a max below the best so far cannot change the answer.
+        alignas(64) float top[kBatchLanes], total[kBatchLanes];
+        P::column_max_sum(s, kScanBlockRows / kBatchLanes, kBatchLanes, top, total);
+        float m = -std::numeric_limits<float>::infinity(), t = 0.0f;
+        for (std::size_t b = 0; b < kBatchLanes; ++b) m = top[b] > m ? top[b] : m, t += total[b];
+        if (std::isfinite(t) && m < best[j].score) continue;
+      }
+      for (std::size_t r = 0; r < rows; ++r) offer_argmax(s[r], start + r, span.ids, best[j]);
+    }
   }
 }
 
