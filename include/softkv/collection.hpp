@@ -314,9 +314,12 @@ class Collection {
   /// itself: the fused batch kernels (n > 1, soft without top_m/top_k/epsilon; hard unless an
   /// hnsw/ivf/automatic index answers it), else each query on its own (query_soft / query_hard,
   /// pruned when asked). Each answer equals what that path's method returns, bit for bit; a batch
-  /// answer has candidates = N (the eligible entries under a mask), tail_bound 0 and no contributors. Throws the first query's error.
+  /// answer has candidates = N (the eligible entries under a mask), tail_bound 0 and no contributors.
+  /// Multi-head collections and iterations > 1 run each query on its own. Throws the first query's error.
   [[nodiscard]] QueryResults query(std::span<const float> queries, Retrieval kind, const QueryOptions& options = {}) const;
-  /// Soft retrieval: softmax(s) . V over every entry. Throws on empty collection or bad query.
+  /// Soft retrieval: softmax(s) . V over every entry (per head on a multi-head collection; iterated when
+  /// options.iterations > 1). Throws on empty collection or bad query; top_k/epsilon on a multi-head
+  /// collection are Error(unsupported).
   [[nodiscard]] SoftResult query_soft(std::span<const float> query, const QueryOptions& options = {}) const;
   /// Hard retrieval: the value of argmax s_i (ties: smallest id). Only the keys are read. With an
   /// HNSW or IVF index (and !options.exact) the best of the index's top 64 is taken (rescored, ties
@@ -334,7 +337,8 @@ class Collection {
   /// collection runs waits, and runs with every query that waited as one batched pass when that pass
   /// ends (each keeps its own scale, top_m and kind); a query on an idle collection runs at once.
   /// A coalesced answer equals the batched kernel's and differs from the single-query path only by
-  /// float rounding. Pruned queries (top_k, epsilon), masked queries and index-searched hard queries never wait.
+  /// float rounding. Pruned queries (top_k, epsilon), masked queries, index-searched hard queries and
+  /// queries on multi-head collections never wait.
   /// Safe to change at any time; queries already waiting are still served.
   void set_coalescing(bool on) const noexcept;
   /// Whether coalescing is on.
