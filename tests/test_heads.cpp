@@ -9,6 +9,8 @@
 #include <string>
 
 #include "codec/records.hpp"
+#include "heads_scan.hpp"
+#include "simd/kernel_table.hpp"
 #include "errors.hpp"
 #include "reference.hpp"
 #include "softkv/softkv.hpp"
@@ -345,6 +347,49 @@ TEST_CASE("heads: persisted in the log and snapshots, single-head records unchan
   const detail::DimensionsOf dims = [](const std::string&) { return std::optional<std::pair<std::size_t, std::size_t>>{}; };
   const auto back = detail::decode_mutation(three.type, three.payload, dims);
   CHECK(std::get<detail::mutation::Create>(back).config.heads == 3);
+}
+
+namespace {
+
+// A kernel table whose multi-head kernel counts the rows it is handed before running the real one.
+const detail::KernelTable* g_real = nullptr;
+std::size_t g_rows = 0, g_calls = 0;
+void counting_heads(const float* q, const float* scales, std::size_t heads, const detail::RowSpan& span, float* max,
+                    float* sum, float* acc, detail::ScoreSink* const* sinks) {
+  g_rows += span.rows;
+  ++g_calls;
+  g_real->soft_scan_heads(q, scales, heads, span, max, sum, acc, sinks);
+}
+
+}  // namespace
+
+TEST_CASE("heads: one pass over the rows serves every head, masked or not", "[heads]") {
+  const std::size_t n = 1000, d = 32, dv = 16, h = 8;
+  const std::vector<float> keys = test::normal_floats(n * d, 71), values = test::normal_floats(n * dv, 72);
+  std::vector<std::uint64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = i;
+  const detail::RowSpan span{keys.data(), values.data(), ids.data(), n, d, dv};
+  g_real = &detail::kernels();
+  detail::KernelTable counting = detail::kernels();
+  counting.soft_scan_heads = &counting_heads;
+  const std::vector<float> q = test::normal_floats(d, 73), scales(h, 0.5f);
+  detail::EligibleRows half;
+  for (std::size_t r = 0; r < n; r += 100) half.runs.push_back({r, 50});  // runs of 50: gathered into blocks
+  half.count = n / 2;
+  for (const detail::EligibleRows& rows : {detail::all_rows(n), half}) {
+    for (std::size_t parts : {std::size_t{1}, std::size_t{3}}) {
+      g_rows = g_calls = 0;
+      const auto counted = detail::heads_soft_scan(counting, q.data(), scales.data(), h, span, rows, parts, 2);
+      CHECK(g_rows == rows.count);  // each eligible row handed to the kernel once, for all 8 heads
+      CHECK(g_calls >= parts);
+      const auto plain = detail::heads_soft_scan(detail::kernels(), q.data(), scales.data(), h, span, rows, parts, 2);
+      for (std::size_t j = 0; j < h; ++j) {
+        CHECK(counted.states[j].max == plain.states[j].max);
+        CHECK(counted.states[j].sum == plain.states[j].sum);
+        CHECK(counted.top[j].size() == 2);
+      }
+    }
+  }
 }
 
 // ---- iterative retrieval ----
