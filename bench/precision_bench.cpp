@@ -2,7 +2,10 @@
 // precision next to float32, and the error of each against a float64 answer (bench/results/PRECISION.md).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <memory>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -70,7 +73,7 @@ int main(int argc, char** argv) {
   app.add_option("-d,--dim", d, "key dimension");
   app.add_option("--value-dim", dv, "value dimension");
   app.add_option("--batch", batch, "queries in the batched run");
-  app.add_option("--reps", reps, "timed repetitions (median reported)");
+  app.add_option("--reps", reps, "timed rounds, each setting once per round, interleaved (medians reported)");
   app.add_option("--error-rows", error_rows, "entries of the error measurement against float64");
   app.add_option("--threads", threads, "threads per query (0: softkv's choice)");
   CLI11_PARSE(app, argc, argv);
@@ -88,29 +91,58 @@ int main(int argc, char** argv) {
               "batch ms/query", "speedup");
   const std::vector<float> keys = softkv::bench::uniform_floats(n * d, 1), values = softkv::bench::uniform_floats(n * dv, 2);
   const std::vector<float> queries = softkv::bench::uniform_floats(batch * d, 3);
-  double single_f32 = 0, batch_f32 = 0;
+  // Every collection is built first and the timings interleave (one run of each setting per round),
+  // so a change in the machine's load during the run touches every setting alike; the speed-ups are
+  // the medians of the per-round ratios to float32 in the same round.
+  struct Built {
+    const Setting* setting;
+    std::unique_ptr<softkv::Collection> col;
+    double rss = 0;
+    std::vector<double> single, batched;
+  };
+  std::vector<Built> built;
   for (const Setting& s : kSettings) {
     softkv::CollectionConfig config{d, dv, softkv::Metric::dot, std::nullopt, {}};
     config.key_precision = s.key;
     config.value_precision = s.value;
     const double rss_before = rss_mib();
-    softkv::Collection col(config);
-    col.set_coalescing(false);
+    auto col = std::make_unique<softkv::Collection>(config);
+    col->set_coalescing(false);
     for (std::size_t start = 0; start < n; start += 65536) {  // in slices: prepare() copies its input
       const std::size_t m = std::min<std::size_t>(65536, n - start);
-      col.add_batch(std::span(keys).subspan(start * d, m * d), std::span(values).subspan(start * dv, m * dv));
+      col->add_batch(std::span(keys).subspan(start * d, m * d), std::span(values).subspan(start * dv, m * dv));
     }
-    const double rss = rss_mib() - rss_before;  // the collection's rows (the inputs were resident before)
-    const std::span<const float> one(queries.data(), d);
-    softkv::QueryOptions timed;
-    timed.threads = threads;
-    const double single = softkv::bench::median_ms(reps, [&] { (void)col.query_soft(one, timed); });
-    const double batched = softkv::bench::median_ms(reps, [&] { (void)col.query_soft_batch(queries, timed); }) / double(batch);
-    if (s.key == softkv::Precision::f32 && s.value == softkv::Precision::f32) single_f32 = single, batch_f32 = batched;
-    const double bytes = row_bytes(s, d, dv);
-    std::printf("%-10s %9.0f %9.0f %11.2f %9.1f %8.2fx %13.3f %8.2fx\n", s.name, bytes, rss, single, bytes * double(n) / single / 1e6,
-                single_f32 / single, batched, batch_f32 / batched);
+    built.push_back({&s, std::move(col), rss_mib() - rss_before, {}, {}});  // the collection's rows (inputs were resident before)
   }
+  const std::span<const float> one(queries.data(), d);
+  softkv::QueryOptions timed;
+  timed.threads = threads;
+  auto ms = [](auto&& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (Built& b : built) (void)b.col->query_soft(one, timed), (void)b.col->query_soft_batch(queries, timed);  // warm up
+  for (int round = 0; round < std::max(1, reps); ++round)
+    for (Built& b : built) {
+      b.single.push_back(ms([&] { (void)b.col->query_soft(one, timed); }));
+      b.batched.push_back(ms([&] { (void)b.col->query_soft_batch(queries, timed); }) / double(batch));
+    }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  auto ratio = [&](const std::vector<double>& base, const std::vector<double>& x) {
+    std::vector<double> r(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) r[i] = base[i] / x[i];
+    return median(r);
+  };
+  for (const Built& b : built) {
+    const double single = median(b.single), batched = median(b.batched), bytes = row_bytes(*b.setting, d, dv);
+    std::printf("%-10s %9.0f %9.0f %11.2f %9.1f %8.2fx %13.3f %8.2fx\n", b.setting->name, bytes, b.rss, single,
+                bytes * double(n) / single / 1e6, ratio(built[0].single, b.single), batched, ratio(built[0].batched, b.batched));
+  }
+  built.clear();
 
   // Error against float64 on random normal-ish data (uniform [-1, 1) here), at T = 1 and T = 0.1.
   std::printf("\nmax error against float64 (N = %zu, d = %zu, dv = %zu, 8 queries; scale 1/(sqrt(d) T)):\n", error_rows, d, dv);

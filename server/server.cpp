@@ -38,6 +38,10 @@ using namespace asio::experimental::awaitable_operators;
 
 namespace {
 
+// An error the server itself raises (not a softkv::Error from the handler): the same "<code name>: "
+// prefix as every other error message.
+wire::ErrorReply error_reply(ErrorCode code, const std::string& text) { return wire::ErrorReply{code, Error(code, text).what()}; }
+
 constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
 using Clock = std::chrono::steady_clock;
 
@@ -244,8 +248,8 @@ class Server::Impl {
 
   std::vector<std::byte> busy_frame() const {
     return wire::encode_reply(wire::Opcode::hello, 0,
-                              wire::ErrorReply{ErrorCode::server_busy, "the server is at its connection limit of " +
-                                                                           std::to_string(config_.max_connections)});
+                              error_reply(ErrorCode::server_busy, "the server is at its connection limit of " +
+                                                               std::to_string(config_.max_connections)));
   }
 
   // One server_busy frame and a close, keeping no descriptor: the frame fits any fresh socket buffer,
@@ -340,10 +344,10 @@ class Server::Impl {
     if (const auto* auth = std::get_if<wire::Auth>(&request)) {
       authenticated = config_.auth_token.empty() || constant_time_equal(auth->token, config_.auth_token);
       if (authenticated) co_return Answer{wire::Ack{}};
-      co_return Answer{wire::ErrorReply{ErrorCode::unauthenticated, "wrong auth token"}, true};  // no guessing on an open connection
+      co_return Answer{error_reply(ErrorCode::unauthenticated, "wrong auth token"), true};  // no guessing on an open connection
     }
     if (!authenticated)
-      co_return Answer{wire::ErrorReply{ErrorCode::unauthenticated, "this server requires auth before any request but hello"}};
+      co_return Answer{error_reply(ErrorCode::unauthenticated, "this server requires auth before any request but hello")};
     if (std::holds_alternative<wire::Ping>(request)) co_return Answer{wire::Ack{}};
     if (handler_.is_cheap(request)) co_return Answer{handler_.handle(request)};  // small scans and reads: no thread hop
     c.waiting(Connection::Wait::request);
@@ -361,7 +365,7 @@ class Server::Impl {
       while (!stopping_) {
         const FrameReader::Next next = co_await next_frame(c, reader);
         if (next.status == FrameReader::Status::close) {
-          if (!next.reason.empty()) last = wire::encode_reply(wire::Opcode::ping, 0, wire::ErrorReply{next.code, next.reason});
+          if (!next.reason.empty()) last = wire::encode_reply(wire::Opcode::ping, 0, error_reply(next.code, next.reason));
           break;
         }
         const std::uint64_t id = next.frame.request_id;

@@ -96,11 +96,17 @@ void Collection::Impl::put(std::uint64_t id, const float* key, const float* valu
 void Collection::Impl::store(std::span<const std::uint64_t> ids, const float* keys, const float* values,
                              std::span<const std::uint64_t> tags) {
   const std::size_t n = ids.size();
-  ids_.reserve(ids_.size() + n);
-  tags_.reserve(tags_.size() + n);
-  keys_.reserve(ids_.size() + n);
-  values_.reserve(ids_.size() + n);
-  slot_of_.reserve(slot_of_.size() + n);
+  // Room for n more rows, growing geometrically: reserving exactly size + n on every batch would copy
+  // the whole collection on every write (quadratic in the number of batches, also at log replay).
+  const std::size_t need = ids_.size() + n;
+  if (need > ids_.capacity()) {
+    const std::size_t room = std::max(need, ids_.capacity() + ids_.capacity() / 2);
+    ids_.reserve(room);
+    tags_.reserve(room);
+    keys_.reserve(room);
+    values_.reserve(room);
+    slot_of_.reserve(room);
+  }
   for (std::size_t r = 0; r < n; ++r) put(ids[r], keys + r * dim(), values + r * value_dim(), tags.empty() ? 0 : tags[r]);
   size_hint_.store(ids_.size(), std::memory_order_relaxed);
   if (!index_) return;

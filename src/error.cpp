@@ -26,7 +26,18 @@ std::string_view to_string(ErrorCode code) noexcept {
   return "unknown_error";
 }
 
+namespace {
+
+// what() is a C string: a NUL inside the message (a collection name echoed from a request, say)
+// would cut it there, so it is written as the four characters \x00, as the wire escapes other bytes.
+std::string without_nul(std::string text) {
+  for (std::size_t at = text.find('\0'); at != std::string::npos; at = text.find('\0', at + 4)) text.replace(at, 1, "\\x00");
+  return text;
+}
+
+}  // namespace
+
 Error::Error(ErrorCode code, const std::string& message)
-    : std::runtime_error(std::string(to_string(code)) + ": " + message), code_(code) {}
+    : std::runtime_error(std::string(to_string(code)) + ": " + without_nul(message)), code_(code) {}
 
 }  // namespace softkv

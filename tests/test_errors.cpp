@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "softkv/softkv.hpp"
+#include "temp_dir.hpp"
 
 using namespace softkv;
 
@@ -114,6 +115,19 @@ TEST_CASE("a zero key or query has no direction under cosine", "[errors]") {
   expect_error(ErrorCode::invalid_argument, [&] { c.add(std::vector<float>{0, 0}, std::vector<float>{1}); });
   c.add(std::vector<float>{1, 0}, std::vector<float>{1});
   expect_error(ErrorCode::invalid_argument, [&] { (void)c.query_soft(std::vector<float>{0, 0}); });
+}
+
+TEST_CASE("an error message keeps what follows a NUL byte in a name, written as an escape", "[errors]") {
+  test::TempDir dir;
+  Database db(dir.path);
+  const std::string name("a\0b", 3);
+  try {
+    (void)db.collection(name);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::unknown_collection);
+    CHECK(std::string(e.what()).find("a\\x00b") != std::string::npos);
+  }
 }
 
 TEST_CASE("forcing an unknown kernel path is rejected", "[errors]") {

@@ -10,6 +10,7 @@
 
 #include "codec/records.hpp"
 #include "heads_scan.hpp"
+#include "kernel_paths.hpp"
 #include "simd/kernel_table.hpp"
 #include "errors.hpp"
 #include "reference.hpp"
@@ -20,16 +21,8 @@ using namespace softkv;
 
 namespace {
 
-struct ForcedPath {
-  std::string previous{simd_path()};
-  explicit ForcedPath(std::string_view name) { force_simd_path(name); }
-  ~ForcedPath() { force_simd_path(previous); }
-};
-
-std::string any_path() {
-  const auto paths = available_simd_paths();
-  return std::string(GENERATE_COPY(from_range(paths.begin(), paths.end())));
-}
+using test::any_path;
+using test::ForcedPath;
 
 CollectionConfig config(std::size_t d, std::size_t dv, std::size_t h, Metric metric = Metric::dot,
                         Precision kp = Precision::f32, Precision vp = Precision::f32) {

@@ -11,10 +11,12 @@
 #include <string>
 
 #include "codec/checked_blob.hpp"
+#include "codec/config.hpp"
 #include "codec/records.hpp"
 #include "errors.hpp"
 #include "reference.hpp"
 #include "storage/snapshot.hpp"
+#include "kernel_paths.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
 
@@ -24,16 +26,8 @@ namespace {
 
 constexpr std::uint64_t kMaxTag = std::numeric_limits<std::uint64_t>::max();
 
-struct ForcedPath {
-  std::string previous{simd_path()};
-  explicit ForcedPath(std::string_view name) { force_simd_path(name); }
-  ~ForcedPath() { force_simd_path(previous); }
-};
-
-std::string any_path() {
-  const auto paths = available_simd_paths();
-  return std::string(GENERATE_COPY(from_range(paths.begin(), paths.end())));
-}
+using test::ForcedPath;
+using test::any_path;
 
 // n entries with tags; grouped: tag = row / (n / groups) (rows of a tag stored together, long runs);
 // otherwise tag = row % groups (every run one row long, so the masked scans gather).
@@ -226,8 +220,24 @@ TEST_CASE("tagged log records and the snapshot tags section: round trips, and ev
   CHECK(damaged([&](auto& p) { p[section + 4] = std::byte{3}; }) == ErrorCode::corrupt_file);    // 3 tags for 2 rows
   CHECK(damaged([&](auto& p) { p.resize(p.size() - 8); }) == ErrorCode::corrupt_file);          // tags cut short
   CHECK(damaged([&](auto& p) { p.resize(p.size() + 8); }) == ErrorCode::corrupt_file);          // bytes after them
-  // Format 2 (no section) is still read, with every tag 0.
+  // Format 2 (f32 rows, a configuration without the precision bytes, no tags section) is still read,
+  // with every tag 0: made from this payload by swapping the configuration and cutting the section.
+  ByteWriter v2_config, v3_config;
+  put_config(v2_config, image.collections[0].image.config);
+  put_config(v3_config, image.collections[0].image.config);
+  put_config_precision(v3_config, image.collections[0].image.config);
+  auto sized = [](ByteWriter& w) {
+    ByteWriter out;
+    out.put(static_cast<std::uint16_t>(w.bytes().size()));
+    out.put_array(std::span<const std::byte>(w.bytes()));
+    return out.bytes();
+  };
+  const std::vector<std::byte> v2_sized = sized(v2_config), v3_sized = sized(v3_config);
   std::vector<std::byte> v2(blob.payload.begin(), blob.payload.begin() + static_cast<std::ptrdiff_t>(section));
+  const auto at = std::search(v2.begin(), v2.end(), v3_sized.begin(), v3_sized.end());
+  REQUIRE(at != v2.end());
+  const auto after = v2.erase(at, at + static_cast<std::ptrdiff_t>(v3_sized.size()));
+  v2.insert(after, v2_sized.begin(), v2_sized.end());
   const SnapshotImage old = decode_snapshot(seal_blob("SKVSNAP1", 2, v2), "s");
   CHECK(old.collections.at(0).image.rows.tags.empty());
   CHECK(old.collections.at(0).image.rows.ids == rows.ids);

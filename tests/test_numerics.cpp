@@ -15,6 +15,7 @@
 #include <string>
 
 #include "reference.hpp"
+#include "kernel_paths.hpp"
 #include "softkv/softkv.hpp"
 
 using namespace softkv;
@@ -23,17 +24,8 @@ namespace {
 
 constexpr float kFloatMax = std::numeric_limits<float>::max();
 
-// Restores the default kernel path when a test that forces one ends.
-struct ForcedPath {
-  std::string previous{simd_path()};
-  explicit ForcedPath(std::string_view name) { force_simd_path(name); }
-  ~ForcedPath() { force_simd_path(previous); }
-};
-
-std::string any_path() {
-  const auto paths = available_simd_paths();
-  return std::string(GENERATE_COPY(from_range(paths.begin(), paths.end())));
-}
+using test::ForcedPath;
+using test::any_path;
 
 // The code of the softkv::Error f throws, or nothing.
 template <class F>

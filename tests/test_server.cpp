@@ -311,6 +311,7 @@ TEST_CASE("bad input gets a typed error, and the connection survives unless the 
     const auto f = raw.frame();
     REQUIRE(f);
     CHECK(error_in(*f).code == ErrorCode::frame_too_large);
+    CHECK(error_in(*f).message.rfind("frame_too_large: ", 0) == 0);  // the same "<code>: " prefix as every error
     CHECK(raw.closed_within(2s));
   }
   SECTION("a slow sender is cut off at the frame deadline") {
@@ -547,6 +548,7 @@ TEST_CASE("before auth only small frames are read and after auth the full limit 
     REQUIRE(f);
     const auto e = error_in(*f);
     CHECK(e.code == ErrorCode::frame_too_large);
+    CHECK(e.message.rfind("frame_too_large: frame of ", 0) == 0);
     CHECK(e.message.find(std::to_string(server::kUnauthenticatedMaxFrame)) != std::string::npos);
     CHECK(raw.closed_within(3s));
   }

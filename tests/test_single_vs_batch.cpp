@@ -12,6 +12,7 @@
 #include <string>
 
 #include "reference.hpp"
+#include "kernel_paths.hpp"
 #include "softkv/softkv.hpp"
 
 using namespace softkv;
@@ -21,16 +22,8 @@ namespace {
 constexpr double kFloatMax = std::numeric_limits<float>::max();
 constexpr double kUnit = 1.0 / (1 << 24);  // float's unit roundoff
 
-struct ForcedPath {
-  std::string previous{simd_path()};
-  explicit ForcedPath(std::string_view name) { force_simd_path(name); }
-  ~ForcedPath() { force_simd_path(previous); }
-};
-
-std::string any_path() {
-  const auto paths = available_simd_paths();
-  return std::string(GENERATE_COPY(from_range(paths.begin(), paths.end())));
-}
+using test::ForcedPath;
+using test::any_path;
 
 float clamp_float(double x) { return static_cast<float>(std::clamp(x, -kFloatMax, kFloatMax)); }
 

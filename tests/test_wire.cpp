@@ -141,6 +141,14 @@ TEST_CASE("malformed payloads and unknown opcodes are typed protocol errors", "[
   padded.push_back(std::byte{0});
   CHECK(code_of(frame_of(encode_frame(f.opcode, 4, padded))) == ErrorCode::protocol_error);
   CHECK(longer > 0);
+  // Option flag bits 5-7 are reserved: a frame setting any of them is refused, not half-read.
+  for (int bit = 5; bit < 8; ++bit) {
+    auto flagged = good;
+    const std::size_t flags_at = 4 + 9 + (2 + 1) + 1;  // length, frame header, name "c", kind
+    REQUIRE(flagged[flags_at] == std::byte{1 | 4 | 16});  // temperature, top_k, exact
+    flagged[flags_at] |= std::byte(1u << bit);
+    CHECK(code_of(frame_of(flagged)) == ErrorCode::protocol_error);
+  }
 }
 
 TEST_CASE("fuzz regressions: inputs the fuzzers once broke", "[wire]") {

@@ -20,7 +20,10 @@ class Error(Exception):
         super().__init__(code, message)
 
     def __str__(self) -> str:  # KeyError's quoting of its argument would otherwise show through
-        return f"{self.name}: {self.message}"
+        # Messages from softkv (the library's what(), the server's error frames) already start with
+        # "<name>: "; the prefix is added only to one that does not.
+        prefix = f"{self.name}: "
+        return self.message if self.message.startswith(prefix) else prefix + self.message
 
 
 def _error_class(code: int, name: str, doc: str, *bases: type) -> type:

@@ -17,6 +17,8 @@ def test_every_cpp_error_code_has_its_subclass_with_code_and_name():
         assert cls.__name__ == "".join(p.capitalize() for p in name.split("_")) and getattr(softkv, cls.__name__) is cls
         e = softkv.make_error(code, "why")
         assert type(e) is cls and (e.code, e.name, e.message, str(e)) == (code, name, "why", f"{name}: why")
+        prefixed = softkv.make_error(code, f"{name}: why")  # what softkv's own messages look like
+        assert str(prefixed) == f"{name}: why"  # the name once, not twice
     unknown = softkv.make_error(999, "new")
     assert type(unknown) is softkv.Error and unknown.name == "error_999"
 

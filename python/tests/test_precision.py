@@ -38,6 +38,6 @@ def test_bad_precisions_and_out_of_range_values_raise_invalid_argument(tmp_path)
         db.add("c", np.ones((3, 4), dtype=np.float32), np.ones((3, 2), dtype=np.float32))
         s = db.stats("c")
         assert (s["key_precision"], s["value_precision"]) == ("bf16", "f16")
-        assert s["bytes_in_memory"] == 3 * (8 + 4 * 2 + 2 * 2)
+        assert s["bytes_in_memory"] == 3 * (8 + 8 + 4 * 2 + 2 * 2)  # id, tag, bf16 keys, f16 values
     with softkv.Database(tmp_path / "d", fsync="never") as db:
         assert db.collection("c").config["key_precision"] == "bf16"

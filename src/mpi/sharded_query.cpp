@@ -284,6 +284,11 @@ QueryResults ShardedCollection::query(std::span<const float> queries, Retrieval 
       detail::check_finite(queries, "query", d);
       if (kind != Retrieval::soft && kind != Retrieval::hard) throw Error(ErrorCode::invalid_argument, "unknown retrieval kind");
       im.shard_.check_options(options, kind);  // the same checks as one collection's, even on an empty shard
+      // Masks are not carried to the other ranks yet (WireOptions has no room for their lists):
+      // refuse them rather than answer over entries the mask should have hidden.
+      if (!options.tags_any.empty() || options.tag_range || !options.exclude_ids.empty())
+        throw Error(ErrorCode::unsupported, "sharded query: masks (tags_any, tag_range, exclude_ids) are not "
+                                            "supported on sharded collections yet");
       if (options.iterations != 1)
         throw Error(ErrorCode::unsupported, "iterative retrieval (iterations > 1) is not supported on sharded collections");
       detail::mpi_count(queries.size(), "a query batch");

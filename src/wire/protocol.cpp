@@ -47,6 +47,8 @@ QueryOptions get_options(ByteReader& r) {
   const auto epsilon = r.get<float>("epsilon");
   o.ef_search = r.get<std::uint32_t>("ef_search");
   o.nprobe = r.get<std::uint32_t>("nprobe");
+  constexpr std::uint8_t kKnownFlags = 1 | 2 | 4 | 8 | 16;
+  if ((flags & ~kKnownFlags) != 0) malformed("option flags " + std::to_string(int(flags)) + " set bits other than 0-4");
   if (flags & 1) o.temperature = temperature;
   if (flags & 2) o.scale = scale;
   if (flags & 4) o.top_k = top_k;

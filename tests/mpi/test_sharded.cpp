@@ -406,6 +406,14 @@ TEST_CASE("sharded: every caller error is the same typed Error on every rank and
     CHECK(error_of([&] { (void)no_index.query_soft(at_root(q), k4); }) == ErrorCode::invalid_argument);
     CHECK(no_index.query_hard(at_root(q), k4).id == s.query_hard(at_root(q)).id);  // hard ignores top_k
   }
+  for (int field = 0; field < 3; ++field) {  // masks are not carried to the shards yet: refused, never ignored
+    QueryOptions masked;
+    if (field == 0) masked.tags_any = {1};
+    if (field == 1) masked.tag_range = TagRange{0, 5};
+    if (field == 2) masked.exclude_ids = {data.ids[0]};
+    CHECK(error_of([&] { (void)s.query_soft(at_root(q), masked); }) == ErrorCode::unsupported);
+    CHECK(error_of([&] { (void)s.query_hard(at_root(q), masked); }) == ErrorCode::unsupported);
+  }
   QueryOptions huge;
   huge.scale = 1e38f;
   std::vector<float> big_q(kD, 1e3f);
