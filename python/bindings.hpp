@@ -35,7 +35,8 @@ std::optional<float> maybe_float(const std::optional<double>& v);
 CollectionConfig make_config(long long dim, long long value_dim, const std::string& metric, std::optional<double> scale,
                              const std::string& index, long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
                              long long ivf_train_size, long long auto_threshold, double rebuild_fraction,
-                             const std::string& key_precision = "f32", const std::string& value_precision = "f32");
+                             const std::string& key_precision = "f32", const std::string& value_precision = "f32",
+                             long long heads = 1);
 /// The name of a Precision ("f32", "f16", "bf16", "i8").
 const char* precision_name(Precision p);
 /// A configuration as the dict Python sees.
@@ -46,7 +47,8 @@ py::dict config_dict(const CollectionConfig& c);
   py::arg("dim"), py::arg("value_dim"), py::kw_only(), py::arg("metric") = "dot", py::arg("scale") = py::none(),  \
       py::arg("index") = "exact", py::arg("hnsw_m") = 32, py::arg("hnsw_ef_construction") = 80,                   \
       py::arg("ivf_nlist") = 0, py::arg("ivf_train_size") = 0, py::arg("auto_threshold") = 10000,                 \
-      py::arg("rebuild_fraction") = 0.25, py::arg("key_precision") = "f32", py::arg("value_precision") = "f32"
+      py::arg("rebuild_fraction") = 0.25, py::arg("key_precision") = "f32", py::arg("value_precision") = "f32",  \
+      py::arg("heads") = 1
 
 
 /// A collection as Python sees it: queries on a shared, read-only collection. Database.collection()

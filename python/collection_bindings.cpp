@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "arrays.hpp"
@@ -14,8 +16,11 @@ namespace {
 
 QueryOptions make_options(std::optional<double> temperature, std::optional<double> scale, long long top_m, long long threads,
                           std::optional<long long> top_k, std::optional<double> epsilon, long long ef_search,
-                          long long nprobe, long long check_sample, bool exact) {
+                          long long nprobe, long long check_sample, bool exact, long long iterations, double tolerance) {
   QueryOptions o;
+  o.iterations = non_negative(iterations, "iterations");
+  o.tolerance = static_cast<float>(tolerance);
+  if (std::isfinite(tolerance) && !std::isfinite(o.tolerance)) o.tolerance = std::numeric_limits<float>::infinity();
   o.temperature = maybe_float(temperature);
   o.scale = maybe_float(scale);
   o.top_m = non_negative(top_m, "top_m");
@@ -55,15 +60,34 @@ py::object contributors(const std::vector<Contributor>& top) {
   return types().contributors(to_numpy(std::move(ids)), to_numpy(std::move(weights)), to_numpy(std::move(scores)));
 }
 
+// Per-head arrays of a multi-head answer (empty for h = 1).
+void set_heads(py::object& out, const SoftResult& r) {
+  std::vector<double> lse;
+  std::vector<float> max_score;
+  py::tuple top(r.heads.size());
+  for (std::size_t j = 0; j < r.heads.size(); ++j) {
+    lse.push_back(r.heads[j].lse);
+    max_score.push_back(r.heads[j].max_score);
+    top[j] = contributors(r.heads[j].top);
+  }
+  out.attr("head_lse") = to_numpy(std::move(lse));
+  out.attr("head_max_score") = to_numpy(std::move(max_score));
+  out.attr("head_top") = std::move(top);
+  out.attr("iterations_run") = r.iterations_run;
+  out.attr("last_change") = r.last_change;
+}
+
 py::object soft_answer(SoftResult&& r) {
   py::object out = types().soft(to_numpy(std::move(r.value)), r.lse, r.max_score, r.candidates, r.tail_bound,
                                 r.tail_bound_guaranteed, index_name(r.searched_with), contributors(r.top));
   out.attr("mask_filtered_after_search") = r.mask_filtered_after_search;
+  set_heads(out, r);
   return out;
 }
 
 py::object hard_answer(HardResult&& r) {
-  return types().hard(r.id, r.score, to_numpy(std::move(r.value)), index_name(r.searched_with));
+  return types().hard(r.id, r.score, to_numpy(std::move(r.value)), index_name(r.searched_with), to_numpy(std::move(r.head_ids)),
+                      to_numpy(std::move(r.head_scores)));
 }
 
 // ---- the query side, shared by Collection and CollectionView: everything goes through Collection::query ----
@@ -110,9 +134,28 @@ py::object query_soft_batch(const CollectionView& self, py::handle queries, cons
     searched[i] = index_name(rows[i].searched_with);
     top[i] = contributors(rows[i].top);
   }
+  const std::size_t h = nq > 0 ? rows[0].heads.size() : 0;
+  std::vector<double> head_lse, last_change;
+  std::vector<float> head_max;
+  std::vector<std::uint64_t> iterations_run;
+  py::tuple head_top(nq);
+  for (std::size_t i = 0; i < nq; ++i) {
+    py::tuple tops(h);
+    for (std::size_t j = 0; j < h; ++j) {
+      head_lse.push_back(rows[i].heads[j].lse);
+      head_max.push_back(rows[i].heads[j].max_score);
+      tops[j] = contributors(rows[i].heads[j].top);
+    }
+    head_top[i] = std::move(tops);
+    iterations_run.push_back(rows[i].iterations_run);
+    last_change.push_back(rows[i].last_change);
+  }
+  const std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(h)};
   return types().soft_batch(to_numpy(std::move(values), {static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(dv)}),
                             to_numpy(std::move(lse)), to_numpy(std::move(max_score)), to_numpy(std::move(candidates)),
-                            to_numpy(std::move(tail)), std::move(guaranteed), std::move(searched), std::move(top));
+                            to_numpy(std::move(tail)), std::move(guaranteed), std::move(searched), std::move(top),
+                            to_numpy(std::move(head_lse), shape), to_numpy(std::move(head_max), shape), std::move(head_top),
+                            to_numpy(std::move(iterations_run)), to_numpy(std::move(last_change)));
 }
 
 py::object query_hard_batch(const CollectionView& self, py::handle queries, const QueryOptions& o) {
@@ -127,9 +170,17 @@ py::object query_hard_batch(const CollectionView& self, py::handle queries, cons
     std::copy(rows[i].value.begin(), rows[i].value.end(), values.begin() + static_cast<std::ptrdiff_t>(i * dv));
     searched[i] = index_name(rows[i].searched_with);
   }
+  const std::size_t h = nq > 0 ? rows[0].head_ids.size() : 0;
+  std::vector<std::uint64_t> head_ids;
+  std::vector<float> head_scores;
+  for (const HardResult& r : rows) {
+    head_ids.insert(head_ids.end(), r.head_ids.begin(), r.head_ids.end());
+    head_scores.insert(head_scores.end(), r.head_scores.begin(), r.head_scores.end());
+  }
+  const std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(h)};
   return types().hard_batch(to_numpy(std::move(ids)), to_numpy(std::move(scores)),
                             to_numpy(std::move(values), {static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(dv)}),
-                            std::move(searched));
+                            std::move(searched), to_numpy(std::move(head_ids), shape), to_numpy(std::move(head_scores), shape));
 }
 
 // Binds a query method with the options as keyword-only arguments (the same set on every query).
@@ -140,30 +191,38 @@ void def_query(Class& cls, const char* name, Query query, const char* input, con
       [query](const CollectionView& self, py::handle q, std::optional<double> temperature, std::optional<double> scale,
               long long top_m, long long threads, std::optional<long long> top_k, std::optional<double> epsilon,
               long long ef_search, long long nprobe, long long check_sample, bool exact, py::handle tags_any,
-              py::handle tag_range, py::handle exclude) {
-        QueryOptions o = make_options(temperature, scale, top_m, threads, top_k, epsilon, ef_search, nprobe, check_sample, exact);
+              py::handle tag_range, py::handle exclude, long long iterations, double tolerance) {
+        QueryOptions o = make_options(temperature, scale, top_m, threads, top_k, epsilon, ef_search, nprobe, check_sample, exact,
+                                      iterations, tolerance);
         add_mask(o, tags_any, tag_range, exclude);
         return query(self, q, o);
       },
       py::arg(input), py::kw_only(), py::arg("temperature") = py::none(), py::arg("scale") = py::none(), py::arg("top_m") = 0,
       py::arg("threads") = 0, py::arg("top_k") = py::none(), py::arg("epsilon") = py::none(), py::arg("ef_search") = 64,
       py::arg("nprobe") = 16, py::arg("check_sample") = 0, py::arg("exact") = false, py::arg("tags_any") = py::none(),
-      py::arg("tag_range") = py::none(), py::arg("exclude") = py::none(), doc);
+      py::arg("tag_range") = py::none(), py::arg("exclude") = py::none(), py::arg("iterations") = 1, py::arg("tolerance") = 0.0,
+      doc);
 }
 
 template <class Class>
 void def_queries(Class& cls) {
   def_query(cls, "query_soft", query_soft, "query",
             "query_soft(query, *, temperature=None, scale=None, top_m=0, threads=0, top_k=None, epsilon=None, ef_search=64, "
-            "nprobe=16, check_sample=0, exact=False, tags_any=None, tag_range=None, exclude=None) -> SoftResult\n\nSoft retrieval "
+            "nprobe=16, check_sample=0, exact=False, tags_any=None, tag_range=None, exclude=None, iterations=1, tolerance=0.0) "
+            "-> SoftResult\n\nSoft retrieval "
             "for one (d,) query: softmax(s) . V over "
             "every entry, or over the top_k (or epsilon-adaptive) candidates of the pruning index. scale = 1 / (sqrt(d) * "
             "temperature), or give scale (Hopfield's beta); unset: the collection's default. check_sample (hnsw/ivf): rows "
             "sampled outside the candidates to check the tail bound. Masks (all must hold): tags_any (tags), tag_range "
-            "(lo, hi) inclusive, exclude (ids); a masked entry is as if absent. The GIL is released while it runs.");
+            "(lo, hi) inclusive, exclude (ids); a masked entry is as if absent. Iterative (Hopfield) retrieval: iterations "
+            "(1..1000) passes, the blended value becoming the next query (needs value_dim == dim) until the relative "
+            "change is <= tolerance; the answer's iterations_run and last_change say how it ended. Multi-head "
+            "collections answer head_lse, head_max_score and head_top per head (top_k/epsilon: softkv.Unsupported). "
+            "The GIL is released while it runs.");
   def_query(cls, "query_hard", query_hard, "query",
             "query_hard(query, *, ...) -> HardResult\n\nHard retrieval for one (d,) query: the value of argmax s_i "
-            "(ties: smallest id). With an hnsw/ivf index the best of the index's top 64 is taken unless exact=True.");
+            "(ties: smallest id). With an hnsw/ivf index the best of the index's top 64 is taken unless exact=True. "
+            "Multi-head collections: head_ids and head_scores per head, value slice j from head j's winner.");
   def_query(cls, "query_soft_batch", query_soft_batch, "queries",
             "query_soft_batch(queries, *, ...) -> SoftBatchResult\n\nSoft retrieval for (B, d) queries through "
             "Collection::query: without top_m, top_k or epsilon the entries are read once for all B (candidates = N, no "
@@ -270,17 +329,19 @@ void bind_collections(py::module_& m) {
       .def(py::init([](long long dim, long long value_dim, const std::string& metric, std::optional<double> scale,
                        const std::string& index, long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
                        long long ivf_train_size, long long auto_threshold, double rebuild_fraction,
-                       const std::string& key_precision, const std::string& value_precision) {
+                       const std::string& key_precision, const std::string& value_precision, long long heads) {
              return OwnedCollection(std::make_shared<Collection>(make_config(dim, value_dim, metric, scale, index, hnsw_m,
                                                                              hnsw_ef_construction, ivf_nlist, ivf_train_size,
                                                                              auto_threshold, rebuild_fraction, key_precision,
-                                                                             value_precision)));
+                                                                             value_precision, heads)));
            }), SOFTKV_CONFIG_ARGS,
            "Collection(dim, value_dim, *, metric='dot', scale=None, index='exact', hnsw_m=32, hnsw_ef_construction=80, "
            "ivf_nlist=0, ivf_train_size=0, auto_threshold=10000, rebuild_fraction=0.25, key_precision='f32', "
-           "value_precision='f32')\n\nAn empty collection; metric "
+           "value_precision='f32', heads=1)\n\nAn empty collection; metric "
            "'dot' or 'cosine'; index 'exact', 'flat', 'hnsw', 'ivf' or 'automatic' (pruned queries with top_k/epsilon); "
-           "key_precision 'f32', 'f16', 'bf16' or 'i8', value_precision 'f32', 'f16' or 'bf16' (compact storage).")
+           "key_precision 'f32', 'f16', 'bf16' or 'i8', value_precision 'f32', 'f16' or 'bf16' (compact storage); "
+           "heads h (1..1024, dividing dim and value_dim): h attention heads, each with its own softmax over its key and "
+           "value slices (scale 1 / sqrt(dim / h)); needs index 'exact'.")
       .def("add", [](const OwnedCollection& c, py::handle key, py::handle value, py::handle tag) {
              const FloatInput k = float_input(key, 1, c.dim(), "key"), v = float_input(value, 1, c.value_dim(), "value");
              const std::uint64_t t = id_value(tag);

@@ -81,6 +81,7 @@ py::dict stats_dict(const CollectionStats& s) {
   d["bytes_in_memory"] = s.bytes_in_memory;
   d["bytes_on_disk"] = s.bytes_on_disk;
   d["key_precision"] = precision_name(s.key_precision);
+  d["heads"] = s.heads;
   d["value_precision"] = precision_name(s.value_precision);
   return d;
 }
@@ -123,10 +124,10 @@ void bind_database(py::module_& m) {
                                    const std::string& metric, std::optional<double> scale, const std::string& index,
                                    long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
                                    long long ivf_train_size, long long auto_threshold, double rebuild_fraction,
-                                   const std::string& key_precision, const std::string& value_precision) {
+                                   const std::string& key_precision, const std::string& value_precision, long long heads) {
              const CollectionConfig c = make_config(dim, value_dim, metric, scale, index, hnsw_m, hnsw_ef_construction,
                                                     ivf_nlist, ivf_train_size, auto_threshold, rebuild_fraction,
-                                                    key_precision, value_precision);
+                                                    key_precision, value_precision, heads);
              db.call([&](Database& d) { d.create_collection(name, c); return 0; });
            }, py::arg("name"), SOFTKV_CONFIG_ARGS,
            "Creates a collection (arguments as Collection's); names are 1-64 characters of [A-Za-z0-9_.-].")

@@ -61,7 +61,7 @@ const char* precision_name(Precision p) {
 CollectionConfig make_config(long long dim, long long value_dim, const std::string& metric, std::optional<double> scale,
                              const std::string& index, long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
                              long long ivf_train_size, long long auto_threshold, double rebuild_fraction,
-                             const std::string& key_precision, const std::string& value_precision) {
+                             const std::string& key_precision, const std::string& value_precision, long long heads) {
   CollectionConfig c;
   c.dim = non_negative(dim, "dim");
   c.value_dim = non_negative(value_dim, "value_dim");
@@ -76,6 +76,7 @@ CollectionConfig make_config(long long dim, long long value_dim, const std::stri
   c.index.rebuild_fraction = static_cast<float>(rebuild_fraction);
   c.key_precision = precision_from(key_precision, "key_precision");
   c.value_precision = precision_from(value_precision, "value_precision");
+  c.heads = non_negative(heads, "heads");
   check_config(c);
   return c;
 }
@@ -87,6 +88,7 @@ py::dict config_dict(const CollectionConfig& c) {
   d["metric"] = c.metric == Metric::cosine ? "cosine" : "dot";
   d["scale"] = c.scale ? py::object(py::float_(*c.scale)) : py::object(py::none());
   d["index"] = index_name(c.index.kind);
+  d["heads"] = c.heads;
   d["hnsw_m"] = c.index.hnsw_m;
   d["hnsw_ef_construction"] = c.index.hnsw_ef_construction;
   d["ivf_nlist"] = c.index.ivf_nlist;
@@ -154,9 +156,9 @@ PYBIND11_MODULE(_softkv, m) {
   m.def("check_config", [](long long dim, long long value_dim, const std::string& metric, std::optional<double> scale,
                            const std::string& index, long long hnsw_m, long long hnsw_ef_construction, long long ivf_nlist,
                            long long ivf_train_size, long long auto_threshold, double rebuild_fraction,
-                           const std::string& key_precision, const std::string& value_precision) {
+                           const std::string& key_precision, const std::string& value_precision, long long heads) {
           return config_dict(make_config(dim, value_dim, metric, scale, index, hnsw_m, hnsw_ef_construction, ivf_nlist,
-                                         ivf_train_size, auto_threshold, rebuild_fraction, key_precision, value_precision));
+                                         ivf_train_size, auto_threshold, rebuild_fraction, key_precision, value_precision, heads));
         }, SOFTKV_CONFIG_ARGS,
         "Checks a collection configuration against softkv's limits (softkv.InvalidArgument naming the first bad field) "
         "and returns it as a dict.");

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh python3-torch python3-faiss python3-matplotlib redis-server redis-tools
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j "$(nproc)" --target softkv_bench pruning_bench masks_bench load_gen softkv-server softkv_python mpi_bench precision_bench
+cmake --build build -j "$(nproc)" --target softkv_bench pruning_bench masks_bench heads_bench load_gen softkv-server softkv_python mpi_bench precision_bench
 /usr/bin/python3 bench/run_bench.py --build build --sizes "${BENCH_SIZES:-10000,100000,1000000}" \
   --reps "${BENCH_REPS:-5}" --server-seconds "${BENCH_SERVER_SECONDS:-5}"
 # Coalesced queries: softkv-server with --coalesce on and off under load (bench/results/COALESCING.md).
@@ -15,6 +15,9 @@ cmake --build build -j "$(nproc)" --target softkv_bench pruning_bench masks_benc
 # Masked queries (1% and 50% of 1M rows, grouped and scattered tags) vs the unmasked scan; the
 # annotated run is bench/results/MASKS.md, this writes the latest table next to it.
 ./build/bench/masks_bench | tee bench/results/masks_latest.md
+# Multi-head: h = 8 at N = 250k, d = dv = 512 vs 8 single-head collections of the slices and one
+# single-head scan over the same bytes; the annotated run is bench/results/HEADS.md.
+./build/bench/heads_bench | tee bench/results/heads_latest.md
 # Sharded queries under mpirun: 1 rank x 2 threads vs 2 ranks x 1 thread, P = 1..4 (bench/results/SHARDING.md).
 bench/mpi_bench.sh build > bench/results/sharding_run.md
 # Compact storage: each precision next to float32, and its error against float64 (bench/results/PRECISION.md).

@@ -22,6 +22,10 @@ Error session_request() { return Error(ErrorCode::internal, "hello, auth and pin
 // A thin mapping: the collection picks the path (batch kernel, one by one, pruned) itself.
 wire::Reply Handler::query(const wire::Query& q) {
   const auto c = db_.collection(q.name);
+  // A version-1 reply has no per-head fields: answering would pass head 0 off as the whole answer.
+  if (q.decoded_version < 2 && c->config().heads > 1)
+    throw Error(ErrorCode::unsupported, "collection '" + q.name + "' has " + std::to_string(c->config().heads) +
+                                            " heads: querying a multi-head collection needs protocol version 2");
   if (q.kind == wire::QueryKind::hard) return wire::HardReply{c->query(q.queries, Retrieval::hard, q.options).hard};
   return wire::SoftReply{c->query(q.queries, Retrieval::soft, q.options).soft};
 }

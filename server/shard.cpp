@@ -175,6 +175,8 @@ wire::Reply Shard::execute(const wire::Request& request) {
             agree([&] {
               Database::check_name(m.name);
               check_config(m.config);
+              if (m.config.heads != 1)  // the shards' partial answers merge one softmax per query
+                throw Error(ErrorCode::unsupported, "multi-head collections (heads > 1) are not supported by the sharded server");
               if (db_.has_collection(m.name)) throw Error(ErrorCode::collection_exists, "a collection named '" + m.name + "' exists");
             });
             mutate(m, ranks_);

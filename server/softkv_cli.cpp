@@ -94,6 +94,9 @@ int main(int argc, char** argv) {
   std::string key_precision = "f32", value_precision = "f32";
   create->add_option("--key-precision", key_precision, "how keys are stored")->check(CLI::IsMember({"f32", "f16", "bf16", "i8"}))->capture_default_str();
   create->add_option("--value-precision", value_precision, "how values are stored")->check(CLI::IsMember({"f32", "f16", "bf16"}))->capture_default_str();
+  // Multi-head (README, "Multi-head"): heads > 1 needs protocol version 2.
+  std::size_t heads = 1;
+  create->add_option("--heads", heads, "attention heads (1..1024, dividing --dim and --value-dim)")->capture_default_str();
 
   auto* load = app.add_subcommand("load", "add rows from key and value files (.npy or .fvecs)");
   std::string keys_file, values_file;
@@ -127,6 +130,11 @@ int main(int argc, char** argv) {
   query->add_option("--tags", mask_tags, "mask: only entries with one of these tags (comma-separated)");
   query->add_option("--tag-range", mask_range, "mask: only entries with lo <= tag <= hi, given as lo,hi");
   query->add_option("--exclude", mask_exclude, "mask: never these ids (comma-separated)");
+  // Iterative (Hopfield) retrieval: soft, dv == d, protocol version 2.
+  std::size_t iterations = 1;
+  float tolerance = 0.0f;
+  query->add_option("--iterations", iterations, "soft: feed the value back as the query up to this many times (1..1000)")->capture_default_str();
+  query->add_option("--tolerance", tolerance, "stop iterating once the relative change is <= this")->capture_default_str();
 
   auto* list = app.add_subcommand("list", "collection names");
   auto* stats = app.add_subcommand("stats", "server statistics, or a collection's with a name");
@@ -149,9 +157,10 @@ int main(int argc, char** argv) {
         if (index == kinds[k]) config.index.kind = static_cast<softkv::IndexKind>(k);
       config.key_precision = precision_of(key_precision);
       config.value_precision = precision_of(value_precision);
+      config.heads = heads;
       client.create_collection(name, config);
-      std::printf("created %s: d = %zu, dv = %zu, %s, index %s, keys %s, values %s\n", name.c_str(), dim, value_dim, metric.c_str(),
-                  index.c_str(), key_precision.c_str(), value_precision.c_str());
+      std::printf("created %s: d = %zu, dv = %zu, %s, index %s, keys %s, values %s, heads %zu\n", name.c_str(), dim, value_dim, metric.c_str(),
+                  index.c_str(), key_precision.c_str(), value_precision.c_str(), heads);
     } else if (*load) {
       const Matrix keys = softkv::cli::read_matrix(keys_file), values = softkv::cli::read_matrix(values_file);
       if (keys.rows != values.rows)
@@ -181,6 +190,7 @@ int main(int argc, char** argv) {
       }
       qo.temperature = temperature, qo.scale = scale, qo.epsilon = epsilon, qo.top_k = top_k, qo.exact = exact;
       qo.top_m = hard ? 0 : top_m;
+      qo.iterations = iterations, qo.tolerance = tolerance;
       if (!mask_tags.empty()) qo.tags_any = parse_u64s(mask_tags, "--tags");
       if (!mask_exclude.empty()) qo.exclude_ids = parse_u64s(mask_exclude, "--exclude");
       if (!mask_range.empty()) {
@@ -194,6 +204,8 @@ int main(int argc, char** argv) {
           std::printf("id %llu  score %.6g  (%s)  value [", (unsigned long long)h.id, h.score, index_name(h.searched_with));
           for (std::size_t i = 0; i < h.value.size() && i < 8; ++i) std::printf(i ? ", %.4g" : "%.4g", h.value[i]);
           std::printf(h.value.size() > 8 ? ", ...]\n" : "]\n");
+          for (std::size_t j = 0; j < h.head_ids.size(); ++j)
+            std::printf("    head %zu: id %llu  score %.6g\n", j, (unsigned long long)h.head_ids[j], h.head_scores[j]);
           answers.cols = h.value.size();
           answers.data.insert(answers.data.end(), h.value.begin(), h.value.end());
         }
@@ -203,7 +215,15 @@ int main(int argc, char** argv) {
                       s.tail_bound_guaranteed ? "" : " (estimate)", s.mask_filtered_after_search ? " (mask filtered after search)" : "");
           for (std::size_t i = 0; i < s.value.size() && i < 8; ++i) std::printf(i ? ", %.4g" : "%.4g", s.value[i]);
           std::printf(s.value.size() > 8 ? ", ...]\n" : "]\n");
-          for (const softkv::Contributor& c : s.top) std::printf("    id %-10llu weight %.4f  score %.6g\n", (unsigned long long)c.id, c.weight, c.score);
+          if (iterations > 1) std::printf("    iterations run %zu  last change %.3g\n", s.iterations_run, s.last_change);
+          if (s.heads.empty()) {
+            for (const softkv::Contributor& c : s.top) std::printf("    id %-10llu weight %.4f  score %.6g\n", (unsigned long long)c.id, c.weight, c.score);
+          }
+          for (std::size_t j = 0; j < s.heads.size(); ++j) {
+            std::printf("    head %zu: lse %.6g  max score %.6g\n", j, s.heads[j].lse, s.heads[j].max_score);
+            for (const softkv::Contributor& c : s.heads[j].top)
+              std::printf("      id %-10llu weight %.4f  score %.6g\n", (unsigned long long)c.id, c.weight, c.score);
+          }
           answers.cols = s.value.size();
           answers.data.insert(answers.data.end(), s.value.begin(), s.value.end());
         }
@@ -219,8 +239,8 @@ int main(int argc, char** argv) {
                     (unsigned long long)s.requests, (unsigned long long)s.last_sequence);
       } else {
         const softkv::CollectionStats s = client.describe(name);
-        std::printf("%s: %zu entries, d = %zu, dv = %zu, %s, index %s, keys %s, values %s, %llu bytes in memory, %llu bytes in the last snapshot\n",
-                    s.name.c_str(), s.size, s.dim, s.value_dim, s.metric == softkv::Metric::cosine ? "cosine" : "dot",
+        std::printf("%s: %zu entries, d = %zu, dv = %zu, heads %zu, %s, index %s, keys %s, values %s, %llu bytes in memory, %llu bytes in the last snapshot\n",
+                    s.name.c_str(), s.size, s.dim, s.value_dim, s.heads, s.metric == softkv::Metric::cosine ? "cosine" : "dot",
                     index_name(s.index), precision_name(s.key_precision), precision_name(s.value_precision),
                     (unsigned long long)s.bytes_in_memory, (unsigned long long)s.bytes_on_disk);
       }

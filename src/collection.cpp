@@ -43,7 +43,7 @@ std::span<const float> Collection::Impl::prepare_keys(std::span<const float> key
                                                       std::string_view what) const {
   if (config_.metric != Metric::cosine) return keys;
   buffer.assign(keys.begin(), keys.end());
-  detail::normalise_rows(buffer, dim(), what);
+  detail::normalise_rows(buffer, dim() / heads(), what);  // each head's slice on its own (one slice for h = 1)
   return buffer;
 }
 
@@ -319,6 +319,9 @@ std::size_t Collection::Impl::parts_for(const QueryOptions& options, std::size_t
 void Collection::Impl::check_pruning(const QueryOptions& options) const {
   if (!options.top_k && !options.epsilon) return;
   if (options.top_k && options.epsilon) throw Error(ErrorCode::invalid_argument, "give top_k or epsilon, not both");
+  if (heads() > 1)
+    throw Error(ErrorCode::unsupported, "pruned queries (top_k, epsilon) are not supported on multi-head collections (heads = " +
+                                            std::to_string(heads()) + "): query without top_k and epsilon");
   if (options.top_k && *options.top_k == 0) throw Error(ErrorCode::invalid_argument, "top_k must be >= 1");
   if (options.epsilon && !(*options.epsilon > 0.0f && *options.epsilon < 1.0f))
     throw Error(ErrorCode::invalid_argument, "epsilon must lie in (0, 1), got " + std::to_string(*options.epsilon));

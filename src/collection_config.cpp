@@ -29,6 +29,12 @@ void check_config(const CollectionConfig& c) {
   require(c.value_precision <= Precision::bf16,
           c.value_precision == Precision::i8 ? std::string("value_precision i8 is not supported (keys only): use f16 or bf16")
                                              : "unknown value_precision " + std::to_string(int(c.value_precision)));
+  require(c.heads >= 1 && c.heads <= L::kMaxHeads, range("heads", c.heads, 1, L::kMaxHeads));
+  require(c.dim % c.heads == 0 && c.value_dim % c.heads == 0,
+          "heads (" + std::to_string(c.heads) + ") must divide dim (" + std::to_string(c.dim) + ") and value_dim (" +
+              std::to_string(c.value_dim) + ")");
+  require(c.heads == 1 || c.index.kind == IndexKind::exact,
+          "a multi-head collection (heads > 1) has no pruning index: index kind must be exact");
   const IndexConfig& i = c.index;
   require(i.kind <= IndexKind::automatic, "unknown index kind " + std::to_string(int(i.kind)));
   // Upper bounds hold whatever the kind (the values are stored and encoded); the lower bounds only

@@ -59,6 +59,7 @@ class Collection::Impl {
   [[nodiscard]] const CollectionConfig& config() const noexcept { return config_; }
   [[nodiscard]] std::size_t dim() const noexcept { return config_.dim; }
   [[nodiscard]] std::size_t value_dim() const noexcept { return config_.value_dim; }
+  [[nodiscard]] std::size_t heads() const noexcept { return config_.heads; }
 
   // ---- reading: every method below that returns rows or indexes needs read_lock() held ----
   /// The shared lock queries hold while they read rows (writers wait; see writer_first_mutex.hpp).

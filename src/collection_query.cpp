@@ -8,6 +8,7 @@
 #include <string>
 
 #include "collection_impl.hpp"
+#include "heads_scan.hpp"
 #include "mask.hpp"
 #include "pruning.hpp"
 #include "scan.hpp"
@@ -304,6 +305,104 @@ void hard_pass(const Impl& impl, std::span<detail::HardPending* const> members, 
   }
 }
 
+
+// Multi-head: the validated queries (normalised per head slice for cosine), each head slice split with
+// the scale on its own, so head j scores exactly as a collection of slice j alone would; factors gets
+// nq x h factors.
+template <class Impl>
+std::vector<float> head_queries(const Impl& impl, std::span<const float> queries, float scale, std::vector<float>& factors) {
+  std::size_t count = 0;
+  std::vector<float> q = impl.prepare_queries(queries, count);
+  const std::size_t d = impl.dim(), h = impl.heads(), dh = d / h;
+  factors.resize(count * h);
+  for (std::size_t b = 0; b < count; ++b)
+    for (std::size_t j = 0; j < h; ++j)
+      factors[b * h + j] = detail::split_scale(std::span<float>(q.data() + b * d + j * dh, dh), scale);
+  return q;
+}
+
+// One multi-head soft query (prepared by head_queries): every head from one pass over the eligible rows.
+template <class Impl>
+SoftResult soft_heads(const Impl& impl, const float* q, const float* factors, const QueryOptions& options) {
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const detail::RowSpan span = impl.span();
+  const std::size_t h = impl.heads();
+  const detail::KernelTable& kernels = detail::kernels();
+  const detail::EligibleRows rows = detail::has_mask(options) ? impl.eligible(options) : detail::all_rows(span.rows);
+  const std::size_t parts = impl.parts_for(options, impl.dim() + impl.value_dim());
+  detail::HeadsSoftScan scan = detail::heads_soft_scan(kernels, q, factors, h, span, rows, parts, options.top_m);
+  SoftResult result;
+  result.heads.resize(h);
+  for (std::size_t j = 0; j < h; ++j) {
+    HeadResult& head = result.heads[j];
+    head.lse = scan.states[j].lse();
+    Impl::check_lse(head.lse);
+    head.max_score = scan.states[j].max;
+    if (!scan.top.empty())
+      for (const auto& item : scan.top[j])
+        head.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - head.lse)), item.score});
+  }
+  result.value = detail::heads_blended_value(kernels, q, factors, h, span, rows, scan.states);
+  result.lse = result.heads[0].lse;
+  result.max_score = result.heads[0].max_score;
+  result.top = result.heads[0].top;
+  result.candidates = rows.count;
+  return result;
+}
+
+// One multi-head hard query: head j's winner (ties to the smallest id) gives value slice j.
+template <class Impl>
+HardResult hard_heads(const Impl& impl, const float* q, const float* factors, const QueryOptions& options) {
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const detail::RowSpan span = impl.span();
+  const std::size_t h = impl.heads(), dvh = impl.value_dim() / h;
+  const detail::EligibleRows rows = detail::has_mask(options) ? impl.eligible(options) : detail::all_rows(span.rows);
+  const std::vector<detail::ArgMax> best =
+      detail::heads_hard_scan(detail::kernels(), q, factors, h, span, rows, impl.parts_for(options, impl.dim()));
+  HardResult result;
+  result.value.resize(impl.value_dim());
+  std::vector<float> v(impl.value_dim());
+  for (std::size_t j = 0; j < h; ++j) {
+    check_best(best[j]);
+    result.head_ids.push_back(span.ids[best[j].row]);
+    result.head_scores.push_back(best[j].score);
+    detail::value_row(span, best[j].row, v.data());
+    std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(j * dvh), dvh, result.value.begin() + static_cast<std::ptrdiff_t>(j * dvh));
+  }
+  result.id = result.head_ids[0];
+  result.score = result.head_scores[0];
+  return result;
+}
+
+// ||x_new - x_old|| / ||x_old|| in double; a zero x_old gives 0 if x_new is zero too, else +inf.
+double relative_change(std::span<const float> x_new, std::span<const float> x_old) {
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < x_old.size(); ++i) {
+    const double a = x_new[i], b = x_old[i];
+    diff += (a - b) * (a - b);
+    norm += b * b;
+  }
+  if (norm == 0.0) return diff == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(diff / norm);
+}
+
+// The iteration options: their ranges, soft only, and dv == d when the value becomes the next query.
+template <class Impl>
+void check_iterations(const Impl& impl, const QueryOptions& options, Retrieval kind) {
+  if (options.iterations < 1 || options.iterations > QueryOptions::kMaxIterations)
+    throw Error(ErrorCode::invalid_argument, "iterations must lie in [1, " + std::to_string(QueryOptions::kMaxIterations) +
+                                                 "], got " + std::to_string(options.iterations));
+  if (!(std::isfinite(options.tolerance) && options.tolerance >= 0.0f))
+    throw Error(ErrorCode::invalid_argument, "tolerance must be finite and >= 0, got " + std::to_string(options.tolerance));
+  if (options.iterations > 1 && kind == Retrieval::hard)
+    throw Error(ErrorCode::invalid_argument, "iterations > 1 apply to soft retrieval only (the blended value is the next query)");
+  if (options.iterations > 1 && impl.value_dim() != impl.dim())
+    throw Error(ErrorCode::invalid_argument, "iterations > 1 feed the value back as the query, which needs value_dim (" +
+                                                 std::to_string(impl.value_dim()) + ") == dim (" + std::to_string(impl.dim()) + ")");
+}
+
 }  // namespace
 
 QueryResults Collection::query(std::span<const float> queries, Retrieval kind, const QueryOptions& options) const {
@@ -314,6 +413,15 @@ QueryResults Collection::query(std::span<const float> queries, Retrieval kind, c
   const std::size_t nq = queries.size() / d;
   auto row = [&](std::size_t i) { return queries.subspan(i * d, d); };
   QueryResults out;
+  // Multi-head and iterative queries run one by one (each a single pass over the rows per iteration;
+  // the fused batch kernels are single-head).
+  if (impl_->heads() > 1 || options.iterations != 1) {
+    for (std::size_t i = 0; i < nq; ++i) {
+      if (kind == Retrieval::hard) out.hard.push_back(query_hard(row(i), options));
+      else out.soft.push_back(query_soft(row(i), options));
+    }
+    return out;
+  }
   if (kind == Retrieval::hard) {
     // hnsw/ivf (and automatic, which becomes ivf) answer through the index, one query at a time;
     // the fused batch kernel has no index.
@@ -364,18 +472,19 @@ float Collection::resolve_scale(const QueryOptions& options) const {
     const float t = *options.temperature;
     if (!(std::isfinite(t) && t > 0.0f))
       throw Error(ErrorCode::invalid_argument, "temperature must be finite and > 0, got " + std::to_string(t));
-    const double s = 1.0 / (std::sqrt(static_cast<double>(impl_->dim())) * t);
+    const double s = 1.0 / (std::sqrt(static_cast<double>(impl_->dim() / impl_->heads())) * t);
     if (!(s <= static_cast<double>(std::numeric_limits<float>::max())))
       throw Error(ErrorCode::invalid_argument, "temperature " + std::to_string(t) + " is too small: the scale overflows a float");
     return static_cast<float>(s);
   }
   if (impl_->config().scale) return *impl_->config().scale;
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(impl_->dim())));
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(impl_->dim() / impl_->heads())));
 }
 
 void Collection::check_options(const QueryOptions& options, Retrieval kind) const {
   (void)resolve_scale(options);
   detail::check_mask(options);
+  check_iterations(*impl_, options, kind);
   if (kind == Retrieval::soft) impl_->check_pruning(options);
 }
 
@@ -383,29 +492,55 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
   detail::check_dimension(query.size(), impl_->dim(), "query");
   const float scale = resolve_scale(options);
   detail::check_mask(options);
-  return guard_memory([&] {
-    std::vector<float> factor;
-    const std::vector<float> q = scaled_queries(*impl_, query, scale, factor);
-    impl_->check_pruning(options);
-    // A masked query runs alone: a coalesced pass serves every member over the same rows.
-    if (!impl_->coalescing() || options.top_k || options.epsilon || detail::has_mask(options))
-      return soft_one(*impl_, q.data(), factor[0], options);
-    detail::SoftPending pending;
-    pending.query = q.data();
-    pending.factor = factor[0];
-    pending.top_m = options.top_m;
-    return served(impl_->soft_coalescer(), pending,
-                  [&](detail::SoftPending& me) { me.result = soft_one(*impl_, me.query, me.factor, options); },
-                  [&](std::span<detail::SoftPending* const> members) { soft_pass(*impl_, members, options); });
-  });
+  check_iterations(*impl_, options, Retrieval::soft);
+  // One pass: the query as the collection prepares it (normalised for cosine, split with the scale).
+  auto once = [&](std::span<const float> x) {
+    return guard_memory([&] {
+      std::vector<float> factor;
+      if (impl_->heads() > 1) {
+        const std::vector<float> q = head_queries(*impl_, x, scale, factor);
+        impl_->check_pruning(options);  // top_k / epsilon: unsupported on multi-head collections
+        return soft_heads(*impl_, q.data(), factor.data(), options);
+      }
+      const std::vector<float> q = scaled_queries(*impl_, x, scale, factor);
+      impl_->check_pruning(options);
+      // A masked query runs alone: a coalesced pass serves every member over the same rows.
+      if (!impl_->coalescing() || options.top_k || options.epsilon || detail::has_mask(options))
+        return soft_one(*impl_, q.data(), factor[0], options);
+      detail::SoftPending pending;
+      pending.query = q.data();
+      pending.factor = factor[0];
+      pending.top_m = options.top_m;
+      return served(impl_->soft_coalescer(), pending,
+                    [&](detail::SoftPending& me) { me.result = soft_one(*impl_, me.query, me.factor, options); },
+                    [&](std::span<detail::SoftPending* const> members) { soft_pass(*impl_, members, options); });
+    });
+  };
+  if (options.iterations == 1) return once(query);
+  // Iterative (Hopfield) retrieval: x <- softmax(beta K x)^T V until the relative change <= tolerance.
+  std::vector<float> x(query.begin(), query.end());
+  SoftResult result;
+  for (std::size_t t = 1; t <= options.iterations; ++t) {
+    result = once(x);
+    result.iterations_run = t;
+    result.last_change = relative_change(result.value, x);
+    if (result.last_change <= static_cast<double>(options.tolerance)) break;
+    x = result.value;
+  }
+  return result;
 }
 
 HardResult Collection::query_hard(std::span<const float> query, const QueryOptions& options) const {
   detail::check_dimension(query.size(), impl_->dim(), "query");
   const float scale = resolve_scale(options);
   detail::check_mask(options);
+  check_iterations(*impl_, options, Retrieval::hard);
   return guard_memory([&] {
     std::vector<float> factor;
+    if (impl_->heads() > 1) {
+      const std::vector<float> q = head_queries(*impl_, query, scale, factor);
+      return hard_heads(*impl_, q.data(), factor.data(), options);
+    }
     const std::vector<float> q = scaled_queries(*impl_, query, scale, factor);
     // Only exact scans coalesce: hnsw, ivf and automatic collections answer through their index.
     const IndexKind index = impl_->config().index.kind;
@@ -425,6 +560,26 @@ SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, con
     throw Error(ErrorCode::invalid_argument, "batched queries do not report contributors: top_m must be 0");
   const float scale = resolve_scale(options);
   detail::check_mask(options);
+  check_iterations(*impl_, options, Retrieval::soft);
+  if (impl_->heads() > 1 || options.iterations != 1) {  // one by one (README "Multi-head": not fused)
+    const std::size_t d = impl_->dim();
+    if (queries.empty() || queries.size() % d != 0)
+      throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) + " floats, not a multiple of d = " +
+                                                     std::to_string(d));
+    const std::size_t nq = queries.size() / d;
+    SoftBatchResult result;
+    for (std::size_t b = 0; b < nq; ++b) {
+      const SoftResult r = query_soft(queries.subspan(b * d, d), options);
+      result.values.insert(result.values.end(), r.value.begin(), r.value.end());
+      result.lse.push_back(r.lse);
+      result.max_score.push_back(r.max_score);
+      for (const HeadResult& head : r.heads) {
+        result.head_lse.push_back(head.lse);
+        result.head_max_score.push_back(head.max_score);
+      }
+    }
+    return result;
+  }
   std::size_t rows = 0;
   return guard_memory([&] { return soft_batch(*impl_, queries, scale, options, rows); });
 }
@@ -432,6 +587,23 @@ SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, con
 HardBatchResult Collection::query_hard_batch(std::span<const float> queries, const QueryOptions& options) const {
   const float scale = resolve_scale(options);
   detail::check_mask(options);
+  check_iterations(*impl_, options, Retrieval::hard);
+  if (impl_->heads() > 1) {  // one by one (README "Multi-head": not fused)
+    const std::size_t d = impl_->dim();
+    if (queries.empty() || queries.size() % d != 0)
+      throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) + " floats, not a multiple of d = " +
+                                                     std::to_string(d));
+    HardBatchResult result;
+    for (std::size_t b = 0; b < queries.size() / d; ++b) {
+      const HardResult r = query_hard(queries.subspan(b * d, d), options);
+      result.ids.push_back(r.id);
+      result.scores.push_back(r.score);
+      result.values.insert(result.values.end(), r.value.begin(), r.value.end());
+      result.head_ids.insert(result.head_ids.end(), r.head_ids.begin(), r.head_ids.end());
+      result.head_scores.insert(result.head_scores.end(), r.head_scores.begin(), r.head_scores.end());
+    }
+    return result;
+  }
   return guard_memory([&] {
     std::vector<float> factor;
     const std::vector<float> q = scaled_queries(*impl_, queries, scale, factor);

@@ -193,6 +193,7 @@ CollectionStats Database::stats(std::string_view name) const {
   s.value_dim = c->config().value_dim;
   s.metric = c->config().metric;
   s.index = c->config().index.kind;
+  s.heads = c->config().heads;
   // Compact storage: elements at their precision, plus one float scale per row for i8 keys; and the tag.
   const Precision kp = c->config().key_precision, vp = c->config().value_precision;
   s.key_precision = kp;

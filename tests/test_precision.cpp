@@ -446,7 +446,7 @@ TEST_CASE("wire: create and describe carry the precisions in protocol version 2 
     config.key_precision = c.key;
     config.value_precision = c.value;
     const std::vector<std::byte> v1 = encode_request(Create{"c", config}, 7, 1), v2 = encode_request(Create{"c", config}, 7, 2);
-    CHECK(v2.size() == v1.size() + 2);  // two bytes appended, nothing else moved
+    CHECK(v2.size() == v1.size() + 6);  // two precision bytes and the u32 heads (issue 15) appended, nothing else moved
     CHECK(std::equal(v1.begin() + 4, v1.end(), v2.begin() + 4));
     const auto back2 = std::get<Create>(decode_request(frame_of(v2), 2));
     CHECK(back2.config.key_precision == c.key);

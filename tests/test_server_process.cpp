@@ -742,6 +742,7 @@ TEST_CASE("every integer field of every request at its extremes is answered or r
         {"ivf_nlist", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::ivf, c.index.ivf_nlist = v; }},
         {"ivf_train_size", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::ivf, c.index.ivf_train_size = v; }},
         {"auto_threshold", [](CollectionConfig& c, std::uint64_t v) { c.index.kind = IndexKind::automatic, c.index.auto_threshold = v; }},
+        {"heads", [](CollectionConfig& c, std::uint64_t v) { c.heads = v; }},  // (v2) 3 x 2: only 1 divides both
     };
     int n = 0;
     for (const auto& [field, set] : config_fields) {
@@ -782,6 +783,7 @@ TEST_CASE("every integer field of every request at its extremes is answered or r
         {"top_k", [](QueryOptions& o, std::uint64_t v) { o.top_k = v; }},
         {"ef_search", [](QueryOptions& o, std::uint64_t v) { o.ef_search = v, o.top_k = 5; }},
         {"nprobe", [](QueryOptions& o, std::uint64_t v) { o.nprobe = v, o.top_k = 5; }},
+        {"iterations", [](QueryOptions& o, std::uint64_t v) { o.iterations = v; }},  // (v2) dv != d: only 1 is answered
     };
     for (const auto& [field, set] : option_fields)
       for (std::uint64_t v : u32s)

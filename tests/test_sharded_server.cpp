@@ -367,6 +367,15 @@ TEST_CASE("sharded server answers as a single server and recovers every write af
     QueryOptions masked;
     masked.tags_any = {1};
     CHECK(error_of([&] { (void)cp.query_soft("exact", q, masked); }) == ErrorCode::unsupported);
+    cp.create_collection("square", {6, 6});  // iterations need dv == d: asked where they could run
+    QueryOptions iterated;
+    iterated.iterations = 3;
+    CHECK(error_of([&] { (void)cp.query_soft("square", std::vector<float>(6, 0.5f), iterated); }) == ErrorCode::unsupported);
+    cp.drop_collection("square");
+    CollectionConfig two_heads{6, 6};
+    two_heads.heads = 2;
+    CHECK(error_of([&] { cp.create_collection("heads", two_heads); }) == ErrorCode::unsupported);
+    CHECK(error_of([&] { (void)cp.describe("heads"); }) == ErrorCode::unknown_collection);  // nothing was created
     CHECK(cp.describe("exact").size == data.rows.size());
     CHECK(cp.stats().last_sequence > 0);
     cp.drop_collection("empty");

@@ -53,7 +53,8 @@ class Client {
   /// The protocol version this connection speaks, as settled by hello.
   [[nodiscard]] std::uint16_t protocol_version() const noexcept;
 
-  /// Creates a collection (see Database::create_collection).
+  /// Creates a collection (see Database::create_collection); compact precisions and heads > 1 need
+  /// protocol version 2 (Error(unsupported) on a version-1 connection).
   void create_collection(std::string_view name, const CollectionConfig& config);
   /// Drops a collection.
   void drop_collection(std::string_view name);
@@ -76,7 +77,8 @@ class Client {
   /// One entry.
   Entry get(std::string_view name, std::uint64_t id);
 
-  /// Soft retrieval for one query (d floats), as Collection::query_soft computes it.
+  /// Soft retrieval for one query (d floats), as Collection::query_soft computes it. Masks and
+  /// iterations need protocol version 2; a version-1 query on a multi-head collection is Error(unsupported).
   SoftResult query_soft(std::string_view name, std::span<const float> query, const QueryOptions& options = {});
   /// Hard retrieval for one query, as Collection::query_hard computes it.
   HardResult query_hard(std::string_view name, std::span<const float> query, const QueryOptions& options = {});

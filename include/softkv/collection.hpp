@@ -52,6 +52,10 @@ struct CollectionConfig {
   // Compact storage (issue 14).
   Precision key_precision = Precision::f32;    ///< how keys are stored: f32, f16, bf16 or i8
   Precision value_precision = Precision::f32;  ///< how values are stored: f32, f16 or bf16
+  /// Attention heads h (issue 15): d and dv split into h equal slices, each head with its own softmax
+  /// (default scale 1 / sqrt(d / h)). 1 .. ConfigLimits::kMaxHeads; d and dv divisible by h; h > 1
+  /// needs IndexKind::exact (no pruning index) and normalises each key slice for cosine.
+  std::size_t heads = 1;
 };
 
 /// The accepted range of every CollectionConfig field. check_config enforces it at creation, and every
@@ -64,6 +68,7 @@ struct ConfigLimits {
   static constexpr std::size_t kMaxIvfNlist = std::size_t{1} << 16;      ///< ivf_nlist: 0 (automatic) .. 65536
   static constexpr std::size_t kMaxIvfTrainSize = std::size_t{1} << 32;  ///< ivf_train_size: 0 (automatic), or ivf_nlist .. 2^32
   static constexpr float kMaxRebuildFraction = 1000.0f;                    ///< rebuild_fraction: (0, 1000]
+  static constexpr std::size_t kMaxHeads = 1024;                          ///< heads: 1 .. 1024, dividing dim and value_dim
 };
 
 /// Throws Error(invalid_argument) naming the first field of config outside ConfigLimits (or an unknown
@@ -116,6 +121,16 @@ struct QueryOptions {
   std::optional<TagRange> tag_range;
   /// Drop the entries with these ids (ids no entry has are ignored). At most kMaxExcludeIds.
   std::vector<std::uint64_t> exclude_ids;
+
+  // ---- iterative (Hopfield) retrieval: soft queries only, dv == d. README "Iterative retrieval".
+  /// Most iterations a query may ask for.
+  static constexpr std::size_t kMaxIterations = 1000;
+  /// Passes at most (1 .. kMaxIterations): after each, the blended value becomes the next query
+  /// (normalised for cosine, per head slice) until the relative change is <= tolerance.
+  std::size_t iterations = 1;
+  /// Stop once ||x_new - x_old|| / ||x_old|| <= tolerance (finite, >= 0; 0 runs every iteration
+  /// unless a fixed point is reached exactly).
+  float tolerance = 0.0f;
 };
 
 /// One entry's share of a soft answer.
@@ -123,6 +138,13 @@ struct Contributor {
   std::uint64_t id = 0;  ///< the entry
   float weight = 0;      ///< its softmax weight in [0, 1]
   float score = 0;       ///< its score s_i
+};
+
+/// One head's share of a multi-head soft answer (its value slice is in SoftResult::value).
+struct HeadResult {
+  double lse = 0;                 ///< log sum_i exp(s_ij) of head j's scores
+  float max_score = 0;            ///< head j's largest score
+  std::vector<Contributor> top;   ///< head j's top_m contributors, highest weight first
 };
 
 /// The answer of a soft query: out = sum_i softmax(s)_i v_i.
@@ -138,6 +160,11 @@ struct SoftResult {
   /// dropped afterwards (over-fetch and filter). False for scans and flat, which visit eligible rows only.
   bool mask_filtered_after_search = false;
   std::vector<Contributor> top;        ///< the top_m contributors, highest weight first
+  /// Multi-head collections (h > 1): h entries, head j's lse, max score and contributors (lse,
+  /// max_score and top above then repeat head 0's). Empty for h = 1.
+  std::vector<HeadResult> heads;
+  std::size_t iterations_run = 1;      ///< passes run (QueryOptions::iterations; fewer when tolerance was met)
+  double last_change = 0;              ///< ||x_new - x_old|| / ||x_old|| of the last pass (inf for a zero query that moved)
 };
 
 /// The answer of a hard query: the value of the best-scoring key.
@@ -146,6 +173,10 @@ struct HardResult {
   float score = 0;              ///< its score, scaled like soft scores (equals SoftResult::max_score)
   std::vector<float> value;     ///< its value, dv floats
   IndexKind searched_with = IndexKind::exact;  ///< exact scan, or the index whose top-1 was taken
+  /// Multi-head collections (h > 1): head j's winning id and score (id and score above repeat head 0's);
+  /// value is the concatenation of value slice j of head j's winner. Empty for h = 1.
+  std::vector<std::uint64_t> head_ids;
+  std::vector<float> head_scores;      ///< h > 1: head j's winning score
 };
 
 /// How a collection's single queries were served by coalescing (Collection::coalescing_stats).
@@ -160,13 +191,17 @@ struct SoftBatchResult {
   std::vector<float> values;        ///< B x dv blended values
   std::vector<double> lse;          ///< B log-sum-exp values
   std::vector<float> max_score;     ///< B largest scores
+  std::vector<double> head_lse;     ///< h > 1: B x h per-head lse (lse above holds head 0's); empty for h = 1
+  std::vector<float> head_max_score;  ///< h > 1: B x h per-head largest scores; empty for h = 1
 };
 
 /// Hard answers for B queries, row-major.
 struct HardBatchResult {
   std::vector<std::uint64_t> ids;   ///< B winning ids
   std::vector<float> scores;        ///< B winning scores
-  std::vector<float> values;        ///< B x dv winning values
+  std::vector<float> values;        ///< B x dv winning values (h > 1: head j's winner's slice j)
+  std::vector<std::uint64_t> head_ids;  ///< h > 1: B x h per-head winning ids (ids above hold head 0's); empty for h = 1
+  std::vector<float> head_scores;   ///< h > 1: B x h per-head winning scores; empty for h = 1
 };
 
 /// Which answer a query wants.
@@ -279,9 +314,12 @@ class Collection {
   /// itself: the fused batch kernels (n > 1, soft without top_m/top_k/epsilon; hard unless an
   /// hnsw/ivf/automatic index answers it), else each query on its own (query_soft / query_hard,
   /// pruned when asked). Each answer equals what that path's method returns, bit for bit; a batch
-  /// answer has candidates = N (the eligible entries under a mask), tail_bound 0 and no contributors. Throws the first query's error.
+  /// answer has candidates = N (the eligible entries under a mask), tail_bound 0 and no contributors.
+  /// Multi-head collections and iterations > 1 run each query on its own. Throws the first query's error.
   [[nodiscard]] QueryResults query(std::span<const float> queries, Retrieval kind, const QueryOptions& options = {}) const;
-  /// Soft retrieval: softmax(s) . V over every entry. Throws on empty collection or bad query.
+  /// Soft retrieval: softmax(s) . V over every entry (per head on a multi-head collection; iterated when
+  /// options.iterations > 1). Throws on empty collection or bad query; top_k/epsilon on a multi-head
+  /// collection are Error(unsupported).
   [[nodiscard]] SoftResult query_soft(std::span<const float> query, const QueryOptions& options = {}) const;
   /// Hard retrieval: the value of argmax s_i (ties: smallest id). Only the keys are read. With an
   /// HNSW or IVF index (and !options.exact) the best of the index's top 64 is taken (rescored, ties
@@ -299,7 +337,8 @@ class Collection {
   /// collection runs waits, and runs with every query that waited as one batched pass when that pass
   /// ends (each keeps its own scale, top_m and kind); a query on an idle collection runs at once.
   /// A coalesced answer equals the batched kernel's and differs from the single-query path only by
-  /// float rounding. Pruned queries (top_k, epsilon), masked queries and index-searched hard queries never wait.
+  /// float rounding. Pruned queries (top_k, epsilon), masked queries, index-searched hard queries and
+  /// queries on multi-head collections never wait.
   /// Safe to change at any time; queries already waiting are still served.
   void set_coalescing(bool on) const noexcept;
   /// Whether coalescing is on.

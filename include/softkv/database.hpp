@@ -45,6 +45,7 @@ struct CollectionStats {
   // Compact storage (issue 14).
   Precision key_precision = Precision::f32;    ///< how its keys are stored
   Precision value_precision = Precision::f32;  ///< how its values are stored
+  std::size_t heads = 1;                       ///< attention heads (issue 15)
 };
 
 /// A directory of named collections. Every mutation is appended to a write-ahead log (length,

@@ -178,17 +178,21 @@ class Client:
     def create_collection(self, name: str, dim: int, value_dim: int, metric: str = "dot", scale: float | None = None,
                           index: str = "exact", hnsw_m: int = 32, hnsw_ef_construction: int = 80, ivf_nlist: int = 0,
                           ivf_train_size: int = 0, auto_threshold: int = 10000, rebuild_fraction: float = 0.25,
-                          key_precision: str = "f32", value_precision: str = "f32"):
+                          key_precision: str = "f32", value_precision: str = "f32", heads: int = 1):
         """Creates a collection; the arguments are those of softkv.Collection. Compact storage
-        (key_precision / value_precision other than 'f32') needs protocol version 2."""
+        (key_precision / value_precision other than 'f32') and heads > 1 need protocol version 2."""
         w = _Writer().string(name).put("IIBBf", dim, value_dim, METRICS[metric], scale is not None, scale or 0.0)
         w.put("BIIIQQf", INDEXES[index], hnsw_m, hnsw_ef_construction, ivf_nlist, ivf_train_size, auto_threshold, rebuild_fraction)
         if key_precision not in PRECISIONS or value_precision not in PRECISIONS:
             raise make_error(5, f"precisions must be among {', '.join(PRECISIONS)}; got {key_precision!r}, {value_precision!r}")
-        if self.protocol_version >= 2:  # (v2) compact storage
-            w.put("BB", PRECISIONS[key_precision], PRECISIONS[value_precision])
+        if not 0 <= heads <= 0xFFFFFFFF:
+            raise make_error(5, f"heads must lie in [1, 1024], got {heads}")
+        if self.protocol_version >= 2:  # (v2) compact storage, heads
+            w.put("BBI", PRECISIONS[key_precision], PRECISIONS[value_precision], heads)
         elif key_precision != "f32" or value_precision != "f32":
             raise make_error(12, "compact storage needs protocol version 2; this connection speaks 1")
+        elif heads != 1:
+            raise make_error(12, "multi-head collections (heads > 1) need protocol version 2; this connection speaks 1")
         self._call("create", w)
 
     def drop_collection(self, name: str):
@@ -217,6 +221,7 @@ class Client:
             names = {v: k for k, v in PRECISIONS.items()}
             kp, vp = r.get("BB")
             out["key_precision"], out["value_precision"] = names.get(kp, "?"), names.get(vp, "?")
+            out["heads"] = r.get("I")
         return out
 
     def add(self, name: str, keys, values, tags=None) -> np.ndarray:
@@ -267,19 +272,27 @@ class Client:
         return (key, value, tag) if with_tag else (key, value)
 
     def _query(self, name, kind, queries, temperature, scale, top_m, top_k, epsilon, ef_search, nprobe, exact,
-               tags_any=None, tag_range=None, exclude=None) -> _Reader:
+               tags_any=None, tag_range=None, exclude=None, iterations=1, tolerance=0.0) -> _Reader:
         flags = (temperature is not None) | (scale is not None) << 1 | (top_k is not None) << 2 | (epsilon is not None) << 3 | bool(exact) << 4
         w = _Writer().string(name).put("B", kind)
         w.put("BffIIfII", flags, temperature or 0.0, scale or 0.0, top_m, top_k or 0, epsilon or 0.0, ef_search, nprobe)
         self._put_mask(w, tags_any, tag_range, exclude)
+        if iterations != 1 or tolerance != 0.0:
+            self._require_v2("iterations and tolerance")
+        if self.protocol_version >= 2:  # (v2) iterative retrieval; the server checks the ranges
+            if not 0 <= iterations <= 0xFFFFFFFF:
+                raise make_error(5, f"iterations must lie in [1, 1000], got {iterations}")
+            w.put("If", iterations, tolerance)
         return self._call("query", w.array(queries, np.float32))
 
     def query_soft_batch(self, name: str, queries, temperature=None, scale=None, top_m=0, top_k=None, epsilon=None,
-                         ef_search=64, nprobe=16, tags_any=None, tag_range=None, exclude=None) -> SoftBatchResult:
+                         ef_search=64, nprobe=16, tags_any=None, tag_range=None, exclude=None, iterations=1,
+                         tolerance=0.0) -> SoftBatchResult:
         """Soft retrieval for (B, d) queries; answers as the native Collection.query_soft_batch gives them.
-        Masks (protocol 2): tags_any (tags), tag_range (lo, hi) inclusive, exclude (ids); all must hold."""
+        Masks (protocol 2): tags_any (tags), tag_range (lo, hi) inclusive, exclude (ids); all must hold.
+        Iterative retrieval (protocol 2): iterations (1..1000) and tolerance (>= 0), each query on its own."""
         r = self._query(name, 0, _queries(queries, 2, "queries"), temperature, scale, top_m, top_k, epsilon, ef_search,
-                        nprobe, False, tags_any, tag_range, exclude)
+                        nprobe, False, tags_any, tag_range, exclude, iterations, tolerance)
         return SoftBatchResult.from_results(self._soft_results(r), 0)
 
     def _soft_results(self, r: _Reader) -> list:
@@ -295,14 +308,28 @@ class Client:
                                 INDEX_NAMES.get(searched, "?"), contributors)
             if self.protocol_version >= 2:
                 result.mask_filtered_after_search = bool(r.get("B"))
+                result.iterations_run, result.last_change = r.get("Id")
+                lse, mx, tops = [], [], []
+                for _ in range(r.get("I")):  # (v2) per-head answers, none for a single-head collection
+                    head_lse, head_max = r.get("df")
+                    ht = [r.get("Qff") for _ in range(r.get("I"))]
+                    lse.append(head_lse)
+                    mx.append(head_max)
+                    tops.append(Contributors(np.array([t[0] for t in ht], dtype=np.uint64),
+                                             np.array([t[1] for t in ht], dtype=np.float32),
+                                             np.array([t[2] for t in ht], dtype=np.float32)) if ht else Contributors())
+                result.head_lse = np.array(lse, dtype=np.float64)
+                result.head_max_score = np.array(mx, dtype=np.float32)
+                result.head_top = tuple(tops)
             results.append(result)
         return results
 
     def query_soft(self, name: str, query, temperature=None, scale=None, top_m=0, top_k=None, epsilon=None,
-                   ef_search=64, nprobe=16, tags_any=None, tag_range=None, exclude=None) -> SoftResult:
-        """Soft retrieval for one (d,) query: a SoftResult. Masks as in query_soft_batch."""
+                   ef_search=64, nprobe=16, tags_any=None, tag_range=None, exclude=None, iterations=1,
+                   tolerance=0.0) -> SoftResult:
+        """Soft retrieval for one (d,) query: a SoftResult. Masks and iterations as in query_soft_batch."""
         r = self._query(name, 0, _queries(query, 1, "query"), temperature, scale, top_m, top_k, epsilon, ef_search, nprobe,
-                        False, tags_any, tag_range, exclude)
+                        False, tags_any, tag_range, exclude, iterations, tolerance)
         return self._soft_results(r)[0]
 
     def query_hard_batch(self, name: str, queries, temperature=None, scale=None, exact=False, ef_search=64,
@@ -316,7 +343,12 @@ class Client:
         out = []
         for _ in range(r.get("I")):
             id_, score, searched = r.get("QfB")
-            out.append(HardResult(id_, score, r.array(np.float32), INDEX_NAMES.get(searched, "?")))
+            result = HardResult(id_, score, r.array(np.float32), INDEX_NAMES.get(searched, "?"))
+            if self.protocol_version >= 2:  # (v2) per-head winners, none for a single-head collection
+                heads = [r.get("Qf") for _ in range(r.get("I"))]
+                result.head_ids = np.array([h[0] for h in heads], dtype=np.uint64)
+                result.head_scores = np.array([h[1] for h in heads], dtype=np.float32)
+            out.append(result)
         return out
 
     def query_hard(self, name: str, query, temperature=None, scale=None, exact=False, ef_search=64, nprobe=16,

@@ -58,4 +58,8 @@ void get_config_precision(ByteReader& r, CollectionConfig& c) {
   c.value_precision = static_cast<Precision>(r.get<std::uint8_t>("value_precision"));
 }
 
+void put_config_heads(ByteWriter& w, const CollectionConfig& c) { w.put(narrow(c.heads, "heads")); }
+
+void get_config_heads(ByteReader& r, CollectionConfig& c) { c.heads = r.get<std::uint32_t>("heads"); }
+
 }  // namespace softkv::detail

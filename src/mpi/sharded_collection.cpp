@@ -33,7 +33,16 @@ int mpi_count(std::size_t n, const char* what) {
 
 std::size_t shard_owner(std::uint64_t id, std::size_t ranks) noexcept { return static_cast<std::size_t>(id % ranks); }
 
-ShardedCollection::Impl::Impl(MPI_Comm comm, const CollectionConfig& config) : shard_(config) {
+namespace {
+// Sharded collections merge one softmax per query: multi-head ones are not built (issue 15).
+const CollectionConfig& single_head(const CollectionConfig& config) {
+  if (config.heads != 1)
+    throw Error(ErrorCode::unsupported, "sharded collections are single-head: heads must be 1, got " + std::to_string(config.heads));
+  return config;
+}
+}  // namespace
+
+ShardedCollection::Impl::Impl(MPI_Comm comm, const CollectionConfig& config) : shard_(single_head(config)) {
   MPI_Comm_dup(comm, &comm_);
   int rank = 0, size = 1;
   MPI_Comm_rank(comm_, &rank);

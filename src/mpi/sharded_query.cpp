@@ -318,6 +318,10 @@ std::size_t detail::check_query(const Collection& shard, std::span<const float> 
   if (!options.tags_any.empty() || options.tag_range || !options.exclude_ids.empty())
     throw Error(ErrorCode::unsupported, "sharded query: masks (tags_any, tag_range, exclude_ids) are not "
                                         "supported on sharded collections yet");
+  if (options.iterations != 1)
+    throw Error(ErrorCode::unsupported, "iterative retrieval (iterations > 1) is not supported on sharded collections");
+  if (shard.config().heads != 1)  // the partial records merge one softmax: a multi-head shard has h of them
+    throw Error(ErrorCode::unsupported, "multi-head collections (heads > 1) are not supported on sharded collections");
   detail::mpi_count(queries.size(), "a query batch");
   return queries.size() / d;
 }

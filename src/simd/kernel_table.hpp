@@ -112,6 +112,16 @@ struct KernelTable {
 
   /// A pass over the keys only that offers every block's scores to sink (a fused score + top-k pass).
   void (*top_scan)(const float* query, float scale, const RowSpan& span, ScoreSink& sink);
+
+  /// Multi-head soft scan, each row read once for all heads: head j scores query slice j
+  /// (dim / heads floats at j * dim / heads, split with scales[j]) against key slice j exactly as
+  /// soft_scan scores a row, and blends value slice j into acc[j * dv/heads ..] with its own online
+  /// softmax (max[j], sum[j]). sinks is null or holds heads sinks (each may be null).
+  void (*soft_scan_heads)(const float* query, const float* scales, std::size_t heads, const RowSpan& span,
+                          float* max, float* sum, float* acc, ScoreSink* const* sinks);
+
+  /// Multi-head argmax (keys only): best[j] is head j's, scored like soft_scan_heads.
+  void (*hard_scan_heads)(const float* query, const float* scales, std::size_t heads, const RowSpan& span, ArgMax* best);
 };
 
 /// Tables of the compiled paths; each exists in every build, callable only if the CPU supports it.

@@ -245,11 +245,87 @@ void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, 
   }
 }
 
+// Every head's scores of a widened chunk, row by row (a row's key stays in L1 while its h slices are
+// scored): head j's score of row r is the same product scale * dot as score_rows, over key slice j
+// (width dh at offset j * dh within rows of stride d), so a head scores what a collection of its slices
+// alone would. Head j's scores go to scores[j * kScanBlockRows + r]. Not inlined, like score_rows.
+template <class P>
+[[gnu::noinline]] void score_heads_rows(const float* q, const float* scales, std::size_t heads, const float* keys,
+                                        std::size_t rows, std::size_t d, float* scores) {
+  const std::size_t dh = d / heads;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* k = keys + r * d;
+    for (std::size_t j = 0; j < heads; ++j) scores[j * kScanBlockRows + r] = scales[j] * P::dot(q + j * dh, k + j * dh, dh);
+  }
+}
+
+// Scratch of heads x kScanBlockRows floats, kept per thread (a masked scan calls per block).
+inline float* head_scratch(std::size_t floats) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+// Multi-head: per block one key pass scores every head, then each head's max and exponentials, then
+// one value pass blends every head's slice; each row is read once for all heads.
+template <class P>
+void soft_scan_heads(const float* q, const float* scales, std::size_t heads, const RowSpan& span, float* max, float* sum,
+                     float* acc, ScoreSink* const* sinks) {
+  const std::size_t d = span.dim, dv = span.value_dim, dvh = dv / heads;
+  float* scores = head_scratch(2 * heads * kScanBlockRows);  // head j's block at j * kScanBlockRows
+  float* weights = scores + heads * kScanBlockRows;
+  Widener<P> widen;
+  for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
+    const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
+    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+      score_heads_rows<P>(q, scales, heads, k, n, d, scores + off);
+    });
+    for (std::size_t j = 0; j < heads; ++j) {
+      float* s = scores + j * kScanBlockRows;
+      raise_max<P>(P::max(s, rows), max[j], sum[j], acc + j * dvh, dvh);
+      sum[j] += P::exp_shifted(s, rows, max[j], weights + j * kScanBlockRows);
+      if (sinks != nullptr && sinks[j] != nullptr) sinks[j]->offer(s, start, rows);
+    }
+    widen.values(span, start, rows, [&](const float* v, std::size_t off, std::size_t n) {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < heads; ++j)
+          P::axpy(acc + j * dvh, weights[j * kScanBlockRows + off + r], v + r * dv + j * dvh, dvh);
+    });
+  }
+}
+
+template <class P>
+void hard_scan_heads(const float* q, const float* scales, std::size_t heads, const RowSpan& span, ArgMax* best) {
+  const std::size_t d = span.dim;
+  float* scores = head_scratch(heads * kScanBlockRows);
+  Widener<P> widen;
+  for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
+    const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
+    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+      score_heads_rows<P>(q, scales, heads, k, n, d, scores + off);
+    });
+    for (std::size_t j = 0; j < heads; ++j) {
+      const float* s = scores + j * kScanBlockRows;
+      if (rows == kScanBlockRows) {
+        // A full block screened as 16 x 16 lanes (as hard_scan_batch screens): a finite sum means every
+        // score is finite, and a max below the best so far cannot change the answer.
+        alignas(64) float top[kBatchLanes], total[kBatchLanes];
+        P::column_max_sum(s, kScanBlockRows / kBatchLanes, kBatchLanes, top, total);
+        float m = -std::numeric_limits<float>::infinity(), t = 0.0f;
+        for (std::size_t b = 0; b < kBatchLanes; ++b) m = top[b] > m ? top[b] : m, t += total[b];
+        if (std::isfinite(t) && m < best[j].score) continue;
+      }
+      for (std::size_t r = 0; r < rows; ++r) offer_argmax(s[r], start + r, span.ids, best[j]);
+    }
+  }
+}
+
 // The table for one primitives policy; each kernels_*.cpp calls this once with its own P.
 template <class P>
 KernelTable make_table(std::string_view name) {
   return KernelTable{name,         &P::dot,           &score_span<P>,       &soft_scan<P>,
-                     &soft_scan_batch<P>, &hard_scan<P>, &hard_scan_batch<P>, &top_scan<P>};
+                     &soft_scan_batch<P>, &hard_scan<P>, &hard_scan_batch<P>, &top_scan<P>,
+                     &soft_scan_heads<P>, &hard_scan_heads<P>};
 }
 
 }  // namespace softkv::detail::scan

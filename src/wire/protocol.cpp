@@ -75,6 +75,17 @@ void require_v2(std::uint16_t version, bool needed, std::string_view what) {
     throw Error(ErrorCode::unsupported, std::string(what) + " need protocol version 2; this connection speaks " + std::to_string(version));
 }
 
+// ---- iterations (v2), after the mask: u32 iterations, f32 tolerance (ranges checked by the collection).
+void put_iterations(ByteWriter& w, const QueryOptions& o) {
+  w.put(static_cast<std::uint32_t>(std::min<std::size_t>(o.iterations, 0xFFFFFFFFu)));
+  w.put(o.tolerance);
+}
+
+void get_iterations(ByteReader& r, QueryOptions& o) {
+  o.iterations = r.get<std::uint32_t>("iterations");
+  o.tolerance = r.get<float>("tolerance");
+}
+
 void get_mask(ByteReader& r, QueryOptions& o) {
   const auto any = r.get<std::uint32_t>("tags_any count");
   o.tags_any = detail::to_vector<std::uint64_t>(r.take_array<std::uint64_t>(any, "tags_any"));
@@ -205,8 +216,10 @@ std::vector<std::byte> encode_request(const Request& request, std::uint64_t requ
                  [&](const Auth& m) { w.put_string(m.token); },
                  [&](const Ping&) {},
                  [&](const Create& m) {
+                   require_v2(version, m.config.heads != 1, "multi-head collections (heads > 1)");
                    w.put_string(m.name), put_config(w, m.config);
                    if (version >= 2) detail::put_config_precision(w, m.config);  // (v2) compact storage
+                   if (version >= 2) detail::put_config_heads(w, m.config);      // (v2) heads
                  },
                  [&](const Drop& m) { w.put_string(m.name); },
                  [&](const List&) {},
@@ -226,10 +239,12 @@ std::vector<std::byte> encode_request(const Request& request, std::uint64_t requ
                  [&](const Query& m) {
                    require_v2(version, !m.options.tags_any.empty() || m.options.tag_range || !m.options.exclude_ids.empty(),
                               "query masks (tags_any, tag_range, exclude_ids)");
+                   require_v2(version, m.options.iterations != 1 || m.options.tolerance != 0.0f, "iterations and tolerance");
                    w.put_string(m.name);
                    w.put(static_cast<std::uint8_t>(m.kind));
                    put_options(w, m.options);
                    if (version >= 2) put_mask(w, m.options);
+                   if (version >= 2) put_iterations(w, m.options);
                    put_array(w, m.queries);
                  },
                  [&](const Snapshot&) {},
@@ -252,6 +267,7 @@ Request decode_request(const Frame& frame, std::uint16_t version) {
       m.name = r.get_string("name");
       m.config = get_config(r);
       if (version >= 2) detail::get_config_precision(r, m.config);  // (v2) compact storage
+      if (version >= 2) detail::get_config_heads(r, m.config);      // (v2) heads
       out = std::move(m);
       break;
     }
@@ -299,6 +315,8 @@ Request decode_request(const Frame& frame, std::uint16_t version) {
       m.kind = static_cast<QueryKind>(kind);
       m.options = get_options(r);
       if (version >= 2) get_mask(r, m.options);
+      if (version >= 2) get_iterations(r, m.options);
+      m.decoded_version = version;
       m.queries = get_array<float>(r, "queries");
       out = std::move(m);
       break;
@@ -338,6 +356,7 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
                    if (version >= 2) {  // (v2) compact storage
                      w.put(static_cast<std::uint8_t>(m.stats.key_precision));
                      w.put(static_cast<std::uint8_t>(m.stats.value_precision));
+                     w.put(static_cast<std::uint32_t>(m.stats.heads));  // (v2) heads
                    }
                  },
                  [&](const IdsReply& m) { put_array(w, m.ids); },
@@ -358,7 +377,18 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
                      w.put(static_cast<std::uint32_t>(s.top.size()));
                      for (const Contributor& c : s.top) w.put(c.id), w.put(c.weight), w.put(c.score);
                      put_array(w, s.value);
-                     if (version >= 2) w.put(static_cast<std::uint8_t>(s.mask_filtered_after_search));
+                     if (version < 2) continue;
+                     w.put(static_cast<std::uint8_t>(s.mask_filtered_after_search));
+                     // (v2) iterations and per-head answers (head count 0 for a single-head collection)
+                     w.put(static_cast<std::uint32_t>(s.iterations_run));
+                     w.put(s.last_change);
+                     w.put(static_cast<std::uint32_t>(s.heads.size()));
+                     for (const HeadResult& head : s.heads) {
+                       w.put(head.lse);
+                       w.put(head.max_score);
+                       w.put(static_cast<std::uint32_t>(head.top.size()));
+                       for (const Contributor& c : head.top) w.put(c.id), w.put(c.weight), w.put(c.score);
+                     }
                    }
                  },
                  [&](const HardReply& m) {
@@ -368,6 +398,10 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
                      w.put(h.score);
                      w.put(static_cast<std::uint8_t>(h.searched_with));
                      put_array(w, h.value);
+                     if (version < 2) continue;
+                     // (v2) per-head winners (count 0 for a single-head collection)
+                     w.put(static_cast<std::uint32_t>(h.head_ids.size()));
+                     for (std::size_t j = 0; j < h.head_ids.size(); ++j) w.put(h.head_ids[j]), w.put(h.head_scores[j]);
                    }
                  },
                  [&](const StatsReply& m) {
@@ -426,6 +460,7 @@ Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, std::uint
         if (version >= 2) {  // (v2) compact storage
           m.stats.key_precision = static_cast<Precision>(r.get<std::uint8_t>("key_precision"));
           m.stats.value_precision = static_cast<Precision>(r.get<std::uint8_t>("value_precision"));
+          m.stats.heads = r.get<std::uint32_t>("heads");
         }
         out = std::move(m);
         break;
@@ -473,6 +508,23 @@ Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, std::uint
               const auto filtered = r.get<std::uint8_t>("mask filter flag");
               if (filtered > 1) malformed("mask filter flag " + std::to_string(int(filtered)) + " is neither 0 nor 1");
               s.mask_filtered_after_search = filtered == 1;
+              s.iterations_run = r.get<std::uint32_t>("iterations run");
+              s.last_change = r.get<double>("last change");
+              const auto heads = r.get<std::uint32_t>("head count");
+              for (std::uint32_t j = 0; j < heads; ++j) {  // bounded by the frame: each head reads 16 bytes at least
+                HeadResult head;
+                head.lse = r.get<double>("head lse");
+                head.max_score = r.get<float>("head max score");
+                const auto top = r.get<std::uint32_t>("head contributor count");
+                for (std::uint32_t t = 0; t < top; ++t) {
+                  Contributor c;
+                  c.id = r.get<std::uint64_t>("contributor id");
+                  c.weight = r.get<float>("contributor weight");
+                  c.score = r.get<float>("contributor score");
+                  head.top.push_back(c);
+                }
+                s.heads.push_back(std::move(head));
+              }
             }
             m.results.push_back(std::move(s));
           }
@@ -485,6 +537,13 @@ Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, std::uint
             h.score = r.get<float>("score");
             h.searched_with = static_cast<IndexKind>(r.get<std::uint8_t>("searched with"));
             h.value = get_array<float>(r, "value");
+            if (version >= 2) {
+              const auto heads = r.get<std::uint32_t>("head count");
+              for (std::uint32_t j = 0; j < heads; ++j) {
+                h.head_ids.push_back(r.get<std::uint64_t>("head id"));
+                h.head_scores.push_back(r.get<float>("head score"));
+              }
+            }
             m.results.push_back(std::move(h));
           }
           out = std::move(m);

@@ -91,6 +91,9 @@ struct Query {  ///< one query (d floats) or a batch (B x d, row-major); the ser
   QueryKind kind = QueryKind::soft;
   QueryOptions options;
   std::vector<float> queries;
+  /// Not on the wire: the protocol version the request was decoded at. A version-1 query cannot
+  /// receive per-head answers, so the server refuses it on a multi-head collection (unsupported).
+  std::uint16_t decoded_version = kProtocolVersion;
 };
 struct QueryStats { std::string name; };  ///< a collection's coalescing counters (opcode 0x14, added in 0.2)
 struct Snapshot {};  ///< write a snapshot now

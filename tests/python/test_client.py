@@ -126,7 +126,7 @@ class ClientTest(unittest.TestCase):
                 db.add("py", self.keys, self.values)
                 local = db.stats("py")
             remote = c.describe("py")
-        compact_fields = {"key_precision", "value_precision"}  # (v2) only
+        compact_fields = {"key_precision", "value_precision", "heads"}  # (v2) only
         self.assertEqual(set(remote), set(local) if ARGS.protocol >= 2 else set(local) - compact_fields)
         for key in ("name", "size", "dim", "value_dim", "metric", "index"):
             self.assertEqual(remote[key], local[key], key)
@@ -320,6 +320,81 @@ class MaskTest(unittest.TestCase):
         np.save(os.path.join(WORK, "tv.npy"), self.values[:4])
         cli("load", "tagged", "--keys", os.path.join(WORK, "tk.npy"), "--values", os.path.join(WORK, "tv.npy"), "--tag", "42")
         self.assertIn("candidates 4", cli("query", "tagged", "--query", ",".join(["1"] * self.d), "--tags", "42"))
+
+
+class HeadsTest(unittest.TestCase):
+    """Multi-head collections and iterative retrieval (protocol 2) through the client, the native module and
+    the CLI; refused on version 1."""
+
+    @classmethod
+    def setUpClass(cls):
+        rng = np.random.default_rng(13)
+        cls.d, cls.h, cls.n = 12, 3, 400
+        cls.keys = rng.standard_normal((cls.n, cls.d), dtype=np.float32)
+        cls.values = rng.standard_normal((cls.n, cls.d), dtype=np.float32)
+        cls.q = rng.standard_normal(cls.d, dtype=np.float32)
+        cls.name = f"heads{ARGS.protocol}"
+        cls.local = softkv.Collection(cls.d, cls.d, heads=cls.h)
+        cls.local.add_batch(cls.keys, cls.values)
+        # The collection is created over a version-2 connection whatever --protocol says.
+        with softkv.Client(port=PORT) as c:
+            if not c.list_collections().count(cls.name):
+                c.create_collection(cls.name, dim=cls.d, value_dim=cls.d, heads=cls.h)
+                c.add(cls.name, cls.keys, cls.values)
+
+    def test_version_1_refuses_heads_and_iterations(self):
+        if ARGS.protocol >= 2:
+            self.skipTest("a version-2 connection")
+        with Client(port=PORT) as c:
+            with self.assertRaises(softkv.Unsupported):
+                c.create_collection("h1", dim=4, value_dim=4, heads=2)
+            with self.assertRaises(softkv.Unsupported):
+                c.query_soft(self.name, self.q)  # a v1 reply cannot carry per-head answers
+            with self.assertRaises(softkv.Unsupported):
+                c.query_hard(self.name, self.q)
+            with self.assertRaises(softkv.Unsupported):
+                c.query_soft("py", np.zeros(16, dtype=np.float32), iterations=2)
+            self.assertNotIn("heads", c.describe(self.name))
+
+    def test_multi_head_and_iterative_answers_match_the_native_module_and_the_cli(self):
+        if ARGS.protocol < 2:
+            self.skipTest("heads need protocol 2")
+        with Client(port=PORT) as c:
+            self.assertEqual(c.describe(self.name)["heads"], self.h)
+            r, mine = c.query_soft(self.name, self.q, top_m=2), self.local.query_soft(self.q, top_m=2)
+            np.testing.assert_array_equal(r.value, mine.value)
+            np.testing.assert_array_equal(r.head_lse, mine.head_lse)
+            np.testing.assert_array_equal(r.head_max_score, mine.head_max_score)
+            self.assertEqual([list(t) for t in r.head_top], [list(t) for t in mine.head_top])
+            self.assertEqual(len(r.head_lse), self.h)
+            hard = c.query_hard(self.name, self.q)
+            np.testing.assert_array_equal(hard.head_ids, self.local.query_hard(self.q).head_ids)
+            batch = c.query_hard_batch(self.name, np.stack([self.q, -self.q]))
+            self.assertEqual(batch.head_ids.shape, (2, self.h))
+            it = c.query_soft(self.name, self.q, iterations=5, tolerance=1e-5)
+            np.testing.assert_array_equal(it.value, self.local.query_soft(self.q, iterations=5, tolerance=1e-5).value)
+            self.assertTrue(1 <= it.iterations_run <= 5)
+            sb = c.query_soft_batch(self.name, np.stack([self.q, self.q]), iterations=3)
+            self.assertEqual(sb.head_lse.shape, (2, self.h))
+            self.assertEqual(list(sb.iterations_run), [3, 3])
+            for bad in (dict(iterations=0), dict(iterations=1001), dict(iterations=2, tolerance=float("nan")),
+                        dict(iterations=2, tolerance=-1.0)):
+                with self.assertRaises(softkv.InvalidArgument):
+                    c.query_soft(self.name, self.q, **bad)
+            with self.assertRaises(softkv.Unsupported):
+                c.query_soft(self.name, self.q, top_k=3)
+            for heads in (0, 1025, 5):
+                with self.assertRaises(softkv.InvalidArgument):
+                    c.create_collection("badheads", dim=12, value_dim=12, heads=heads)
+        # The CLI (the C++ client): the same answer bit for bit, per-head lines, and --heads at creation.
+        qfile, out = os.path.join(WORK, "hq.npy"), os.path.join(WORK, "heads.npy")
+        np.save(qfile, self.q[None, :])
+        text = cli("query", self.name, "--queries", qfile, "--iterations", "5", "--tolerance", "1e-5", "--out", out)
+        self.assertIn("iterations run", text)
+        np.testing.assert_array_equal(np.load(out)[0], self.local.query_soft(self.q, iterations=5, tolerance=1e-5).value)
+        self.assertIn("head 2:", cli("query", self.name, "--queries", qfile, "--hard"))
+        self.assertIn("heads 4", cli("create", "cliheads", "--dim", "8", "--value-dim", "8", "--heads", "4"))
+        self.assertIn("heads 4", cli("stats", "cliheads"))
 
 
 def main():

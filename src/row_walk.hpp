@@ -1,0 +1,105 @@
+// Walking the eligible runs of a masked (or multi-head) scan: parts by eligible row count, and blocks
+// that are either long runs in place or short runs gathered as stored.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "mask.hpp"
+#include "simd/kernel_table.hpp"
+
+namespace softkv::detail {
+
+// Runs at least this long are scanned in place; shorter ones are gathered into a block first, so a
+// kernel call always has enough rows to amortise its set-up (the batched kernels transpose queries).
+inline constexpr std::size_t kInPlaceRun = 64;
+
+// Cuts the runs into parts holding about equally many eligible rows (at least one part).
+inline std::vector<std::vector<RowRun>> split_runs(const EligibleRows& rows, std::size_t parts) {
+  parts = std::clamp<std::size_t>(parts, 1, std::max<std::size_t>(1, rows.count));
+  std::vector<std::vector<RowRun>> out(parts);
+  std::size_t part = 0, taken = 0;
+  for (RowRun run : rows.runs) {
+    while (run.count > 0) {
+      const std::size_t quota = rows.count * (part + 1) / parts;  // rows parts 0..part hold in all
+      const std::size_t n = part + 1 == parts ? run.count : std::min(run.count, quota - taken);
+      if (n > 0) out[part].push_back({run.begin, n});
+      run.begin += n;
+      run.count -= n;
+      taken += n;
+      if (taken == quota && part + 1 < parts) ++part;
+    }
+  }
+  return out;
+}
+
+// Visits the rows of runs in order as RowSpans: long runs in place (rows == nullptr, absolute row =
+// first + r), short runs gathered into one block (absolute row = rows[r]). Values are copied only when
+// span has them.
+class BlockWalker {
+ public:
+  explicit BlockWalker(const RowSpan& span) : span_(span) {
+    keys_.resize(kScanBlockRows * span.key_row_bytes());
+    if (span.values != nullptr) values_.resize(kScanBlockRows * span.value_row_bytes());
+    if (span.key_scales != nullptr) scales_.resize(kScanBlockRows);
+    ids_.resize(kScanBlockRows);
+    rows_.resize(kScanBlockRows);
+  }
+
+  template <class Visit>
+  void walk(std::span<const RowRun> runs, const Visit& visit) {
+    // Rows are copied as stored (at their precision, with their i8 scale): the kernels widen them
+    // exactly as they widen rows in place.
+    const std::size_t kb = span_.key_row_bytes(), vb = span_.value_row_bytes();
+    const auto* keys = static_cast<const std::byte*>(span_.keys);
+    const auto* values = static_cast<const std::byte*>(span_.values);
+    std::size_t filled = 0;
+    auto flush = [&] {
+      if (filled == 0) return;
+      RowSpan block = span_;
+      block.keys = keys_.data();
+      block.values = span_.values != nullptr ? values_.data() : nullptr;
+      block.key_scales = span_.key_scales != nullptr ? scales_.data() : nullptr;
+      block.ids = ids_.data();
+      block.rows = filled;
+      visit(block, rows_.data(), 0);
+      filled = 0;
+    };
+    for (const RowRun& run : runs) {
+      if (run.count >= kInPlaceRun) {
+        flush();
+        visit(span_.sub(run.begin, run.count), nullptr, run.begin);
+        continue;
+      }
+      for (std::size_t r = run.begin; r < run.begin + run.count; ++r) {
+        std::copy_n(keys + r * kb, kb, keys_.begin() + static_cast<std::ptrdiff_t>(filled * kb));
+        if (values != nullptr) std::copy_n(values + r * vb, vb, values_.begin() + static_cast<std::ptrdiff_t>(filled * vb));
+        if (span_.key_scales != nullptr) scales_[filled] = span_.key_scales[r];
+        ids_[filled] = span_.ids[r];
+        rows_[filled] = r;
+        if (++filled == kScanBlockRows) flush();
+      }
+    }
+    flush();
+  }
+
+ private:
+  RowSpan span_;
+  std::vector<std::byte> keys_, values_;
+  std::vector<float> scales_;
+  std::vector<std::uint64_t> ids_;
+  std::vector<std::size_t> rows_;
+};
+
+// The absolute row of row r of a visited block.
+inline std::size_t absolute(const std::size_t* rows, std::size_t first, std::size_t r) { return rows != nullptr ? rows[r] : first + r; }
+
+inline RowSpan keys_only(RowSpan span) {
+  span.values = nullptr;
+  return span;
+}
+
+}  // namespace softkv::detail
