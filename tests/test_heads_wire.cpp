@@ -10,6 +10,7 @@
 
 #include "errors.hpp"
 #include "reference.hpp"
+#include "running_server.hpp"
 #include "server.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
@@ -32,31 +33,7 @@ CollectionConfig heads_config(std::size_t d, std::size_t dv, std::size_t h) {
   return c;
 }
 
-// A server on an ephemeral port over a temporary directory.
-struct RunningServer {
-  test::TempDir dir;
-  std::unique_ptr<Database> db;
-  std::unique_ptr<server::Server> server;
-  std::thread thread;
-  RunningServer() {
-    DatabaseOptions quiet;
-    quiet.log = [](std::string_view) {};
-    db = std::make_unique<Database>(dir.path, quiet);
-    server::ServerConfig config;
-    config.port = 0;
-    server = std::make_unique<server::Server>(*db, config);
-    thread = std::thread([this] { server->run(); });
-  }
-  ~RunningServer() {
-    server->stop();
-    thread.join();
-  }
-  [[nodiscard]] ClientOptions client(std::uint16_t version) const {
-    ClientOptions o{"127.0.0.1", server->port(), {}};
-    o.protocol_version = version;
-    return o;
-  }
-};
+using test::RunningServer;
 
 }  // namespace
 
@@ -132,7 +109,7 @@ TEST_CASE("server: multi-head and iterative queries answer as the library, v1 is
   RunningServer s;
   const std::size_t n = 300, d = 16, h = 4;
   const std::vector<float> keys = test::normal_floats(n * d, 1), values = test::normal_floats(n * d, 2), q = test::normal_floats(3 * d, 3);
-  Client c2(s.client(2));
+  Client c2(s.client_at(2));
   REQUIRE(c2.protocol_version() == 2);
   c2.create_collection("mh", heads_config(d, d, h));
   c2.add("mh", keys, values);
@@ -187,7 +164,7 @@ TEST_CASE("server: multi-head and iterative queries answer as the library, v1 is
   CHECK(c2.query_soft("mh", std::span(q).first(d)).heads.size() == h);  // still serving
 
   // Version 1: cannot create or query multi-head collections, cannot ask for iterations; single-head works.
-  Client c1(s.client(1));
+  Client c1(s.client_at(1));
   REQUIRE(c1.protocol_version() == 1);
   CHECK(test::error_of([&] { c1.create_collection("v1", heads_config(4, 4, 2)); }) == ErrorCode::unsupported);
   try {

@@ -9,6 +9,7 @@
 
 #include "errors.hpp"
 #include "reference.hpp"
+#include "running_server.hpp"
 #include "server.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
@@ -53,31 +54,7 @@ std::vector<QueryOptions> extreme_masks() {
   return out;
 }
 
-// A server on an ephemeral port over a temporary directory.
-struct RunningServer {
-  test::TempDir dir;
-  std::unique_ptr<Database> db;
-  std::unique_ptr<server::Server> server;
-  std::thread thread;
-  RunningServer() {
-    DatabaseOptions quiet;
-    quiet.log = [](std::string_view) {};
-    db = std::make_unique<Database>(dir.path, quiet);
-    server::ServerConfig config;
-    config.port = 0;
-    server = std::make_unique<server::Server>(*db, config);
-    thread = std::thread([this] { server->run(); });
-  }
-  ~RunningServer() {
-    server->stop();
-    thread.join();
-  }
-  [[nodiscard]] ClientOptions client(std::uint16_t version) const {
-    ClientOptions o{"127.0.0.1", server->port(), {}};
-    o.protocol_version = version;
-    return o;
-  }
-};
+using test::RunningServer;
 
 }  // namespace
 
@@ -148,7 +125,7 @@ TEST_CASE("a v2 client stores tags and runs masked queries as the library does, 
   const std::vector<float> keys = test::normal_floats(n * d, 1), values = test::normal_floats(n * dv, 2), q = test::normal_floats(3 * d, 3);
   std::vector<std::uint64_t> tags(n);
   for (std::size_t i = 0; i < n; ++i) tags[i] = i < 200 ? i : kMaxTag - (i % 4);
-  Client c2(s.client(2));
+  Client c2(s.client_at(2));
   REQUIRE(c2.protocol_version() == 2);
   c2.create_collection("m", CollectionConfig{d, dv});
   const auto ids = c2.add("m", keys, values, tags);
@@ -187,7 +164,7 @@ TEST_CASE("a v2 client stores tags and runs masked queries as the library does, 
   too_many.tags_any.assign(QueryOptions::kMaxTagsAny + 1, 1);
   CHECK(test::error_of([&] { (void)c2.query_hard("m", std::span(q).first(d), too_many); }) == ErrorCode::invalid_argument);
 
-  Client c1(s.client(1));
+  Client c1(s.client_at(1));
   REQUIRE(c1.protocol_version() == 1);
   const auto plain = c1.add("m", std::span(keys).first(d), std::span(values).first(dv));
   CHECK(c1.get("m", ids[0]).key == c2.get("m", ids[0]).key);  // v1 get: the same entry, no tag field

@@ -18,6 +18,7 @@
 
 #include "handler.hpp"
 #include "reference.hpp"
+#include "running_server.hpp"
 #include "server.hpp"
 #include "softkv/softkv.hpp"
 #include "errors.hpp"
@@ -29,42 +30,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-DatabaseOptions quiet_db() {
-  DatabaseOptions o;
-  o.log = [](std::string_view) {};
-  return o;
-}
-
-// A server on an ephemeral port, serving a database in a temporary (or given) directory.
-struct RunningServer {
-  test::TempDir own_dir;
-  std::filesystem::path dir;
-  std::unique_ptr<Database> db;
-  std::unique_ptr<server::Server> server;
-  std::thread thread;
-
-  explicit RunningServer(server::ServerConfig config = {}, std::filesystem::path at = {}) : dir(at.empty() ? own_dir.path : at) {
-    config.port = 0;
-    db = std::make_unique<Database>(dir, quiet_db());
-    server = std::make_unique<server::Server>(*db, config);
-    thread = std::thread([this] { server->run(); });
-  }
-  ~RunningServer() { stop(); }
-  void stop() {
-    if (!thread.joinable()) return;
-    server->stop();
-    thread.join();
-    server.reset();
-    db.reset();
-  }
-  // Clients speak the highest protocol version, or the one SOFTKV_TEST_PROTOCOL names: ctest runs the
-  // [server] cases a second time with version 1, as a client from before version 2 would.
-  [[nodiscard]] ClientOptions client(std::string token = {}) const {
-    ClientOptions o{"127.0.0.1", server->port(), std::move(token)};
-    if (const char* v = std::getenv("SOFTKV_TEST_PROTOCOL")) o.protocol_version = static_cast<std::uint16_t>(std::atoi(v));
-    return o;
-  }
-};
+using test::quiet_db;
+using test::RunningServer;
 
 // The largest send buffer the kernel grows a TCP socket to (the third field of tcp_wmem).
 std::size_t tcp_wmem_max() {

@@ -16,10 +16,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <thread>
 #include <sstream>
 #include <thread>
 
+#include "errors.hpp"
 #include "reference.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
@@ -332,15 +332,7 @@ void compare(Client& single, Client& sharded, const Data& data) {
   CHECK(l2.top.size() == l1.top.size());
 }
 
-template <typename F>
-ErrorCode error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return ErrorCode{};
-}
+using test::error_of;
 
 }  // namespace
 
