@@ -70,7 +70,7 @@ class Client::Impl {
       throw Error(ErrorCode::protocol_error, "reply for request " + std::to_string(scan.frame.request_id) + ", expected " + std::to_string(id));
     const auto kind = std::holds_alternative<wire::Query>(request) ? std::get<wire::Query>(request).kind : wire::QueryKind::soft;
     wire::Reply reply = wire::decode_reply(wire::opcode_of(request), scan.frame, kind, version_);
-    if (auto* e = std::get_if<wire::ErrorReply>(&reply)) throw Error(e->code, "server: " + e->message);
+    if (auto* e = std::get_if<wire::ErrorReply>(&reply)) throw Error(e->code, e->message);  // the server's message, which names its code
     return reply;
   }
 

@@ -324,7 +324,7 @@ void Collection::Impl::check_pruning(const QueryOptions& options) const {
                                             std::to_string(heads()) + "): query without top_k and epsilon");
   if (options.top_k && *options.top_k == 0) throw Error(ErrorCode::invalid_argument, "top_k must be >= 1");
   if (options.epsilon && !(*options.epsilon > 0.0f && *options.epsilon < 1.0f))
-    throw Error(ErrorCode::invalid_argument, "epsilon must lie in (0, 1), got " + std::to_string(*options.epsilon));
+    throw Error(ErrorCode::invalid_argument, "epsilon must lie in (0, 1), got " + detail::float_text(*options.epsilon));
   if (!index_)
     throw Error(ErrorCode::invalid_argument,
                 "top_k and epsilon need a pruning index; create the collection with index.kind flat, hnsw, ivf or automatic");

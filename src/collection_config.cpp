@@ -5,6 +5,7 @@
 #include "config_limits.hpp"
 #include "softkv/collection.hpp"
 #include "softkv/error.hpp"
+#include "validate.hpp"
 
 namespace softkv {
 namespace {
@@ -50,7 +51,7 @@ void check_config(const CollectionConfig& c) {
           "ivf_train_size (" + std::to_string(i.ivf_train_size) + ") must be 0 or >= ivf_nlist (" + std::to_string(i.ivf_nlist) +
               "): IVF training needs one entry per list");
   require(std::isfinite(i.rebuild_fraction) && i.rebuild_fraction > 0.0f && i.rebuild_fraction <= L::kMaxRebuildFraction,
-          "rebuild_fraction must lie in (0, 1000], got " + std::to_string(i.rebuild_fraction));
+          "rebuild_fraction must lie in (0, 1000], got " + detail::float_text(i.rebuild_fraction));
 }
 
 namespace detail {
@@ -72,7 +73,7 @@ CollectionConfig fit_index_limits(CollectionConfig c, std::string* changed) {
   fit(i.ivf_train_size, std::size_t{0}, L::kMaxIvfTrainSize, "ivf_train_size");
   if (i.ivf_train_size != 0 && i.ivf_train_size < i.ivf_nlist) fit(i.ivf_train_size, i.ivf_nlist, L::kMaxIvfTrainSize, "ivf_train_size");
   if (!(std::isfinite(i.rebuild_fraction) && i.rebuild_fraction > 0.0f)) {
-    note += std::string(note.empty() ? "" : ", ") + "rebuild_fraction " + std::to_string(i.rebuild_fraction) + " -> 0.25";
+    note += std::string(note.empty() ? "" : ", ") + "rebuild_fraction " + detail::float_text(i.rebuild_fraction) + " -> 0.25";
     i.rebuild_fraction = 0.25f;
   }
   fit(i.rebuild_fraction, 0.0f, L::kMaxRebuildFraction, "rebuild_fraction");

@@ -298,7 +298,7 @@ void hard_pass(const Impl& impl, std::span<detail::HardPending* const> members, 
     try {
       check_best(best[b]);
       const std::size_t row = best[b].row;
-      m.result = {span.ids[row], best[b].score, detail::value_vector(span, row), IndexKind::exact};
+      m.result = {span.ids[row], best[b].score, detail::value_vector(span, row), IndexKind::exact, {}, {}};
     } catch (...) {
       m.error = std::current_exception();
     }
@@ -395,7 +395,7 @@ void check_iterations(const Impl& impl, const QueryOptions& options, Retrieval k
     throw Error(ErrorCode::invalid_argument, "iterations must lie in [1, " + std::to_string(QueryOptions::kMaxIterations) +
                                                  "], got " + std::to_string(options.iterations));
   if (!(std::isfinite(options.tolerance) && options.tolerance >= 0.0f))
-    throw Error(ErrorCode::invalid_argument, "tolerance must be finite and >= 0, got " + std::to_string(options.tolerance));
+    throw Error(ErrorCode::invalid_argument, "tolerance must be finite and >= 0, got " + detail::float_text(options.tolerance));
   if (options.iterations > 1 && kind == Retrieval::hard)
     throw Error(ErrorCode::invalid_argument, "iterations > 1 apply to soft retrieval only (the blended value is the next query)");
   if (options.iterations > 1 && impl.value_dim() != impl.dim())
@@ -435,7 +435,7 @@ QueryResults Collection::query(std::span<const float> queries, Retrieval kind, c
     return guard_memory([&] {
       for (std::size_t i = 0; i < nq; ++i)
         out.hard.push_back({b.ids[i], b.scores[i], {b.values.begin() + static_cast<std::ptrdiff_t>(i * dv),
-                                                    b.values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv)}, IndexKind::exact});
+                                                    b.values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv)}, IndexKind::exact, {}, {}});
       return std::move(out);
     });
   }
@@ -465,16 +465,16 @@ float Collection::resolve_scale(const QueryOptions& options) const {
     throw Error(ErrorCode::invalid_argument, "give a temperature or a scale, not both");
   if (options.scale) {
     if (!(std::isfinite(*options.scale) && *options.scale > 0.0f))
-      throw Error(ErrorCode::invalid_argument, "scale must be finite and > 0, got " + std::to_string(*options.scale));
+      throw Error(ErrorCode::invalid_argument, "scale must be finite and > 0, got " + detail::float_text(*options.scale));
     return *options.scale;
   }
   if (options.temperature) {
     const float t = *options.temperature;
     if (!(std::isfinite(t) && t > 0.0f))
-      throw Error(ErrorCode::invalid_argument, "temperature must be finite and > 0, got " + std::to_string(t));
+      throw Error(ErrorCode::invalid_argument, "temperature must be finite and > 0, got " + detail::float_text(t));
     const double s = 1.0 / (std::sqrt(static_cast<double>(impl_->dim() / impl_->heads())) * t);
     if (!(s <= static_cast<double>(std::numeric_limits<float>::max())))
-      throw Error(ErrorCode::invalid_argument, "temperature " + std::to_string(t) + " is too small: the scale overflows a float");
+      throw Error(ErrorCode::invalid_argument, "temperature " + detail::float_text(t) + " is too small: the scale overflows a float");
     return static_cast<float>(s);
   }
   if (impl_->config().scale) return *impl_->config().scale;

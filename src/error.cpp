@@ -35,9 +35,16 @@ std::string without_nul(std::string text) {
   return text;
 }
 
+// "<code name>: message", once: an error passed on with its own what() (from one rank to another,
+// say) already has the prefix and does not get it again.
+std::string prefixed(ErrorCode code, const std::string& message) {
+  const std::string prefix = std::string(to_string(code)) + ": ";
+  if (message.compare(0, prefix.size(), prefix) == 0) return without_nul(message);
+  return prefix + without_nul(message);
+}
+
 }  // namespace
 
-Error::Error(ErrorCode code, const std::string& message)
-    : std::runtime_error(std::string(to_string(code)) + ": " + without_nul(message)), code_(code) {}
+Error::Error(ErrorCode code, const std::string& message) : std::runtime_error(prefixed(code, message)), code_(code) {}
 
 }  // namespace softkv

@@ -3,11 +3,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "softkv/error.hpp"
 
 namespace softkv::detail {
+
+std::string float_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  return buf;
+}
 
 void check_dimension(std::size_t got, std::size_t want, std::string_view what) {
   if (got != want)

@@ -3,9 +3,14 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace softkv::detail {
+
+/// A float as text for an error message, with the digits to tell it apart (e.g. "-1e-09", not
+/// std::to_string's "-0.000000").
+std::string float_text(double x);
 
 /// Throws Error(dimension_mismatch) unless got == want; what names the vector ("query", "key", ...).
 void check_dimension(std::size_t got, std::size_t want, std::string_view what);

@@ -130,6 +130,15 @@ TEST_CASE("an error message keeps what follows a NUL byte in a name, written as 
   }
 }
 
+TEST_CASE("an error passed on with its own message keeps one code-name prefix", "[errors]") {
+  const Error first(ErrorCode::unsupported, "sharded query: masks");
+  CHECK(std::string(first.what()) == "unsupported: sharded query: masks");
+  const Error again(ErrorCode::unsupported, first.what());  // as a rank or a server passes it on
+  CHECK(std::string(again.what()) == "unsupported: sharded query: masks");
+  const Error other(ErrorCode::io_error, first.what());  // another code's prefix is part of the message
+  CHECK(std::string(other.what()) == "io_error: unsupported: sharded query: masks");
+}
+
 TEST_CASE("forcing an unknown kernel path is rejected", "[errors]") {
   expect_error(ErrorCode::unsupported, [] { force_simd_path("mmx"); });
 }

@@ -359,6 +359,13 @@ TEST_CASE("sharded server answers as a single server and recovers every write af
     QueryOptions masked;
     masked.tags_any = {1};
     CHECK(error_of([&] { (void)cp.query_soft("exact", q, masked); }) == ErrorCode::unsupported);
+    try {  // the code name once, as from a single server (it crossed ranks as a message)
+      (void)cp.get("exact", 1u << 30);
+      FAIL("no error");
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).rfind("unknown_id: no entry", 0) == 0);
+    }
     cp.create_collection("square", {6, 6});  // iterations need dv == d: asked where they could run
     QueryOptions iterated;
     iterated.iterations = 3;

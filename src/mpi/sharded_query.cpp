@@ -206,7 +206,7 @@ QueryResults detail::ShardScan::exact(const std::vector<float>& queries, std::si
     } else {
       const std::span<float> v = records.vector(b);
       out.hard.push_back({records.header(b).best_id, records.header(b).max, {v.begin(), v.end()},
-                            static_cast<IndexKind>(records.header(b).searched_with)});
+                            static_cast<IndexKind>(records.header(b).searched_with), {}, {}});
     }
   }
   return out;
