@@ -700,3 +700,43 @@ TEST_CASE("sharded: a mask that keeps no entry anywhere is empty_collection on e
   }
   CHECK(p.sharded.query_hard(at_root(one)).id == p.whole.query_hard(one).id);  // the collective stayed in step
 }
+
+TEST_CASE("sharded: compact precisions (keys f16 or i8, values bf16) answer like one collection of the same config", "[mpi][precision]") {
+  for (Precision key : {Precision::f16, Precision::i8}) {
+    CollectionConfig c = config(IndexKind::flat);
+    c.key_precision = key;
+    c.value_precision = Precision::bf16;
+    const Data data = tagged_data(500, 351);
+    Pair p(c, data);
+    INFO("key precision " << static_cast<int>(key));
+    for (std::size_t i = 0; i < data.ids.size(); ++i)  // every shard stores the rows rounded as one collection does
+      if (p.sharded.owner(data.ids[i]) == world_rank()) {
+        const Entry mine = p.sharded.shard().get(data.ids[i]), want = p.whole.get(data.ids[i]);
+        CHECK(mine.key == want.key);
+        CHECK(mine.value == want.value);
+      }
+    const std::vector<float> queries = softkv::test::normal_floats(3 * kD, 352, 3.0f);
+    const std::vector<float> one(queries.begin(), queries.begin() + kD);
+    QueryOptions top;
+    top.top_m = 5;
+    check_soft_equal(p.sharded.query_soft(at_root(one), top), p.whole.query_soft(one, top));
+    const QueryResults soft = p.sharded.query(at_root(queries), Retrieval::soft);
+    const QueryResults soft_want = p.whole.query(queries, Retrieval::soft);
+    const QueryResults hard = p.sharded.query(at_root(queries), Retrieval::hard);
+    const QueryResults hard_want = p.whole.query(queries, Retrieval::hard);
+    for (std::size_t b = 0; b < 3; ++b) {
+      check_soft_equal(soft.soft.at(b), soft_want.soft.at(b));
+      CHECK(hard.hard.at(b).id == hard_want.hard.at(b).id);
+      CHECK(hard.hard.at(b).value == hard_want.hard.at(b).value);
+    }
+    QueryOptions pruned;
+    pruned.top_k = 9;
+    pruned.top_m = 3;
+    check_soft_equal(p.sharded.query_soft(at_root(one), pruned), p.whole.query_soft(one, pruned));
+    QueryOptions masked = masks(data)[0].second;
+    masked.top_m = 3;
+    check_soft_equal(p.sharded.query_soft(at_root(one), masked), p.whole.query_soft(one, masked));
+    masked.top_k = 4;
+    check_soft_equal(p.sharded.query_soft(at_root(one), masked), p.whole.query_soft(one, masked));
+  }
+}
