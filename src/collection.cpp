@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "collection_impl.hpp"
+#include "mask.hpp"
 #include "scan.hpp"
 #include "softkv/error.hpp"
 #include "thread_pool.hpp"
@@ -300,16 +301,20 @@ void Collection::Impl::require_entries() const {
 }
 
 detail::EligibleRows Collection::Impl::eligible(const QueryOptions& options) const {
+  detail::EligibleRows rows = eligible_or_none(options);
+  if (rows.count == 0)
+    throw Error(ErrorCode::empty_collection, "the query's mask (tags_any, tag_range, exclude_ids) leaves no eligible entry of " +
+                                                 std::to_string(ids_.size()));
+  return rows;
+}
+
+detail::EligibleRows Collection::Impl::eligible_or_none(const QueryOptions& options) const {
   std::vector<std::size_t> excluded;
   excluded.reserve(options.exclude_ids.size());
   for (std::uint64_t id : options.exclude_ids)
     if (const auto it = slot_of_.find(id); it != slot_of_.end()) excluded.push_back(it->second);
   std::sort(excluded.begin(), excluded.end());
-  detail::EligibleRows rows = detail::eligible_rows(tags_, options, excluded);
-  if (rows.count == 0)
-    throw Error(ErrorCode::empty_collection, "the query's mask (tags_any, tag_range, exclude_ids) leaves no eligible entry of " +
-                                                 std::to_string(ids_.size()));
-  return rows;
+  return detail::eligible_rows(tags_, options, excluded);
 }
 
 std::size_t Collection::Impl::parts_for(const QueryOptions& options, std::size_t floats_per_row) const {
@@ -371,6 +376,12 @@ std::size_t Collection::size_hint() const noexcept { return impl_->size_hint(); 
 std::size_t Collection::size() const {
   const auto lock = impl_->read_lock();
   return impl_->rows();
+}
+
+std::size_t Collection::eligible_count(const QueryOptions& options) const {
+  detail::check_mask(options);
+  const auto lock = impl_->read_lock();
+  return detail::has_mask(options) ? impl_->eligible_or_none(options).count : impl_->rows();
 }
 
 bool Collection::contains(std::uint64_t id) const {

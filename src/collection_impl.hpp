@@ -135,6 +135,8 @@ class Collection::Impl {
   void require_entries() const;
   /// The rows options' mask keeps; Error(empty_collection) when it keeps none.
   [[nodiscard]] detail::EligibleRows eligible(const QueryOptions& options) const;
+  /// The rows options' mask keeps, possibly none (eligible() without its empty check).
+  [[nodiscard]] detail::EligibleRows eligible_or_none(const QueryOptions& options) const;
   /// Row slices for one scan reading floats_per_row floats per row.
   [[nodiscard]] std::size_t parts_for(const QueryOptions& options, std::size_t floats_per_row) const;
   /// Pruning options are consistent and the collection has an index to prune with.

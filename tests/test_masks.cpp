@@ -495,3 +495,25 @@ TEST_CASE("masked pruned queries through HNSW and IVF over-fetch and filter: no 
   CHECK(h.searched_with == IndexKind::exact);
   CHECK(h.id == t.ids[t.best(q.data(), five)]);
 }
+
+TEST_CASE("eligible_count counts the entries a mask keeps, 0 when it keeps none, size() without one", "[mask]") {
+  Collection c({.dim = 2, .value_dim = 1});
+  CHECK(c.eligible_count({}) == 0);
+  const std::vector<float> keys = {1, 0, 0, 1, 1, 1, 2, 0}, values = {1, 2, 3, 4};
+  const std::vector<std::uint64_t> tags = {5, 6, 7, 5};
+  const auto ids = c.add_batch(keys, values, tags);
+  CHECK(c.eligible_count({}) == 4);
+  QueryOptions o;
+  o.tags_any = {5};
+  CHECK(c.eligible_count(o) == 2);
+  o.exclude_ids = {ids[0], 999};
+  CHECK(c.eligible_count(o) == 1);
+  o.tag_range = TagRange{6, 7};
+  CHECK(c.eligible_count(o) == 0);  // no throw: a shard the mask empties counts 0
+  CHECK(test::error_of([&] { (void)c.query_soft(std::vector<float>{1, 0}, o); }) == ErrorCode::empty_collection);
+  o = {};
+  o.tag_range = TagRange{6, 7};
+  CHECK(c.eligible_count(o) == 2);
+  o.tag_range = TagRange{7, 6};
+  CHECK(test::error_of([&] { (void)c.eligible_count(o); }) == ErrorCode::invalid_argument);
+}

@@ -356,9 +356,6 @@ TEST_CASE("sharded server answers as a single server and recovers every write af
     CHECK(error_of([&] { (void)cp.get("exact", 0); }) == ErrorCode::unknown_id);
     CHECK(error_of([&] { cp.create_collection("exact", {data.d, data.dv}); }) == ErrorCode::collection_exists);
     CHECK(error_of([&] { (void)cp.query_stats("exact"); }) == ErrorCode::unsupported);
-    QueryOptions masked;
-    masked.tags_any = {1};
-    CHECK(error_of([&] { (void)cp.query_soft("exact", q, masked); }) == ErrorCode::unsupported);
     try {  // the code name once, as from a single server (it crossed ranks as a message)
       (void)cp.get("exact", 1u << 30);
       FAIL("no error");
@@ -519,4 +516,112 @@ TEST_CASE("sharded server keeps every acknowledged write when a rank is killed d
     CHECK((in_flight == 0 || in_flight == rows));
     CHECK(c.describe("c").size == acked * rows + in_flight);
   }
+}
+
+namespace {
+
+// Soft answers of the two servers agree (values, lse, candidates, top list, tail bound).
+void check_soft_close(const SoftResult& got, const SoftResult& want) {
+  CHECK(got.lse == Approx(want.lse).epsilon(1e-5));
+  CHECK(got.candidates == want.candidates);
+  CHECK(test::max_abs_diff(got.value, want.value) <= 1e-5 * (1 + test::max_abs(want.value)));
+  CHECK(got.tail_bound == Approx(want.tail_bound).epsilon(1e-4).margin(1e-12));
+  CHECK(got.mask_filtered_after_search == want.mask_filtered_after_search);
+  REQUIRE(got.top.size() == want.top.size());
+  for (std::size_t j = 0; j < want.top.size(); ++j) {
+    CHECK(got.top[j].id == want.top[j].id);
+    CHECK(got.top[j].score == Approx(want.top[j].score).epsilon(1e-5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sharded server: masked queries and an f16 collection answer as a single server", "[sharded_server][masks]") {
+  const std::size_t ranks = test_ranks();
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.path);
+  Job single(dir.path / "single", 0, dir.path / "single.log");
+  Job sharded(dir.path / "sharded", ranks, dir.path / "sharded.log");
+  Client cs(single.client()), cp(sharded.client());
+  const std::size_t d = 6, dv = 5, n = 240;
+  CollectionConfig flat{d, dv};
+  flat.index.kind = IndexKind::flat;
+  CollectionConfig compact{d, dv};
+  compact.key_precision = Precision::f16;
+  compact.value_precision = Precision::bf16;
+  compact.index.kind = IndexKind::flat;
+  const std::vector<float> keys = test::normal_floats(n * d, 501), values = test::normal_floats(n * dv, 502);
+  std::vector<std::uint64_t> tags(n);
+  for (std::size_t i = 0; i < n; ++i) tags[i] = i % 5;
+  tags[17] = 9;  // one entry alone with its tag
+  std::vector<std::uint64_t> ids;
+  for (Client* c : {&cs, &cp}) {
+    c->create_collection("tagged", flat);
+    c->create_collection("compact", compact);
+    ids = c->add("tagged", keys, values, tags);
+    (void)c->add("compact", keys, values, tags);
+  }
+  // Upserted tags replace the old ones on the owner rank too.
+  const std::vector<std::uint64_t> re_ids = {ids[1], ids[2]}, re_tags = {9, 9};
+  const std::vector<float> re_keys(keys.begin(), keys.begin() + 2 * d), re_values(values.begin(), values.begin() + 2 * dv);
+  for (Client* c : {&cs, &cp}) c->upsert("tagged", re_ids, re_keys, re_values, re_tags);
+  CHECK(cp.get("tagged", ids[1]).tag == 9);
+  CHECK(cp.get("tagged", ids[3]).tag == tags[3]);
+
+  std::vector<QueryOptions> masks(5);
+  masks[0].tags_any = {1, 3};
+  masks[1].tag_range = TagRange{2, 3};
+  for (std::size_t i = 0; i < n; i += 4) masks[2].exclude_ids.push_back(ids[i]);
+  masks[3].tags_any = {9};  // three entries (17, and the two upserted)
+  masks[4].tag_range = TagRange{0, 100};  // every entry
+  const std::vector<float> queries = test::normal_floats(4 * d, 503, 2.0f);
+  for (std::size_t m = 0; m < masks.size(); ++m) {
+    for (const char* name : {"tagged", "compact"}) {
+      INFO("mask " << m << " on " << name);
+      QueryOptions o = masks[m];
+      o.top_m = 4;
+      const std::span<const float> q(queries.data(), d);
+      const SoftResult s1 = cs.query_soft(name, q, o), s2 = cp.query_soft(name, q, o);
+      check_soft_close(s2, s1);
+      for (const Contributor& c : s2.top) {  // every contributor passes the mask
+        const Entry e = cp.get(name, c.id);
+        if (!masks[m].tags_any.empty())
+          CHECK(std::find(masks[m].tags_any.begin(), masks[m].tags_any.end(), e.tag) != masks[m].tags_any.end());
+        if (masks[m].tag_range) CHECK((e.tag >= masks[m].tag_range->lo && e.tag <= masks[m].tag_range->hi));
+        CHECK(std::find(masks[m].exclude_ids.begin(), masks[m].exclude_ids.end(), c.id) == masks[m].exclude_ids.end());
+      }
+      const HardResult h1 = cs.query_hard(name, q, masks[m]), h2 = cp.query_hard(name, q, masks[m]);
+      CHECK(h2.id == h1.id);
+      CHECK(h2.value == h1.value);
+      const auto b1 = cs.query_soft_batch(name, queries, masks[m]), b2 = cp.query_soft_batch(name, queries, masks[m]);
+      const auto hb1 = cs.query_hard_batch(name, queries, masks[m]), hb2 = cp.query_hard_batch(name, queries, masks[m]);
+      REQUIRE(b2.size() == 4);
+      REQUIRE(hb2.size() == 4);
+      for (std::size_t i = 0; i < 4; ++i) {
+        check_soft_close(b2[i], b1[i]);
+        CHECK(hb2[i].id == hb1[i].id);
+      }
+      for (std::size_t k : {std::size_t{1}, std::size_t{6}, std::size_t{500}}) {  // pruned: the global eligible N
+        QueryOptions pruned = masks[m];
+        pruned.top_k = k;
+        pruned.top_m = 3;
+        check_soft_close(cp.query_soft(name, q, pruned), cs.query_soft(name, q, pruned));
+      }
+      QueryOptions eps = masks[m];
+      eps.epsilon = 1e-3f;
+      check_soft_close(cp.query_soft(name, q, eps), cs.query_soft(name, q, eps));
+    }
+  }
+  // A mask keeping nothing is empty_collection, as on one server; limits are checked the same way.
+  QueryOptions none;
+  none.tags_any = {12345};
+  CHECK(error_of([&] { (void)cs.query_soft("tagged", {queries.data(), d}, none); }) == ErrorCode::empty_collection);
+  CHECK(error_of([&] { (void)cp.query_soft("tagged", {queries.data(), d}, none); }) == ErrorCode::empty_collection);
+  CHECK(error_of([&] { (void)cp.query_hard_batch("tagged", queries, none); }) == ErrorCode::empty_collection);
+  QueryOptions bad_range;
+  bad_range.tag_range = TagRange{4, 3};
+  CHECK(error_of([&] { (void)cp.query_soft("tagged", {queries.data(), d}, bad_range); }) == ErrorCode::invalid_argument);
+  // The server still answers afterwards.
+  CHECK(cp.query_hard("tagged", {queries.data(), d}).id == cs.query_hard("tagged", {queries.data(), d}).id);
+  CHECK(sharded.stop_rank0() == 0);
 }

@@ -263,6 +263,9 @@ class Collection {
   [[nodiscard]] const CollectionConfig& config() const noexcept;
   /// Number of entries.
   [[nodiscard]] std::size_t size() const;
+  /// Entries options' mask (tags_any, tag_range, exclude_ids) keeps, 0 when it keeps none; size()
+  /// without a mask. Throws Error(invalid_argument) for a mask outside its limits.
+  [[nodiscard]] std::size_t eligible_count(const QueryOptions& options) const;
   /// Number of entries without taking the lock (it never waits; it may lag a write in progress).
   [[nodiscard]] std::size_t size_hint() const noexcept;
   /// Whether an entry has this id.

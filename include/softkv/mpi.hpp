@@ -64,14 +64,23 @@ class ShardedCollection {
   /// row is stored by its owner. Checked completely at root first (as Collection::upsert_batch).
   void upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values,
                     int root = 0);
+  /// Collective: upsert_batch with n tags given at root (empty: every tag 0); each tag travels with its row.
+  void upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys, std::span<const float> values,
+                    std::span<const std::uint64_t> tags, int root = 0);
   /// Collective: adds n entries given at root with ids next_id() .. next_id() + n - 1; returns them on every rank.
   std::vector<std::uint64_t> add_batch(std::span<const float> keys, std::span<const float> values, int root = 0);
+  /// Collective: add_batch with n tags given at root (empty: every tag 0); each tag travels with its row.
+  std::vector<std::uint64_t> add_batch(std::span<const float> keys, std::span<const float> values,
+                                       std::span<const std::uint64_t> tags, int root = 0);
   /// Collective: removes n distinct ids given at root, all or nothing: Error(unknown_id) when any
   /// shard lacks one, Error(invalid_argument) for an id given twice, before any is removed.
   void remove_batch(std::span<const std::uint64_t> ids, int root = 0);
 
   /// Collective: n >= 1 row-major queries given at root, answered on every rank like
-  /// Collection::query on all entries. Options are read at root too. Pruned queries (top_k,
+  /// Collection::query on all entries. Options are read at root too, masks included (tags_any,
+  /// tag_range, exclude_ids: broadcast after the fixed options; each shard keeps its eligible rows,
+  /// candidates count the eligible entries of every shard, and a mask that keeps no entry on any
+  /// shard is Error(empty_collection) on every rank). Pruned queries (top_k,
   /// epsilon) take the global top k (each rank's top k merged), softmax over those and the tail
   /// bound from the global k-th score and the global N; each shard needs an index that serves
   /// top_k (flat is exact; hnsw/ivf make the candidates and the bound estimates).

@@ -88,6 +88,7 @@ void merge_record(const std::byte* in_bytes, std::byte* inout_bytes) {
   h.guaranteed = h.guaranteed & o.guaranteed;
   h.rows += o.rows;
   h.searched_with = std::max(h.searched_with, o.searched_with);
+  h.filtered_after = h.filtered_after | o.filtered_after;
   merge_top(in, out);
   const std::size_t dv = h.value_dim;
   if (h.kind == RecordKind::soft) {

@@ -30,6 +30,7 @@ struct RecordHeader {
   std::uint64_t rows = 0;        ///< entries scanned, summed over ranks (the global N)
   std::uint32_t has_best = 0;    ///< hard: a best row exists
   std::uint32_t searched_with = 0;  ///< the largest IndexKind code any shard answered with (0: all scanned)
+  std::uint32_t filtered_after = 0;  ///< OR over ranks: a shard's index filtered masked candidates after its search
 };
 
 /// A run of n records of one shape in one contiguous buffer (the unit of one MPI reduction).

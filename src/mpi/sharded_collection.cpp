@@ -65,16 +65,18 @@ std::uint64_t ShardedCollection::Impl::allreduce_u64(std::uint64_t local, MPI_Op
 
 Rows ShardedCollection::Impl::scatter(const Rows& rows, int root, bool with_vectors) const {
   const std::size_t d = with_vectors ? shard_.config().dim : 0, dv = with_vectors ? shard_.config().value_dim : 0;
-  std::vector<int> counts(ranks_, 0), key_counts(ranks_), value_counts(ranks_), displs(ranks_), key_displs(ranks_),
+  std::vector<int> counts(ranks_ + 1, 0), key_counts(ranks_), value_counts(ranks_), displs(ranks_), key_displs(ranks_),
       value_displs(ranks_);
   Rows ordered;
   if (static_cast<int>(rank_) == root) {
     std::vector<std::vector<std::size_t>> by_owner(ranks_);
     for (std::size_t i = 0; i < rows.ids.size(); ++i) by_owner[shard_owner(rows.ids[i], ranks_)].push_back(i);
+    counts[ranks_] = rows.tags.empty() ? 0 : 1;  // tags travel with their rows when root has any
     for (std::size_t r = 0; r < ranks_; ++r) {
       counts[r] = static_cast<int>(by_owner[r].size());
       for (std::size_t i : by_owner[r]) {
         ordered.ids.push_back(rows.ids[i]);
+        if (!rows.tags.empty()) ordered.tags.push_back(rows.tags[i]);
         ordered.keys.insert(ordered.keys.end(), rows.keys.begin() + static_cast<std::ptrdiff_t>(i * d),
                             rows.keys.begin() + static_cast<std::ptrdiff_t>((i + 1) * d));
         ordered.values.insert(ordered.values.end(), rows.values.begin() + static_cast<std::ptrdiff_t>(i * dv),
@@ -82,7 +84,8 @@ Rows ShardedCollection::Impl::scatter(const Rows& rows, int root, bool with_vect
       }
     }
   }
-  MPI_Bcast(counts.data(), static_cast<int>(ranks_), MPI_INT, root, comm_);
+  MPI_Bcast(counts.data(), static_cast<int>(ranks_ + 1), MPI_INT, root, comm_);
+  const bool with_tags = counts[ranks_] != 0;
   int offset = 0;
   for (std::size_t r = 0; r < ranks_; ++r) {
     displs[r] = offset;
@@ -100,6 +103,11 @@ Rows ShardedCollection::Impl::scatter(const Rows& rows, int root, bool with_vect
   MPI_Scatterv(ordered.ids.data(), counts.data(), displs.data(), MPI_UINT64_T, mine.ids.data(), counts[rank_],
                MPI_UINT64_T, root, comm_);
   if (!with_vectors) return mine;
+  if (with_tags) {
+    mine.tags.resize(n);
+    MPI_Scatterv(ordered.tags.data(), counts.data(), displs.data(), MPI_UINT64_T, mine.tags.data(), counts[rank_],
+                 MPI_UINT64_T, root, comm_);
+  }
   MPI_Scatterv(ordered.keys.data(), key_counts.data(), key_displs.data(), MPI_FLOAT, mine.keys.data(),
                key_counts[rank_], MPI_FLOAT, root, comm_);
   MPI_Scatterv(ordered.values.data(), value_counts.data(), value_displs.data(), MPI_FLOAT, mine.values.data(),
@@ -125,6 +133,11 @@ std::uint64_t ShardedCollection::next_id() const { return impl_->allreduce_u64(i
 
 void ShardedCollection::upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys,
                                      std::span<const float> values, int root) {
+  upsert_batch(ids, keys, values, {}, root);
+}
+
+void ShardedCollection::upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys,
+                                     std::span<const float> values, std::span<const std::uint64_t> tags, int root) {
   Impl& im = *impl_;
   const bool is_root = static_cast<int>(im.rank_) == root;
   Rows rows;
@@ -133,7 +146,7 @@ void ShardedCollection::upsert_batch(std::span<const std::uint64_t> ids, std::sp
     try {
       if (ids.empty() && !keys.empty())
         throw Error(ErrorCode::dimension_mismatch, "upsert: " + std::to_string(keys.size()) + " key floats but no ids");
-      rows = im.shard_.prepare(ids, keys, values);  // every check Collection::upsert_batch makes
+      rows = im.shard_.prepare(ids, keys, values, tags);  // every check Collection::upsert_batch makes
       detail::mpi_count(rows.keys.size(), "the keys of one write");
       detail::mpi_count(rows.values.size(), "the values of one write");
     } catch (const Error& e) {
@@ -149,6 +162,11 @@ void ShardedCollection::upsert_batch(std::span<const std::uint64_t> ids, std::sp
 
 std::vector<std::uint64_t> ShardedCollection::add_batch(std::span<const float> keys, std::span<const float> values,
                                                         int root) {
+  return add_batch(keys, values, {}, root);
+}
+
+std::vector<std::uint64_t> ShardedCollection::add_batch(std::span<const float> keys, std::span<const float> values,
+                                                        std::span<const std::uint64_t> tags, int root) {
   Impl& im = *impl_;
   const std::uint64_t first = next_id();
   std::uint64_t n = 0;
@@ -160,7 +178,7 @@ std::vector<std::uint64_t> ShardedCollection::add_batch(std::span<const float> k
     else for (std::uint64_t i = 0; i < n; ++i) ids.push_back(first + i);
   }
   detail::broadcast_status(s, root, im.comm_);
-  upsert_batch(ids, keys, values, root);  // checks shapes (keys vs n ids, values) and the reserved id at root
+  upsert_batch(ids, keys, values, tags, root);  // checks shapes (keys vs n ids, values) and the reserved id at root
   MPI_Bcast(&n, 1, MPI_UINT64_T, root, im.comm_);
   ids.resize(n);
   for (std::uint64_t i = 0; i < n; ++i) ids[i] = first + i;

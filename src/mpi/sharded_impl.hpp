@@ -32,7 +32,7 @@ void broadcast_status(RootStatus& status, int root, MPI_Comm comm);
 int mpi_count(std::size_t n, const char* what);
 
 /// The checks a sharded query passes before it is broadcast (shapes, finite values, options as one
-/// collection checks them, no masks): returns the number of queries, throws Error otherwise.
+/// collection checks them, masks within their limits): returns the number of queries, throws Error otherwise.
 std::size_t check_query(const Collection& shard, std::span<const float> queries, Retrieval kind, const QueryOptions& options);
 
 /// One rank's shard of one collection and the communicator its queries reduce over: the scan and
@@ -49,10 +49,12 @@ struct ShardScan {
   [[nodiscard]] QueryResults answer(const std::vector<float>& q, std::size_t n, Retrieval kind, const QueryOptions& opts) const;
   /// n exact queries (no pruning), answered with one reduction for the whole batch.
   [[nodiscard]] QueryResults exact(const std::vector<float>& queries, std::size_t n, Retrieval kind, const QueryOptions& options) const;
-  /// One pruned soft query at k over `total` entries (two reductions).
-  [[nodiscard]] SoftResult pruned_at(const std::vector<float>& query, std::size_t k, std::size_t total, const QueryOptions& options) const;
-  /// One pruned soft query (top_k, or epsilon's adaptive k).
-  [[nodiscard]] SoftResult pruned(const std::vector<float>& query, std::size_t total, const QueryOptions& options) const;
+  /// One pruned soft query at k over `total` eligible entries, `local` of them on this shard (two reductions).
+  [[nodiscard]] SoftResult pruned_at(const std::vector<float>& query, std::size_t k, std::size_t local, std::size_t total,
+                                     const QueryOptions& options) const;
+  /// One pruned soft query (top_k, or epsilon's adaptive k) over `total` eligible entries, `local` here.
+  [[nodiscard]] SoftResult pruned(const std::vector<float>& query, std::size_t local, std::size_t total,
+                                  const QueryOptions& options) const;
   /// The global reduction of the partial records, timed into *reduce_seconds.
   void reduce(PartialRecords& records) const;
   /// The element-wise sum over ranks of a vector of doubles (a convex blend's parts), as floats.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "mpi/sharded_impl.hpp"
+#include "mask.hpp"
 #include "pruning.hpp"
 #include "validate.hpp"
 
@@ -19,11 +20,14 @@ using detail::RecordKind;
 using detail::SoftmaxState;
 
 // The QueryOptions fields as one flat record for MPI_Bcast (root's options rule every rank). A field
-// added to QueryOptions must be added here too, or the other ranks query with its default.
+// added to QueryOptions must be added here too, or the other ranks query with its default. The mask's
+// lists do not fit a fixed record: it holds their lengths, and a second MPI_Bcast carries the ids
+// (tags_any, then exclude_ids) when either is non-empty.
 struct WireOptions {
-  std::uint8_t has_temperature = 0, has_scale = 0, has_top_k = 0, has_epsilon = 0, exact = 0;
+  std::uint8_t has_temperature = 0, has_scale = 0, has_top_k = 0, has_epsilon = 0, exact = 0, has_tag_range = 0;
   float temperature = 0, scale = 0, epsilon = 0;
   std::uint64_t top_m = 0, threads = 0, top_k = 0, ef_search = 0, nprobe = 0, check_sample = 0;
+  std::uint64_t tag_lo = 0, tag_hi = 0, tags_any = 0, exclude_ids = 0;  // the tag range; the lists' lengths
 };
 
 WireOptions flatten(const QueryOptions& o) {
@@ -42,6 +46,11 @@ WireOptions flatten(const QueryOptions& o) {
   w.ef_search = o.ef_search;
   w.nprobe = o.nprobe;
   w.check_sample = o.check_sample;
+  w.has_tag_range = o.tag_range.has_value();
+  w.tag_lo = o.tag_range ? o.tag_range->lo : 0;
+  w.tag_hi = o.tag_range ? o.tag_range->hi : 0;
+  w.tags_any = o.tags_any.size();
+  w.exclude_ids = o.exclude_ids.size();
   return w;
 }
 
@@ -57,7 +66,34 @@ QueryOptions unflatten(const WireOptions& w) {
   o.ef_search = w.ef_search;
   o.nprobe = w.nprobe;
   o.check_sample = w.check_sample;
+  if (w.has_tag_range) o.tag_range = TagRange{w.tag_lo, w.tag_hi};
   return o;
+}
+
+// The mask's lists from root's options into o on every rank (one MPI_Bcast, only when w says they are
+// non-empty, which every rank knows from the header). Root checked their lengths. Collective.
+void broadcast_mask_lists(const WireOptions& w, const QueryOptions& at_root, bool is_root, int root, MPI_Comm comm,
+                          QueryOptions& o) {
+  const std::size_t n = static_cast<std::size_t>(w.tags_any + w.exclude_ids);
+  if (n == 0) return;
+  std::vector<std::uint64_t> lists;
+  if (is_root) {
+    lists = at_root.tags_any;
+    lists.insert(lists.end(), at_root.exclude_ids.begin(), at_root.exclude_ids.end());
+  }
+  lists.resize(n);
+  MPI_Bcast(lists.data(), static_cast<int>(n), MPI_UINT64_T, root, comm);
+  const auto split = lists.begin() + static_cast<std::ptrdiff_t>(w.tags_any);
+  o.tags_any.assign(lists.begin(), split);
+  o.exclude_ids.assign(split, lists.end());
+}
+
+// The Error of a query that no entry takes part in: an empty collection, or a mask keeping no entry.
+Error nothing_eligible(const QueryOptions& options) {
+  return detail::has_mask(options)
+             ? Error(ErrorCode::empty_collection, "sharded query: the query's mask (tags_any, tag_range, exclude_ids) "
+                                                  "leaves no eligible entry on any shard")
+             : Error(ErrorCode::empty_collection, "sharded query: no shard holds an entry");
 }
 
 // A rank's own failure during a collective step, kept until the reduction tells every rank about it.
@@ -155,17 +191,20 @@ SoftResult soft_answer(PartialRecords& records, std::size_t i) {
 QueryResults detail::ShardScan::exact(const std::vector<float>& queries, std::size_t n, Retrieval kind,
                                       const QueryOptions& options) const {
   const std::size_t dv = shard.config().value_dim;
+  // This shard's N: the rows the mask keeps (every row without one). A shard the mask empties sits out.
+  LocalFailure failure;
+  std::size_t local_rows = 0;
+  failure.run([&] { local_rows = shard.eligible_count(options); });
   std::size_t top_m = kind == Retrieval::soft ? options.top_m : 0;
   if (top_m > 0) {  // a top list longer than the collection holds nothing more: cap it at the global N
-    std::uint64_t total = shard.size();
+    std::uint64_t total = local_rows;
     MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UINT64_T, MPI_SUM, comm);
     top_m = static_cast<std::size_t>(std::min<std::uint64_t>(top_m, total));
   }
   PartialRecords records = allocate_records(n, kind == Retrieval::soft ? RecordKind::soft : RecordKind::hard, dv, top_m, comm);
-  LocalFailure failure;
-  const std::size_t local_rows = shard.size();
+  if (failure.code != 0) records.set_error(failure.code);
   QueryResults r;  // this shard's own answers (kept for the overflow fallback of soft values)
-  if (local_rows > 0) {
+  if (local_rows > 0 && failure.code == 0) {
     failure.run([&] {
       QueryOptions local = options;
       local.top_k.reset();
@@ -189,7 +228,7 @@ QueryResults detail::ShardScan::exact(const std::vector<float>& queries, std::si
   }
   reduce(records);
   failure.rethrow(records.header(0).error);
-  if (records.header(0).rows == 0) throw Error(ErrorCode::empty_collection, "sharded query: no shard holds an entry");
+  if (records.header(0).rows == 0) throw nothing_eligible(options);
   QueryResults out;
   for (std::size_t b = 0; b < n; ++b) {
     if (kind == Retrieval::soft) {
@@ -214,22 +253,23 @@ QueryResults detail::ShardScan::exact(const std::vector<float>& queries, std::si
 
 // One pruned soft query at k: the global top k (each shard's top k merged), then the softmax over
 // those rows (each owner contributes its own) and the tail bound from the global k-th score and N.
-SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::size_t k, std::size_t total,
+SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::size_t k, std::size_t local, std::size_t total,
                                         const QueryOptions& options) const {
   const std::size_t dv = shard.config().value_dim;
   // Round 1: candidates. A record of ids and scores only (no vector).
   PartialRecords top(1, RecordKind::soft, 0, k);
   LocalFailure failure;
-  if (shard.size() > 0) {
+  if (local > 0) {  // the shard's eligible rows (a mask travels in options; the shard applies it)
     failure.run([&] {
-      QueryOptions local = options;
-      local.epsilon.reset();
-      local.top_k = k;
-      local.top_m = k;
-      const SoftResult r = shard.query_soft(query, local);
+      QueryOptions at_k = options;
+      at_k.epsilon.reset();
+      at_k.top_k = k;
+      at_k.top_m = k;
+      const SoftResult r = shard.query_soft(query, at_k);
       fill_top(top, 0, r.top);
       top.header(0).guaranteed = r.tail_bound_guaranteed ? 1 : 0;
       top.header(0).searched_with = static_cast<std::uint32_t>(r.searched_with);
+      top.header(0).filtered_after = r.mask_filtered_after_search ? 1 : 0;
     });
     if (failure.code != 0) top.set_error(failure.code);
   }
@@ -274,20 +314,22 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
   }
   r.tail_bound = detail::tail_bound(total, chosen, detail::with_rounding_slack(kth), r.lse);
   r.tail_bound_guaranteed = top.header(0).guaranteed != 0;
+  r.mask_filtered_after_search = top.header(0).filtered_after != 0;  // any shard's index filtered after its search
   // Not every entry took part: the shards' index chose them, even where a small shard scanned all of its own.
   const auto merged = static_cast<IndexKind>(top.header(0).searched_with);
   r.searched_with = merged != IndexKind::exact ? merged : shard.config().index.kind;
   return r;
 }
 
-SoftResult detail::ShardScan::pruned(const std::vector<float>& query, std::size_t total, const QueryOptions& options) const {
+SoftResult detail::ShardScan::pruned(const std::vector<float>& query, std::size_t local, std::size_t total,
+                                     const QueryOptions& options) const {
   if (options.top_k) {
     if (*options.top_k >= total) return exact(query, 1, Retrieval::soft, options).soft[0];
-    return pruned_at(query, *options.top_k, total, options);
+    return pruned_at(query, *options.top_k, local, total, options);
   }
   for (std::size_t k = 16;; k *= 2) {  // the adaptive rule of detail::adaptive_soft, on global figures
     if (k > total / 4) return exact(query, 1, Retrieval::soft, options).soft[0];
-    SoftResult r = pruned_at(query, k, total, options);
+    SoftResult r = pruned_at(query, k, local, total, options);
     if (r.tail_bound <= *options.epsilon) return r;
   }
 }
@@ -313,11 +355,6 @@ std::size_t detail::check_query(const Collection& shard, std::span<const float> 
   detail::check_finite(queries, "query", d);
   if (kind != Retrieval::soft && kind != Retrieval::hard) throw Error(ErrorCode::invalid_argument, "unknown retrieval kind");
   shard.check_options(options, kind);  // the same checks as one collection's, even on an empty shard
-  // Masks are not carried to the other ranks yet (the broadcast options have no room for their
-  // lists): refuse them rather than answer over entries the mask should have hidden.
-  if (!options.tags_any.empty() || options.tag_range || !options.exclude_ids.empty())
-    throw Error(ErrorCode::unsupported, "sharded query: masks (tags_any, tag_range, exclude_ids) are not "
-                                        "supported on sharded collections yet");
   if (options.iterations != 1)
     throw Error(ErrorCode::unsupported, "iterative retrieval (iterations > 1) is not supported on sharded collections");
   if (shard.config().heads != 1)  // the partial records merge one softmax: a multi-head shard has h of them
@@ -332,14 +369,20 @@ QueryResults detail::ShardScan::answer(const std::vector<float>& q, std::size_t 
   const bool prune = kind == Retrieval::soft && (opts.top_k || opts.epsilon) && !opts.exact;
   if (!prune) return exact(q, n, kind, opts);
   // Pruned queries run one by one (as Collection::query does), each in lockstep on every rank.
-  std::uint64_t total = shard.size();
-  MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UINT64_T, MPI_SUM, comm);
-  if (total == 0) throw Error(ErrorCode::empty_collection, "sharded query: no shard holds an entry");
+  // The global N of the tail bound: the eligible rows of every shard (all rows without a mask).
+  LocalFailure failure;
+  std::size_t local = 0;
+  failure.run([&] { local = shard.eligible_count(opts); });
+  std::uint64_t counts[2] = {local, failure.code != 0 ? 1u : 0u};  // summed: N, ranks that failed
+  MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_UINT64_T, MPI_SUM, comm);
+  if (counts[1] != 0) failure.rethrow(failure.code != 0 ? failure.code : static_cast<std::uint32_t>(ErrorCode::resource_exhausted));
+  const std::uint64_t total = counts[0];
+  if (total == 0) throw nothing_eligible(opts);
   const std::size_t d = shard.config().dim;
   QueryResults out;
   for (std::size_t b = 0; b < n; ++b)
     out.soft.push_back(pruned({q.begin() + static_cast<std::ptrdiff_t>(b * d), q.begin() + static_cast<std::ptrdiff_t>((b + 1) * d)},
-                              total, opts));
+                              local, total, opts));
   return out;
 }
 
@@ -367,7 +410,8 @@ QueryResults ShardedCollection::query(std::span<const float> queries, Retrieval 
   }
   MPI_Bcast(&h, sizeof(h), MPI_BYTE, root, im.comm_);
   if (h.status.code != 0) throw Error(static_cast<ErrorCode>(h.status.code), h.status.message);
-  const QueryOptions opts = unflatten(h.options);
+  QueryOptions opts = unflatten(h.options);
+  broadcast_mask_lists(h.options, options, is_root, root, im.comm_, opts);
   std::vector<float> q(is_root ? queries.begin() : queries.end(), queries.end());
   q.resize(h.n * d);
   MPI_Bcast(q.data(), static_cast<int>(q.size()), MPI_FLOAT, root, im.comm_);

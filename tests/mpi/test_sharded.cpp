@@ -41,6 +41,7 @@ std::size_t world_size() {
 struct Data {
   std::vector<std::uint64_t> ids;
   std::vector<float> keys, values;
+  std::vector<std::uint64_t> tags = {};  // empty: every tag 0
 };
 
 Data sharded_data(std::size_t n, std::uint64_t seed, std::uint64_t id_step = 1) {
@@ -53,11 +54,12 @@ struct Pair {
   Collection whole;
   ShardedCollection sharded;
   Pair(const CollectionConfig& config, const Data& data) : whole(config), sharded(MPI_COMM_WORLD, config) {
-    whole.upsert_batch(data.ids, data.keys, data.values);
+    whole.upsert_batch(data.ids, data.keys, data.values, data.tags);
     const bool root = world_rank() == 0;
     sharded.upsert_batch(root ? std::span<const std::uint64_t>(data.ids) : std::span<const std::uint64_t>{},
                          root ? std::span<const float>(data.keys) : std::span<const float>{},
-                         root ? std::span<const float>(data.values) : std::span<const float>{});
+                         root ? std::span<const float>(data.values) : std::span<const float>{},
+                         root ? std::span<const std::uint64_t>(data.tags) : std::span<const std::uint64_t>{});
   }
 };
 
@@ -406,13 +408,13 @@ TEST_CASE("sharded: every caller error is the same typed Error on every rank and
     CHECK(error_of([&] { (void)no_index.query_soft(at_root(q), k4); }) == ErrorCode::invalid_argument);
     CHECK(no_index.query_hard(at_root(q), k4).id == s.query_hard(at_root(q)).id);  // hard ignores top_k
   }
-  for (int field = 0; field < 3; ++field) {  // masks are not carried to the shards yet: refused, never ignored
+  for (int field = 0; field < 3; ++field) {  // masks outside their limits: refused at root, on every rank
     QueryOptions masked;
-    if (field == 0) masked.tags_any = {1};
-    if (field == 1) masked.tag_range = TagRange{0, 5};
-    if (field == 2) masked.exclude_ids = {data.ids[0]};
-    CHECK(error_of([&] { (void)s.query_soft(at_root(q), masked); }) == ErrorCode::unsupported);
-    CHECK(error_of([&] { (void)s.query_hard(at_root(q), masked); }) == ErrorCode::unsupported);
+    if (field == 0) masked.tags_any.assign(QueryOptions::kMaxTagsAny + 1, 1);
+    if (field == 1) masked.tag_range = TagRange{5, 4};
+    if (field == 2) masked.exclude_ids.assign(QueryOptions::kMaxExcludeIds + 1, 1);
+    CHECK(error_of([&] { (void)s.query_soft(at_root(q), masked); }) == ErrorCode::invalid_argument);
+    CHECK(error_of([&] { (void)s.query_hard(at_root(q), masked); }) == ErrorCode::invalid_argument);
   }
   QueryOptions huge;
   huge.scale = 1e38f;
@@ -482,4 +484,259 @@ TEST_CASE("partial records merge commutatively, with the empty record as identit
   e2.set_error(3);
   detail::merge_record(e2.data(), e1.data());
   CHECK(e1.header(0).error == 3);
+}
+
+namespace {
+
+// The sharded soft answer's value under mask (default options otherwise).
+std::vector<float> got_value_or(const Pair& p, const std::vector<float>& q, const QueryOptions& mask) {
+  return p.sharded.query_soft(at_root(q), mask).value;
+}
+
+// Rows tagged i % 7, one row (index 10) alone with tag 99, and tag 77 on the even rows the last rank owns.
+Data tagged_data(std::size_t n, std::uint64_t seed) {
+  Data data = sharded_data(n, seed, 5);
+  const std::size_t P = world_size();
+  for (std::size_t i = 0; i < n; ++i) data.tags.push_back(i % 7);
+  data.tags[10] = 99;
+  for (std::size_t i = 0; i < n; ++i)
+    if (i != 10 && i % 2 == 0 && shard_owner(data.ids[i], P) == P - 1) data.tags[i] = 77;
+  return data;
+}
+
+// Whether row i passes options' mask (the rule of QueryOptions, written out).
+bool passes(const Data& data, std::size_t i, const QueryOptions& o) {
+  const std::uint64_t tag = data.tags[i];
+  if (!o.tags_any.empty() && std::find(o.tags_any.begin(), o.tags_any.end(), tag) == o.tags_any.end()) return false;
+  if (o.tag_range && (tag < o.tag_range->lo || tag > o.tag_range->hi)) return false;
+  return std::find(o.exclude_ids.begin(), o.exclude_ids.end(), data.ids[i]) == o.exclude_ids.end();
+}
+
+// The eligible rows of data under o, as their own Data (for the double reference).
+Data eligible_subset(const Data& data, const QueryOptions& o) {
+  Data out;
+  for (std::size_t i = 0; i < data.ids.size(); ++i) {
+    if (!passes(data, i, o)) continue;
+    out.ids.push_back(data.ids[i]);
+    out.keys.insert(out.keys.end(), data.keys.begin() + static_cast<std::ptrdiff_t>(i * kD), data.keys.begin() + static_cast<std::ptrdiff_t>((i + 1) * kD));
+    out.values.insert(out.values.end(), data.values.begin() + static_cast<std::ptrdiff_t>(i * kDv),
+                      data.values.begin() + static_cast<std::ptrdiff_t>((i + 1) * kDv));
+    out.tags.push_back(data.tags[i]);
+  }
+  return out;
+}
+
+// The masks of the masked tests, with a name: several tags, a range, excluded ids, all three, all rows,
+// exactly one row, only the last rank's rows.
+std::vector<std::pair<const char*, QueryOptions>> masks(const Data& data) {
+  std::vector<std::pair<const char*, QueryOptions>> out;
+  QueryOptions o;
+  o.tags_any = {1, 3, 5};
+  out.emplace_back("tags_any", o);
+  o = {};
+  o.tag_range = TagRange{2, 4};
+  out.emplace_back("tag_range", o);
+  o = {};
+  for (std::size_t i = 0; i < data.ids.size(); i += 3) o.exclude_ids.push_back(data.ids[i]);
+  o.exclude_ids.push_back(123456789);  // an id no entry has is ignored
+  out.emplace_back("exclude_ids", o);
+  o.tags_any = {0, 1, 2, 4, 77};
+  o.tag_range = TagRange{1, 80};
+  out.emplace_back("all three", o);
+  o = {};
+  o.tag_range = TagRange{0, 1000};
+  out.emplace_back("keeps all", o);
+  o = {};
+  o.tags_any = {99};
+  out.emplace_back("keeps one", o);
+  o = {};
+  o.tags_any = {77};
+  out.emplace_back("last rank only", o);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sharded: tags travel with their rows on upsert_batch and add_batch", "[mpi][mask]") {
+  const Data data = tagged_data(120, 301);
+  Pair p(config(), data);
+  for (std::size_t i = 0; i < data.ids.size(); ++i)
+    if (p.sharded.owner(data.ids[i]) == world_rank()) CHECK(p.sharded.shard().get(data.ids[i]).tag == data.tags[i]);
+  const std::vector<float> keys = softkv::test::normal_floats(3 * kD, 302), values = softkv::test::normal_floats(3 * kDv, 303);
+  const std::vector<std::uint64_t> tags = {41, 42, 43};
+  const bool root = world_rank() == 0;
+  const std::vector<std::uint64_t> ids = p.sharded.add_batch(root ? std::span<const float>(keys) : std::span<const float>{}, values,
+                                                             root ? std::span<const std::uint64_t>(tags) : std::span<const std::uint64_t>{});
+  REQUIRE(ids.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i)
+    if (p.sharded.owner(ids[i]) == world_rank()) CHECK(p.sharded.shard().get(ids[i]).tag == tags[i]);
+  const std::vector<std::uint64_t> wrong = {1};  // tags 0 or n: checked at root, the same Error everywhere
+  CHECK(error_of([&] { (void)p.sharded.add_batch(keys, values, wrong); }) == ErrorCode::dimension_mismatch);
+  CHECK(p.sharded.size() == data.ids.size() + 3);
+}
+
+TEST_CASE("sharded: masked soft, hard and batched answers equal one collection's and a double reference", "[mpi][mask]") {
+  for (Metric metric : {Metric::dot, Metric::cosine}) {
+    const Data data = tagged_data(700, 311);
+    Pair p(config(IndexKind::exact, metric), data);
+    const std::vector<float> queries = softkv::test::normal_floats(3 * kD, 312, 3.0f);
+    const std::vector<float> one(queries.begin(), queries.begin() + kD);
+    for (const auto& [name, mask] : masks(data)) {
+      INFO("mask: " << name << ", metric " << static_cast<int>(metric));
+      const Data sub = eligible_subset(data, mask);
+      REQUIRE(!sub.ids.empty());
+      for (std::size_t top_m : {std::size_t{0}, std::size_t{4}, std::size_t{2000}}) {
+        QueryOptions o = mask;
+        o.top_m = top_m;
+        const SoftResult got = p.sharded.query_soft(at_root(one), o);
+        check_soft_equal(got, p.whole.query_soft(one, o));
+        CHECK(got.candidates == sub.ids.size());
+        CHECK(got.top.size() == std::min(top_m, sub.ids.size()));
+        for (const Contributor& c : got.top) CHECK(std::find(sub.ids.begin(), sub.ids.end(), c.id) != sub.ids.end());
+      }
+      const HardResult hard = p.sharded.query_hard(at_root(one), mask);
+      const HardResult hard_whole = p.whole.query_hard(one, mask);
+      CHECK(hard.id == hard_whole.id);
+      CHECK(hard.score == Approx(hard_whole.score).epsilon(1e-6).margin(1e-6));
+      CHECK(hard.value == hard_whole.value);
+      const QueryResults soft_batch = p.sharded.query(at_root(queries), Retrieval::soft, mask);
+      const QueryResults soft_want = p.whole.query(queries, Retrieval::soft, mask);
+      const QueryResults hard_batch = p.sharded.query(at_root(queries), Retrieval::hard, mask);
+      const QueryResults hard_want = p.whole.query(queries, Retrieval::hard, mask);
+      REQUIRE(soft_batch.soft.size() == 3);
+      REQUIRE(hard_batch.hard.size() == 3);
+      for (std::size_t b = 0; b < 3; ++b) {
+        check_soft_equal(soft_batch.soft[b], soft_want.soft[b]);
+        CHECK(hard_batch.hard[b].id == hard_want.hard[b].id);
+        CHECK(hard_batch.hard[b].value == hard_want.hard[b].value);
+      }
+      if (metric == Metric::dot) {  // the double reference over the eligible rows only
+        const auto ref = softkv::test::soft_reference(one.data(), sub.keys.data(), sub.values.data(), sub.ids.size(), kD, kDv,
+                                                      1.0 / std::sqrt(static_cast<double>(kD)));
+        CHECK(max_abs_diff(got_value_or(p, one, mask), ref.value) <= 1e-5);
+        std::size_t best = 0;
+        for (std::size_t i = 1; i < sub.ids.size(); ++i)
+          if (ref.scores[i] > ref.scores[best] || (ref.scores[i] == ref.scores[best] && sub.ids[i] < sub.ids[best])) best = i;
+        CHECK(hard.id == sub.ids[best]);
+      }
+    }
+  }
+}
+
+TEST_CASE("sharded: masked pruned answers (top_k, epsilon) use the global eligible N", "[mpi][mask]") {
+  const Data data = tagged_data(900, 321);
+  Pair p(config(IndexKind::flat), data);
+  const std::vector<float> q = softkv::test::normal_floats(kD, 322, 6.0f);
+  for (const auto& [name, mask] : masks(data)) {
+    const std::size_t eligible = eligible_subset(data, mask).ids.size();
+    for (std::size_t k : {std::size_t{1}, std::size_t{5}, std::size_t{40}, eligible, eligible + 7}) {
+      INFO("mask: " << name << ", k = " << k);
+      QueryOptions o = mask;
+      o.top_k = k;
+      o.top_m = 3;
+      const SoftResult want = p.whole.query_soft(q, o);
+      const SoftResult got = p.sharded.query_soft(at_root(q), o);
+      check_soft_equal(got, want);
+      CHECK(got.searched_with == want.searched_with);
+      CHECK(got.candidates == std::min(k, eligible));
+      CHECK_FALSE(got.mask_filtered_after_search);  // flat visits eligible rows only
+    }
+    for (float eps : {0.3f, 1e-3f}) {
+      INFO("mask: " << name << ", epsilon = " << eps);
+      QueryOptions o = mask;
+      o.epsilon = eps;
+      const SoftResult got = p.sharded.query_soft(at_root(q), o);
+      check_soft_equal(got, p.whole.query_soft(q, o));
+      CHECK(got.tail_bound <= eps);
+    }
+  }
+}
+
+TEST_CASE("sharded: masked pruning through hnsw reports filtering after search when a shard did", "[mpi][mask]") {
+  const Data data = tagged_data(1200, 331);
+  Pair p(config(IndexKind::hnsw), data);
+  p.sharded.shard().wait_until_indexed();
+  const std::vector<float> q = softkv::test::normal_floats(kD, 332, 6.0f);
+  QueryOptions o;
+  o.tag_range = TagRange{0, 5};  // most rows
+  o.top_k = 8;
+  o.top_m = 8;
+  const SoftResult got = p.sharded.query_soft(at_root(q), o);
+  CHECK(got.candidates == 8);
+  // Each shard's own pruned query at k says whether its index filtered after searching; the merged answer ORs them.
+  int local = p.sharded.shard().eligible_count(o) > 0 && p.sharded.shard().query_soft(q, o).mask_filtered_after_search ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(got.mask_filtered_after_search == (local != 0));
+  p.whole.wait_until_indexed();
+  if (world_size() == 1) CHECK(got.mask_filtered_after_search == p.whole.query_soft(q, o).mask_filtered_after_search);
+  const Data sub = eligible_subset(data, o);
+  for (const Contributor& c : got.top) CHECK(std::find(sub.ids.begin(), sub.ids.end(), c.id) != sub.ids.end());
+}
+
+TEST_CASE("sharded: a mask that keeps no entry anywhere is empty_collection on every rank", "[mpi][mask]") {
+  const Data data = tagged_data(200, 341);
+  Pair p(config(IndexKind::flat), data);
+  const std::vector<float> q = softkv::test::normal_floats(2 * kD, 342);
+  const std::vector<float> one(q.begin(), q.begin() + kD);
+  QueryOptions none;
+  none.tags_any = {12345};
+  QueryOptions excluded;
+  excluded.exclude_ids = data.ids;
+  for (const QueryOptions& mask : {none, excluded}) {
+    CHECK(error_of([&] { (void)p.whole.query_soft(one, mask); }) == ErrorCode::empty_collection);
+    CHECK(error_of([&] { (void)p.sharded.query_soft(at_root(one), mask); }) == ErrorCode::empty_collection);
+    CHECK(error_of([&] { (void)p.sharded.query_hard(at_root(one), mask); }) == ErrorCode::empty_collection);
+    CHECK(error_of([&] { (void)p.sharded.query(at_root(q), Retrieval::soft, mask); }) == ErrorCode::empty_collection);
+    CHECK(error_of([&] { (void)p.sharded.query(at_root(q), Retrieval::hard, mask); }) == ErrorCode::empty_collection);
+    QueryOptions pruned = mask;
+    pruned.top_k = 4;
+    CHECK(error_of([&] { (void)p.sharded.query_soft(at_root(one), pruned); }) == ErrorCode::empty_collection);
+    pruned.top_k.reset();
+    pruned.epsilon = 0.1f;
+    CHECK(error_of([&] { (void)p.sharded.query_soft(at_root(one), pruned); }) == ErrorCode::empty_collection);
+    QueryOptions top = mask;
+    top.top_m = 5;
+    CHECK(error_of([&] { (void)p.sharded.query_soft(at_root(one), top); }) == ErrorCode::empty_collection);
+  }
+  CHECK(p.sharded.query_hard(at_root(one)).id == p.whole.query_hard(one).id);  // the collective stayed in step
+}
+
+TEST_CASE("sharded: compact precisions (keys f16 or i8, values bf16) answer like one collection of the same config", "[mpi][precision]") {
+  for (Precision key : {Precision::f16, Precision::i8}) {
+    CollectionConfig c = config(IndexKind::flat);
+    c.key_precision = key;
+    c.value_precision = Precision::bf16;
+    const Data data = tagged_data(500, 351);
+    Pair p(c, data);
+    INFO("key precision " << static_cast<int>(key));
+    for (std::size_t i = 0; i < data.ids.size(); ++i)  // every shard stores the rows rounded as one collection does
+      if (p.sharded.owner(data.ids[i]) == world_rank()) {
+        const Entry mine = p.sharded.shard().get(data.ids[i]), want = p.whole.get(data.ids[i]);
+        CHECK(mine.key == want.key);
+        CHECK(mine.value == want.value);
+      }
+    const std::vector<float> queries = softkv::test::normal_floats(3 * kD, 352, 3.0f);
+    const std::vector<float> one(queries.begin(), queries.begin() + kD);
+    QueryOptions top;
+    top.top_m = 5;
+    check_soft_equal(p.sharded.query_soft(at_root(one), top), p.whole.query_soft(one, top));
+    const QueryResults soft = p.sharded.query(at_root(queries), Retrieval::soft);
+    const QueryResults soft_want = p.whole.query(queries, Retrieval::soft);
+    const QueryResults hard = p.sharded.query(at_root(queries), Retrieval::hard);
+    const QueryResults hard_want = p.whole.query(queries, Retrieval::hard);
+    for (std::size_t b = 0; b < 3; ++b) {
+      check_soft_equal(soft.soft.at(b), soft_want.soft.at(b));
+      CHECK(hard.hard.at(b).id == hard_want.hard.at(b).id);
+      CHECK(hard.hard.at(b).value == hard_want.hard.at(b).value);
+    }
+    QueryOptions pruned;
+    pruned.top_k = 9;
+    pruned.top_m = 3;
+    check_soft_equal(p.sharded.query_soft(at_root(one), pruned), p.whole.query_soft(one, pruned));
+    QueryOptions masked = masks(data)[0].second;
+    masked.top_m = 3;
+    check_soft_equal(p.sharded.query_soft(at_root(one), masked), p.whole.query_soft(one, masked));
+    masked.top_k = 4;
+    check_soft_equal(p.sharded.query_soft(at_root(one), masked), p.whole.query_soft(one, masked));
+  }
 }

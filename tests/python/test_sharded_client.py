@@ -126,7 +126,13 @@ class ShardedClientTest(unittest.TestCase):
         with self.assertRaises(softkv.Error):
             sharded.query_soft("nope", queries[0])
         with self.assertRaises(softkv.Error):
-            sharded.query_soft("m", queries[0], tags_any=[1])  # masks: unsupported when sharded
+            sharded.query_soft("m", queries[0], tags_any=[1])  # every tag is 0: the mask keeps nothing
+        for mask in ({"exclude": [10, 11, 17]}, {"tag_range": (0, 0), "exclude": [10, 12]}):
+            a = single.query_soft("m", queries[0], top_m=3, **mask)
+            b = sharded.query_soft("m", queries[0], top_m=3, **mask)
+            np.testing.assert_allclose(b.value, a.value, rtol=1e-5, atol=1e-6)
+            self.assertEqual(list(b.top.ids), list(a.top.ids))
+            self.assertNotIn(10, list(b.top.ids))  # the best match of e0, masked out
         for c in clients:
             c.close()
 
