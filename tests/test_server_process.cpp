@@ -269,6 +269,17 @@ TEST_CASE("abuse: slow senders are cut off without hurting a normal client", "[s
   normal.ping();
 }
 
+// Under AddressSanitizer (scripts/sanitize.sh asan builds the server the same way) freed blocks stay
+// in its quarantine, so the server's RSS no longer follows what it holds, and a failed allocation
+// aborts instead of throwing: the memory bounds (and allocation failure) are checked in the plain
+// build only (or, where a 4 GiB allocation is the fault, with a bound
+// that still catches it); every other check runs in both.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssMeasuresTheServer = false;
+#else
+constexpr bool kRssMeasuresTheServer = true;
+#endif
+
 TEST_CASE("abuse: 4 GiB length prefixes are refused without memory growth", "[server][abuse]") {
   test::TempDir dir;
   ServerProcess server(dir.path, {"--fsync", "never"});
@@ -290,7 +301,7 @@ TEST_CASE("abuse: 4 GiB length prefixes are refused without memory growth", "[se
   }
   const long after = server.rss_kib();
   WARN("20 frames claiming 4 GiB: server RSS " << before << " KiB -> " << after << " KiB");
-  CHECK(after - before < 1024);
+  CHECK(after - before < (kRssMeasuresTheServer ? 1024 : 64 * 1024));  // ASan: quarantine, not buffers
 }
 
 TEST_CASE("abuse: random garbage on many sockets never takes the server down", "[server][abuse]") {
@@ -367,15 +378,6 @@ std::size_t open_descriptors(pid_t pid) {
 
 }  // namespace
 
-// Under AddressSanitizer (scripts/sanitize.sh asan builds the server the same way) freed blocks stay
-// in its quarantine, so the server's RSS no longer follows what it holds, and a failed allocation
-// aborts instead of throwing: the memory bounds (and allocation failure) are checked in the plain
-// build only; every other check runs in both.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kRssMeasuresTheServer = false;
-#else
-constexpr bool kRssMeasuresTheServer = true;
-#endif
 
 TEST_CASE("abuse: connections announcing maximal frames hold no more memory than the server-wide cap", "[server][abuse]") {
   test::TempDir dir;
