@@ -1,4 +1,6 @@
 // Chooses the kernel path once (widest the CPU runs, or SOFTKV_SIMD), and lets tests force another.
+#include <cpuid.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -19,10 +21,17 @@ struct PathInfo {
   bool (*supported)();
 };
 
+// F16C from CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c").
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (ecx & (1u << 29)) != 0;
+}
+
 const PathInfo kPaths[] = {
     {"avx512", &avx512_kernels, [] { auto a = xsimd::available_architectures(); return a.avx512f && a.avx512dq; }},  // xsimd 8.1 uses DQ in avx512f code
     // F16C widens f16 rows on this path; every AVX2 CPU has it, but it is a separate CPUID bit.
-    {"avx2", &avx2_kernels, [] { return xsimd::available_architectures().fma3_avx2 != 0 && __builtin_cpu_supports("f16c") != 0; }},
+    {"avx2", &avx2_kernels, [] { return xsimd::available_architectures().fma3_avx2 != 0 && has_f16c(); }},
     {"sse2", &sse2_kernels, [] { return xsimd::available_architectures().sse2 != 0; }},
     {"scalar", &scalar_kernels, [] { return true; }},
 };
