@@ -110,17 +110,10 @@ std::vector<ArgMax> heads_hard_scan(const KernelTable& k, const float* query, co
     walker.walk(split[p], [&](const RowSpan& block, const std::size_t* map, std::size_t first) {
       std::fill(block_best.begin(), block_best.end(), ArgMax{});
       k.hard_scan_heads(query, scales, heads, block, block_best.data());
-      for (std::size_t j = 0; j < heads; ++j) {
-        ArgMax one = block_best[j];
-        if (one.row != ArgMax::kNoRow) one.row = absolute(map, first, one.row);
-        merge_argmax(one, span.ids, part_best[p][j]);
-      }
+      merge_block_best(block_best, map, first, span.ids, part_best[p].data());
     });
   });
-  std::vector<ArgMax> merged(heads);
-  for (const auto& best : part_best)
-    for (std::size_t j = 0; j < heads; ++j) merge_argmax(best[j], span.ids, merged[j]);
-  return merged;
+  return merge_part_best(part_best, heads, span.ids);
 }
 
 }  // namespace softkv::detail

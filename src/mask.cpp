@@ -160,8 +160,7 @@ ArgMax masked_hard_scan(const KernelTable& k, const float* query, float scale, c
     walker.walk(split[p], [&](const RowSpan& block, const std::size_t* map, std::size_t first) {
       ArgMax b;
       k.hard_scan(query, scale, block, b);
-      if (b.row != ArgMax::kNoRow) b.row = absolute(map, first, b.row);
-      merge_argmax(b, span.ids, best[p]);
+      merge_block_best({&b, 1}, map, first, span.ids, &best[p]);
     });
   });
   ArgMax merged;
@@ -222,17 +221,10 @@ std::vector<ArgMax> masked_hard_scan_batch(const KernelTable& k, const float* qu
         const std::size_t n = std::min(kBatchLanes * 4, nq - b);
         k.hard_scan_batch(queries + b * d, n, scales + b, block, block_best.data() + b, scratch.data());
       }
-      for (std::size_t b = 0; b < nq; ++b) {
-        ArgMax one = block_best[b];
-        if (one.row != ArgMax::kNoRow) one.row = absolute(map, first, one.row);
-        merge_argmax(one, span.ids, part_best[p][b]);
-      }
+      merge_block_best(block_best, map, first, span.ids, part_best[p].data());
     });
   });
-  std::vector<ArgMax> merged(nq);
-  for (const auto& best : part_best)
-    for (std::size_t b = 0; b < nq; ++b) merge_argmax(best[b], span.ids, merged[b]);
-  return merged;
+  return merge_part_best(part_best, nq, span.ids);
 }
 
 std::vector<TopScores::Item> masked_top_k_scan(const KernelTable& k, const float* query, float scale, const RowSpan& span,

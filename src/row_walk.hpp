@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mask.hpp"
+#include "scan.hpp"
 #include "simd/kernel_table.hpp"
 
 namespace softkv::detail {
@@ -96,6 +97,26 @@ class BlockWalker {
 
 // The absolute row of row r of a visited block.
 inline std::size_t absolute(const std::size_t* rows, std::size_t first, std::size_t r) { return rows != nullptr ? rows[r] : first + r; }
+
+// Merges the argmaxes a kernel found in a visited block (rows relative to the block) into best, lane
+// by lane; rows become absolute within the span whose ids break ties.
+inline void merge_block_best(std::span<const ArgMax> block_best, const std::size_t* rows, std::size_t first,
+                             const std::uint64_t* ids, ArgMax* best) {
+  for (std::size_t i = 0; i < block_best.size(); ++i) {
+    ArgMax one = block_best[i];
+    if (one.row != ArgMax::kNoRow) one.row = absolute(rows, first, one.row);
+    merge_argmax(one, ids, best[i]);
+  }
+}
+
+// Every part's lanes merged into one argmax per lane.
+inline std::vector<ArgMax> merge_part_best(const std::vector<std::vector<ArgMax>>& part_best, std::size_t lanes,
+                                           const std::uint64_t* ids) {
+  std::vector<ArgMax> merged(lanes);
+  for (const auto& best : part_best)
+    for (std::size_t i = 0; i < lanes; ++i) merge_argmax(best[i], ids, merged[i]);
+  return merged;
+}
 
 inline RowSpan keys_only(RowSpan span) {
   span.values = nullptr;

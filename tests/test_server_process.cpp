@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "errors.hpp"
+#include "free_port.hpp"
 #include "reference.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
@@ -34,17 +35,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using test::free_port;
 
 // softkv-server as a child process on a free port; waits until it accepts connections.
 // With nofile > 0 the child runs under RLIMIT_NOFILE nofile:nofile (soft and hard), as `ulimit -n`

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "errors.hpp"
+#include "free_port.hpp"
 #include "reference.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
@@ -36,17 +37,7 @@ std::size_t test_ranks() {
   return r != nullptr ? static_cast<std::size_t>(std::atoi(r)) : 2;
 }
 
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using test::free_port;
 
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream in(p);

@@ -99,6 +99,26 @@ void get_mask(ByteReader& r, QueryOptions& o) {
   o.exclude_ids = detail::to_vector<std::uint64_t>(r.take_array<std::uint64_t>(excluded, "exclude_ids"));
 }
 
+// A top-m list: u32 count, then count x (u64 id, f32 weight, f32 score). No reserve: every read is
+// bounded by the frame.
+void put_contributors(ByteWriter& w, const std::vector<Contributor>& top) {
+  w.put(static_cast<std::uint32_t>(top.size()));
+  for (const Contributor& c : top) w.put(c.id), w.put(c.weight), w.put(c.score);
+}
+
+std::vector<Contributor> get_contributors(ByteReader& r, std::string_view count) {
+  const auto n = r.get<std::uint32_t>(count);
+  std::vector<Contributor> top;
+  for (std::uint32_t j = 0; j < n; ++j) {
+    Contributor c;
+    c.id = r.get<std::uint64_t>("contributor id");
+    c.weight = r.get<float>("contributor weight");
+    c.score = r.get<float>("contributor score");
+    top.push_back(c);
+  }
+  return top;
+}
+
 // Arrays: u32 element count, then the elements.
 template <class T>
 void put_array(ByteWriter& w, const std::vector<T>& v) {
@@ -374,8 +394,7 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
                      w.put(s.tail_bound);
                      w.put(static_cast<std::uint8_t>(s.tail_bound_guaranteed));
                      w.put(static_cast<std::uint8_t>(s.searched_with));
-                     w.put(static_cast<std::uint32_t>(s.top.size()));
-                     for (const Contributor& c : s.top) w.put(c.id), w.put(c.weight), w.put(c.score);
+                     put_contributors(w, s.top);
                      put_array(w, s.value);
                      if (version < 2) continue;
                      w.put(static_cast<std::uint8_t>(s.mask_filtered_after_search));
@@ -386,8 +405,7 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
                      for (const HeadResult& head : s.heads) {
                        w.put(head.lse);
                        w.put(head.max_score);
-                       w.put(static_cast<std::uint32_t>(head.top.size()));
-                       for (const Contributor& c : head.top) w.put(c.id), w.put(c.weight), w.put(c.score);
+                       put_contributors(w, head.top);
                      }
                    }
                  },
@@ -495,14 +513,7 @@ Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, std::uint
             s.tail_bound = r.get<double>("tail bound");
             s.tail_bound_guaranteed = r.get<std::uint8_t>("guarantee flag") != 0;
             s.searched_with = static_cast<IndexKind>(r.get<std::uint8_t>("searched with"));
-            const auto top = r.get<std::uint32_t>("contributor count");
-            for (std::uint32_t j = 0; j < top; ++j) {
-              Contributor c;
-              c.id = r.get<std::uint64_t>("contributor id");
-              c.weight = r.get<float>("contributor weight");
-              c.score = r.get<float>("contributor score");
-              s.top.push_back(c);
-            }
+            s.top = get_contributors(r, "contributor count");
             s.value = get_array<float>(r, "value");
             if (version >= 2) {
               const auto filtered = r.get<std::uint8_t>("mask filter flag");
@@ -515,14 +526,7 @@ Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, std::uint
                 HeadResult head;
                 head.lse = r.get<double>("head lse");
                 head.max_score = r.get<float>("head max score");
-                const auto top = r.get<std::uint32_t>("head contributor count");
-                for (std::uint32_t t = 0; t < top; ++t) {
-                  Contributor c;
-                  c.id = r.get<std::uint64_t>("contributor id");
-                  c.weight = r.get<float>("contributor weight");
-                  c.score = r.get<float>("contributor score");
-                  head.top.push_back(c);
-                }
+                head.top = get_contributors(r, "head contributor count");
                 s.heads.push_back(std::move(head));
               }
             }
