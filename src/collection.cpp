@@ -84,12 +84,14 @@ void Collection::Impl::put(std::uint64_t id, const float* key, const float* valu
     slot = ids_.size();
     ids_.push_back(id);
     tags_.push_back(tag);
+    zones_.set(slot, tag);
     keys_.resize(slot + 1);
     values_.resize(slot + 1);
     slot_of_.emplace(id, slot);
   }
   keys_.set(slot, key);
   values_.set(slot, value);
+  if (tags_[slot] != tag) zones_.set(slot, tag);
   tags_[slot] = tag;
   next_id_ = std::max(next_id_, id + 1);
 }
@@ -161,10 +163,12 @@ void Collection::Impl::remove(std::span<const std::uint64_t> ids) {
       values_.copy_row(last, slot);
       ids_[slot] = ids_[last];
       tags_[slot] = tags_[last];
+      zones_.set(slot, tags_[last]);
       slot_of_[ids_[slot]] = slot;
     }
     ids_.pop_back();
     tags_.pop_back();
+    zones_.shrink(tags_.size());
     keys_.resize(last);
     values_.resize(last);
     slot_of_.erase(it);
@@ -220,6 +224,7 @@ std::string Collection::Impl::restore(CollectionImage image) {
   }
   ids_ = std::move(rows.ids);
   tags_ = rows.tags.empty() ? std::vector<std::uint64_t>(n, 0) : std::move(rows.tags);
+  zones_.rebuild(tags_);
   keys_.resize(n);
   values_.resize(n);
   for (std::size_t r = 0; r < n; ++r) {
@@ -314,7 +319,7 @@ detail::EligibleRows Collection::Impl::eligible_or_none(const QueryOptions& opti
   for (std::uint64_t id : options.exclude_ids)
     if (const auto it = slot_of_.find(id); it != slot_of_.end()) excluded.push_back(it->second);
   std::sort(excluded.begin(), excluded.end());
-  return detail::eligible_rows(tags_, options, excluded);
+  return detail::eligible_rows(tags_, &zones_, options, excluded);
 }
 
 std::size_t Collection::Impl::parts_for(const QueryOptions& options, std::size_t floats_per_row) const {

@@ -169,6 +169,7 @@ class Collection::Impl {
   detail::StoredRows values_;
   std::vector<std::uint64_t> ids_;
   std::vector<std::uint64_t> tags_;  // tags_[i] is row i's tag; moved with the row like ids_
+  detail::TagZones zones_;           // the min-max zone map of tags_, kept with every write
   std::unordered_map<std::uint64_t, std::size_t> slot_of_;
   std::uint64_t next_id_ = 0;
   std::unique_ptr<detail::PruningIndex> index_;  // null for IndexKind::exact; updated under the write lock

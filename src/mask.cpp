@@ -32,16 +32,49 @@ void check_mask(const QueryOptions& options) {
 
 namespace {
 
-// Appends the rows of [begin, end) that keep(tag) accepts to out, as runs. The loop reads the tags only.
+// Appends the rows that keep(tag) accepts to out, as runs. The loop reads the tags only, and steps over
+// rejected (and then accepted) rows eight at a time, testing a group without a branch per row: a 1%
+// mask over rows grouped by tag costs a pass over 8 bytes a row at close to memory speed.
+// Rows [first, last) of tags are tested; a run that continues the last one is merged into it.
 template <class Keep>
-void collect_runs(std::span<const std::uint64_t> tags, const Keep& keep, EligibleRows& out) {
-  std::size_t r = 0;
-  const std::size_t n = tags.size();
+void collect_runs(std::span<const std::uint64_t> tags, std::size_t first, std::size_t last, const Keep& keep,
+                  EligibleRows& out) {
+  constexpr std::size_t kGroup = 8;
+  const std::uint64_t* t = tags.data();
+  const std::size_t n = last;
+  std::size_t r = first;
   while (r < n) {
-    while (r < n && !keep(tags[r])) ++r;
+    for (; r + kGroup <= n; r += kGroup) {
+      bool any = false;
+      for (std::size_t j = 0; j < kGroup; ++j) any |= keep(t[r + j]);
+      if (any) break;
+    }
+    while (r < n && !keep(t[r])) ++r;
     const std::size_t begin = r;
-    while (r < n && keep(tags[r])) ++r;
-    if (r > begin) out.runs.push_back({begin, r - begin});
+    for (; r + kGroup <= n; r += kGroup) {
+      bool all = true;
+      for (std::size_t j = 0; j < kGroup; ++j) all &= keep(t[r + j]);
+      if (!all) break;
+    }
+    while (r < n && keep(t[r])) ++r;
+    if (r == begin) continue;
+    if (!out.runs.empty() && out.runs.back().begin + out.runs.back().count == begin) out.runs.back().count += r - begin;
+    else out.runs.push_back({begin, r - begin});
+  }
+}
+
+// Tests the rows of every zone that may hold a tag keep accepts (may(lo, hi)); all rows without zones.
+template <class May, class Keep>
+void collect_zones(std::span<const std::uint64_t> tags, const TagZones* zones, const May& may, const Keep& keep,
+                   EligibleRows& out) {
+  if (zones == nullptr || zones->size() * TagZones::kRows < tags.size()) {
+    collect_runs(tags, 0, tags.size(), keep, out);
+    return;
+  }
+  for (std::size_t z = 0; z * TagZones::kRows < tags.size(); ++z) {
+    if (!may(zones->lo(z), zones->hi(z))) continue;
+    const std::size_t first = z * TagZones::kRows;
+    collect_runs(tags, first, std::min(tags.size(), first + TagZones::kRows), keep, out);
   }
 }
 
@@ -66,21 +99,70 @@ void cut_excluded(EligibleRows& rows, std::span<const std::size_t> excluded) {
 
 }  // namespace
 
-EligibleRows eligible_rows(std::span<const std::uint64_t> tags, const QueryOptions& options,
+void TagZones::rebuild(std::span<const std::uint64_t> tags) {
+  const std::size_t zones = (tags.size() + kRows - 1) / kRows;
+  lo_.assign(zones, std::numeric_limits<std::uint64_t>::max());
+  hi_.assign(zones, 0);
+  for (std::size_t r = 0; r < tags.size(); ++r) {
+    lo_[r / kRows] = std::min(lo_[r / kRows], tags[r]);
+    hi_[r / kRows] = std::max(hi_[r / kRows], tags[r]);
+  }
+}
+
+void TagZones::set(std::size_t row, std::uint64_t tag) {
+  const std::size_t z = row / kRows;
+  if (z == lo_.size()) {
+    lo_.push_back(tag);
+    hi_.push_back(tag);
+    return;
+  }
+  lo_[z] = std::min(lo_[z], tag);
+  hi_[z] = std::max(hi_[z], tag);
+}
+
+void TagZones::shrink(std::size_t rows) {
+  const std::size_t zones = (rows + kRows - 1) / kRows;
+  if (zones < lo_.size()) {
+    lo_.resize(zones);
+    hi_.resize(zones);
+  }
+}
+
+EligibleRows eligible_rows(std::span<const std::uint64_t> tags, const TagZones* zones, const QueryOptions& options,
                            std::span<const std::size_t> excluded_rows) {
   std::vector<std::uint64_t> any = options.tags_any;
   std::sort(any.begin(), any.end());
   any.erase(std::unique(any.begin(), any.end()), any.end());
   const TagRange range = options.tag_range.value_or(TagRange{});
-  // The range test is two compares; a set of up to 8 tags is compared in turn, a larger one searched.
-  auto in_range = [&](std::uint64_t t) { return t >= range.lo && t <= range.hi; };
+  const std::uint64_t lo = range.lo, hi = range.hi;
+  // A zone [zlo, zhi] may hold an eligible tag when it meets the range and (with a set) holds one of its tags.
+  auto may = [&](std::uint64_t zlo, std::uint64_t zhi) {
+    if (zhi < lo || zlo > hi) return false;
+    if (any.empty()) return true;
+    const auto it = std::lower_bound(any.begin(), any.end(), zlo);
+    return it != any.end() && *it <= zhi;
+  };
+  // Every test is branch-free (bitwise on the comparisons) so that collect_runs can test a group of
+  // rows at once: the range is two compares, one tag a third, up to 8 tags compared in turn; a larger
+  // set is searched.
+  auto in_range = [lo, hi](std::uint64_t t) { return (t >= lo) & (t <= hi); };
   EligibleRows out;
   if (any.empty()) {
-    collect_runs(tags, in_range, out);
+    collect_zones(tags, zones, may, in_range, out);
+  } else if (any.size() == 1) {
+    const std::uint64_t only = any[0];
+    collect_zones(tags, zones, may, [&](std::uint64_t t) { return in_range(t) & (t == only); }, out);
   } else if (any.size() <= 8) {
-    collect_runs(tags, [&](std::uint64_t t) { return in_range(t) && std::find(any.begin(), any.end(), t) != any.end(); }, out);
+    std::uint64_t set[8];
+    const std::size_t m = any.size();
+    for (std::size_t i = 0; i < 8; ++i) set[i] = any[i < m ? i : m - 1];  // padded with a repeat
+    collect_zones(tags, zones, may, [&](std::uint64_t t) {
+      bool hit = false;
+      for (std::size_t i = 0; i < 8; ++i) hit |= t == set[i];
+      return in_range(t) & hit;
+    }, out);
   } else {
-    collect_runs(tags, [&](std::uint64_t t) { return in_range(t) && std::binary_search(any.begin(), any.end(), t); }, out);
+    collect_zones(tags, zones, may, [&](std::uint64_t t) { return in_range(t) && std::binary_search(any.begin(), any.end(), t); }, out);
   }
   std::vector<std::size_t> excluded(excluded_rows.begin(), excluded_rows.end());
   excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());  // an id given twice

@@ -33,6 +33,16 @@ inline float from_bf16(std::uint16_t h) noexcept {
   return f;
 }
 
+/// Element i of a stored array at precision Pr as float32 (exact; for i8, times scale): the scalar
+/// form of what every kernel path converts in registers.
+template <Precision Pr>
+inline float element_as_float(const void* base, std::size_t i, float scale) noexcept {
+  if constexpr (Pr == Precision::f32) return static_cast<const float*>(base)[i];
+  else if constexpr (Pr == Precision::f16) return from_f16(static_cast<const std::uint16_t*>(base)[i]);
+  else if constexpr (Pr == Precision::bf16) return from_bf16(static_cast<const std::uint16_t*>(base)[i]);
+  else return static_cast<float>(static_cast<const std::int8_t*>(base)[i]) * scale;
+}
+
 /// The i8 scale of a row: the smallest power of two s with max|x| / s <= 127 (1 for an all-zero row).
 /// A power of two makes q * s exact in float32, so dequantising and quantising again returns the same
 /// row: snapshots, replay and the FAISS copies all see the same numbers.

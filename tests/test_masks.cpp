@@ -6,7 +6,9 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <numeric>
+#include <random>
 #include <set>
 #include <string>
 
@@ -17,6 +19,7 @@
 #include "reference.hpp"
 #include "storage/snapshot.hpp"
 #include "kernel_paths.hpp"
+#include "mask.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
 
@@ -516,4 +519,111 @@ TEST_CASE("eligible_count counts the entries a mask keeps, 0 when it keeps none,
   CHECK(c.eligible_count(o) == 2);
   o.tag_range = TagRange{7, 6};
   CHECK(test::error_of([&] { (void)c.eligible_count(o); }) == ErrorCode::invalid_argument);
+}
+
+TEST_CASE("the tag zone map stays a cover of every zone's tags through appends, overwrites and removals", "[mask]") {
+  // Random writes on a plain tag array mirrored into TagZones, checked against the invariant after each.
+  std::mt19937_64 rng(42);
+  std::vector<std::uint64_t> tags;
+  detail::TagZones zones;
+  auto check_cover = [&] {
+    REQUIRE(zones.size() == (tags.size() + detail::TagZones::kRows - 1) / detail::TagZones::kRows);
+    for (std::size_t r = 0; r < tags.size(); ++r) {
+      const std::size_t z = r / detail::TagZones::kRows;
+      REQUIRE(zones.lo(z) <= tags[r]);
+      REQUIRE(tags[r] <= zones.hi(z));
+    }
+  };
+  for (int step = 0; step < 6000; ++step) {
+    const auto op = rng() % 10;
+    if (op < 6 || tags.empty()) {  // append (grouped-ish tags, with extremes now and then)
+      const std::uint64_t t = rng() % 50 == 0 ? (rng() % 2 ? 0 : kMaxTag) : tags.size() / 700;
+      tags.push_back(t);
+      zones.set(tags.size() - 1, t);
+    } else if (op < 8) {  // overwrite a row's tag
+      const std::size_t r = rng() % tags.size();
+      tags[r] = rng() % 100;
+      zones.set(r, tags[r]);
+    } else {  // remove a row: the last row moves into its place
+      const std::size_t r = rng() % tags.size();
+      tags[r] = tags.back();
+      zones.set(r, tags[r]);
+      tags.pop_back();
+      zones.shrink(tags.size());
+    }
+    if (step % 500 == 0) check_cover();
+  }
+  check_cover();
+  zones.rebuild(tags);
+  check_cover();
+  for (std::size_t z = 0; z < zones.size(); ++z) {  // exact after a rebuild
+    const auto first = tags.begin() + static_cast<std::ptrdiff_t>(z * detail::TagZones::kRows);
+    const auto last = tags.begin() + static_cast<std::ptrdiff_t>(std::min(tags.size(), (z + 1) * detail::TagZones::kRows));
+    CHECK(zones.lo(z) == *std::min_element(first, last));
+    CHECK(zones.hi(z) == *std::max_element(first, last));
+  }
+}
+
+TEST_CASE("masks over many zones answer from the live tags after upserts move tags and removals move rows", "[mask]") {
+  // 9,000 rows in 9 zones, tag = row / 1000 (each tag in one or two zones); then tags are rewritten
+  // into other zones, rows removed (the last row moves into each hole) and rows appended, and every
+  // mask must still find exactly the rows the definition keeps (the zone map may not hide one).
+  const std::size_t n = 9000, d = 8, dv = 3;
+  Collection c({.dim = d, .value_dim = dv});
+  std::vector<float> keys = test::normal_floats(n * d, 3), values = test::normal_floats(n * dv, 4);
+  std::vector<std::uint64_t> tags(n);
+  for (std::size_t r = 0; r < n; ++r) tags[r] = r / 1000;
+  std::vector<std::uint64_t> ids = c.add_batch(keys, values, tags);
+  std::map<std::uint64_t, std::uint64_t> tag_of;  // the live entries
+  for (std::size_t r = 0; r < n; ++r) tag_of[ids[r]] = tags[r];
+  std::mt19937_64 rng(9);
+  for (int i = 0; i < 300; ++i) {  // upserts that move a tag far from its zone's range
+    const std::uint64_t id = ids[rng() % n];
+    if (!tag_of.contains(id)) continue;
+    const std::uint64_t t = rng() % 3 == 0 ? kMaxTag : rng() % 12;
+    const std::vector<std::uint64_t> one_id{id}, one_tag{t};
+    c.upsert_batch(one_id, test::normal_floats(d, 100 + i), test::normal_floats(dv, 200 + i), one_tag);
+    tag_of[id] = t;
+  }
+  std::vector<std::uint64_t> gone;
+  for (int i = 0; i < 1500; ++i) {
+    const std::uint64_t id = ids[rng() % n];
+    if (tag_of.erase(id) != 0) gone.push_back(id);
+  }
+  c.remove_batch(gone);
+  const std::vector<std::uint64_t> more_tags(700, 4);
+  for (std::uint64_t id : c.add_batch(test::normal_floats(700 * d, 5), test::normal_floats(700 * dv, 6), more_tags)) tag_of[id] = 4;
+  REQUIRE(c.size() == tag_of.size());
+  std::vector<QueryOptions> masks(6);
+  masks[0].tags_any = {4};
+  masks[1].tags_any = {kMaxTag};
+  masks[2].tag_range = TagRange{2, 3};
+  masks[3].tags_any = {0, 8, 11, kMaxTag};
+  masks[4].tag_range = TagRange{10, kMaxTag};
+  masks[5].tags_any = {1, 2, 3, 5, 6, 7, 9, 10, 11};  // more than 8 tags: the searched set
+  for (const QueryOptions& o : masks) {
+    std::size_t expected = 0;
+    for (const auto& [id, t] : tag_of) {
+      const bool in_set = o.tags_any.empty() || std::find(o.tags_any.begin(), o.tags_any.end(), t) != o.tags_any.end();
+      const bool in_range = !o.tag_range || (t >= o.tag_range->lo && t <= o.tag_range->hi);
+      expected += in_set && in_range;
+    }
+    INFO("mask " << (&o - masks.data()));
+    CHECK(c.eligible_count(o) == expected);
+    if (expected == 0) continue;
+    // The soft answer equals the double reference over exactly the live entries the mask keeps.
+    std::vector<float> k, v;
+    for (const auto& [id, t] : tag_of) {
+      const bool in_set = o.tags_any.empty() || std::find(o.tags_any.begin(), o.tags_any.end(), t) != o.tags_any.end();
+      if (!in_set || (o.tag_range && (t < o.tag_range->lo || t > o.tag_range->hi))) continue;
+      const Entry e = c.get(id);
+      k.insert(k.end(), e.key.begin(), e.key.end());
+      v.insert(v.end(), e.value.begin(), e.value.end());
+    }
+    const std::vector<float> q = test::normal_floats(d, 77);
+    const test::SoftReference ref = test::soft_reference(q.data(), k.data(), v.data(), expected, d, dv, 1.0 / std::sqrt(double(d)));
+    const SoftResult r = c.query_soft(q, o);
+    CHECK(r.lse == Approx(ref.lse).margin(1e-5));
+    check_value(r.value, ref);
+  }
 }

@@ -200,6 +200,26 @@ TEST_CASE("every kernel path at every precision equals the float32 kernel on the
         REQUIRE(hc.row == hf.row);
         REQUIRE(bits(hc.score) == bits(hf.score));
 
+        // Multi-head scans convert in registers too: the same bits as on the widened rows.
+        for (std::size_t heads : {std::size_t{2}, std::size_t{3}}) {
+          if (d % heads != 0 || dv % heads != 0) continue;
+          const std::vector<float> hs(heads, scale);
+          std::vector<float> hmc(heads, -INFINITY), hsc(heads, 0.0f), hac(dv, 0.0f);
+          std::vector<float> hmf(heads, -INFINITY), hsf(heads, 0.0f), haf(dv, 0.0f);
+          k->soft_scan_heads(q.data(), hs.data(), heads, cs, hmc.data(), hsc.data(), hac.data(), nullptr);
+          k->soft_scan_heads(q.data(), hs.data(), heads, fs, hmf.data(), hsf.data(), haf.data(), nullptr);
+          REQUIRE(same_bits(hmc, hmf));
+          REQUIRE(same_bits(hsc, hsf));
+          REQUIRE(same_bits(hac, haf));
+          std::vector<ArgMax> hbc(heads), hbf(heads);
+          k->hard_scan_heads(q.data(), hs.data(), heads, cs, hbc.data());
+          k->hard_scan_heads(q.data(), hs.data(), heads, fs, hbf.data());
+          for (std::size_t j = 0; j < heads; ++j) {
+            REQUIRE(hbc[j].row == hbf[j].row);
+            REQUIRE(bits(hbc[j].score) == bits(hbf[j].score));
+          }
+        }
+
         // The stored rows against a double reference: the kernel is exact for what is stored.
         const test::SoftReference ref = test::soft_reference(q.data(), s.keys.widened.data(), s.values.widened.data(), n, d, dv, scale);
         CHECK(std::fabs(mc + std::log(static_cast<double>(sumc)) - ref.lse) <= 1e-4 * std::max(1.0, std::fabs(ref.lse)));

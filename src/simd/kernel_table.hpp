@@ -25,8 +25,9 @@ constexpr std::size_t batch_lanes(std::size_t nq) { return (nq + kBatchLanes - 1
 constexpr std::size_t batch_scratch_floats(std::size_t nq, std::size_t d) { return batch_lanes(nq) * (d + kScanBlockRows + 3); }
 
 /// A contiguous slice of a collection's storage (row-major keys and values, each at its precision).
-/// Kernels widen compact rows to float32 a block at a time (exactly: every f16, bf16 and
-/// power-of-two-scaled i8 element is a float32) and score them with the float32 inner loops.
+/// Single-query kernels convert compact elements to float32 in registers inside their dot products
+/// and blends; batched kernels widen a chunk of rows into L1 scratch and run their float32 tiles on it.
+/// Both are exact (every f16, bf16 and power-of-two-scaled i8 element is a float32).
 struct RowSpan {
   const void* keys = nullptr;      ///< rows x dim elements of key_precision
   const void* values = nullptr;    ///< rows x value_dim elements of value_precision (may be null for key-only scans)

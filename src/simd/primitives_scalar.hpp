@@ -22,10 +22,22 @@ struct ScalarPrimitives {
     for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
   }
 
-  static float dot(const float* a, const float* b, std::size_t n) {
+  // a . row, the row stored at precision Pr (for i8, times row_scale) and converted element by element.
+  template <Precision Pr>
+  static float dot_as(const float* a, const void* row, std::size_t n, float row_scale) {
     float s = 0.0f;
-    for (std::size_t i = 0; i < n; ++i) s += a[i] * b[i];
+    for (std::size_t i = 0; i < n; ++i) s += a[i] * element_as_float<Pr>(row, i, row_scale);
     return s;
+  }
+
+  static float dot(const float* a, const float* b, std::size_t n) { return dot_as<Precision::f32>(a, b, n, 1.0f); }
+
+  // acc[c] += w[r] * v[r * dv + c] for rows [0, rows) in order and columns [c0, c1), v stored at Pr.
+  template <Precision Pr>
+  static void blend_rows(float* acc, const float* w, const void* v, std::size_t rows, std::size_t dv, std::size_t c0,
+                         std::size_t c1) {
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = c0; c < c1; ++c) acc[c] += w[r] * element_as_float<Pr>(v, r * dv + c, 1.0f);
   }
 
   static float max(const float* x, std::size_t n) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include <immintrin.h>
@@ -87,19 +88,119 @@ struct XsimdPrimitives {
     for (; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
   }
 
-  static float dot(const float* a, const float* b, std::size_t n) {
+  // W elements of a stored array from index i, widened to float32 in registers (exactly; i8 times
+  // scale): AVX-512F vcvtph2ps / vpmovzxwd / vpmovsxbd on the avx512 path, F16C and AVX2 on the avx2
+  // path, SSE2 unpacks on the sse2 path (f16 there through the portable decoder).
+  template <Precision Pr>
+  static V load_as(const void* base, std::size_t i, float scale) {
+    if constexpr (Pr == Precision::f32) {
+      return load(static_cast<const float*>(base) + i);
+    } else if constexpr (Pr == Precision::f16) {
+      [[maybe_unused]] const auto* h = static_cast<const std::uint16_t*>(base) + i;
+#if defined(__AVX512F__)
+      if constexpr (W == 16) return V(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h))));
+#endif
+#if defined(__F16C__)
+      if constexpr (W == 8) return V(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
+#endif
+      alignas(64) float t[W];
+      for (std::size_t j = 0; j < W; ++j) t[j] = from_f16(h[j]);
+      return V::load_aligned(t);
+    } else if constexpr (Pr == Precision::bf16) {
+      const auto* h = static_cast<const std::uint16_t*>(base) + i;
+      if constexpr (W == 16) {
+#if defined(__AVX512F__)
+        const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+        return V(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
+#endif
+      } else if constexpr (W == 8) {
+#if defined(__AVX2__)
+        const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+        return V(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
+#endif
+      } else {
+        const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(h));
+        return V(_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), x)));
+      }
+    } else {
+      const auto* q = static_cast<const std::int8_t*>(base) + i;
+      if constexpr (W == 16) {
+#if defined(__AVX512F__)
+        const __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+        return V(_mm512_cvtepi32_ps(x)) * V(scale);
+#endif
+      } else if constexpr (W == 8) {
+#if defined(__AVX2__)
+        const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+        return V(_mm256_cvtepi32_ps(x)) * V(scale);
+#endif
+      } else {
+        int bits;
+        std::memcpy(&bits, q, 4);
+        __m128i x = _mm_cvtsi32_si128(bits);
+        x = _mm_unpacklo_epi8(x, x);   // each byte in a 16-bit lane's top
+        x = _mm_unpacklo_epi16(x, x);  // ... in a 32-bit lane's top
+        return V(_mm_cvtepi32_ps(_mm_srai_epi32(x, 24))) * V(scale);
+      }
+    }
+  }
+
+  // a * b + c for the scalar tails: one rounding where the instruction set has FMA, so a tail rounds
+  // the same whether the compiler would have vectorised its products (f32 rows) or not (compact rows).
+  static float madd(float a, float b, float c) {
+#if defined(__FMA__)
+    return std::fma(a, b, c);
+#else
+    return a * b + c;
+#endif
+  }
+
+  // a . row, the row stored at precision Pr and widened in registers; the same chains and reduction
+  // for every precision, so a compact row scores what its float32 widening scores.
+  template <Precision Pr>
+  static float dot_as(const float* a, const void* row, std::size_t n, float row_scale) {
     V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);  // four chains hide the FMA latency
     std::size_t i = 0;
     for (; i + 4 * W <= n; i += 4 * W) {
-      s0 = xsimd::fma(load(a + i), load(b + i), s0);
-      s1 = xsimd::fma(load(a + i + W), load(b + i + W), s1);
-      s2 = xsimd::fma(load(a + i + 2 * W), load(b + i + 2 * W), s2);
-      s3 = xsimd::fma(load(a + i + 3 * W), load(b + i + 3 * W), s3);
+      s0 = xsimd::fma(load(a + i), load_as<Pr>(row, i, row_scale), s0);
+      s1 = xsimd::fma(load(a + i + W), load_as<Pr>(row, i + W, row_scale), s1);
+      s2 = xsimd::fma(load(a + i + 2 * W), load_as<Pr>(row, i + 2 * W, row_scale), s2);
+      s3 = xsimd::fma(load(a + i + 3 * W), load_as<Pr>(row, i + 3 * W, row_scale), s3);
     }
-    for (; i + W <= n; i += W) s0 = xsimd::fma(load(a + i), load(b + i), s0);
+    for (; i + W <= n; i += W) s0 = xsimd::fma(load(a + i), load_as<Pr>(row, i, row_scale), s0);
     float s = xsimd::hadd((s0 + s1) + (s2 + s3));
-    for (; i < n; ++i) s += a[i] * b[i];
+    for (; i < n; ++i) s = madd(a[i], element_as_float<Pr>(row, i, row_scale), s);
     return s;
+  }
+
+  static float dot(const float* a, const float* b, std::size_t n) { return dot_as<Precision::f32>(a, b, n, 1.0f); }
+
+  // Accumulators kept in registers across the rows of a blend: 8 vectors (128 floats on avx512).
+  static constexpr std::size_t kBlendVecs = 8;
+
+  // CV vectors of columns from c, over rows [0, rows): acc[c..] += w[r] * v[r][c..], the accumulators
+  // in registers (loaded and stored once per call, not once per row).
+  template <Precision Pr, std::size_t CV>
+  static void blend_cols(float* acc, const float* w, const void* v, std::size_t rows, std::size_t dv, std::size_t c) {
+    V a[CV];
+    for (std::size_t j = 0; j < CV; ++j) a[j] = load(acc + c + j * W);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const V wv(w[r]);
+      for (std::size_t j = 0; j < CV; ++j) a[j] = xsimd::fma(wv, load_as<Pr>(v, r * dv + c + j * W, 1.0f), a[j]);
+    }
+    for (std::size_t j = 0; j < CV; ++j) a[j].store_unaligned(acc + c + j * W);
+  }
+
+  // acc[c] += w[r] * v[r * dv + c] for rows [0, rows) in order and columns [c0, c1), v stored at Pr:
+  // per element the same fused multiply-adds in the same order as a row-by-row acc += w[r] * v[r].
+  template <Precision Pr>
+  static void blend_rows(float* acc, const float* w, const void* v, std::size_t rows, std::size_t dv, std::size_t c0,
+                         std::size_t c1) {
+    std::size_t c = c0;
+    for (; c + kBlendVecs * W <= c1; c += kBlendVecs * W) blend_cols<Pr, kBlendVecs>(acc, w, v, rows, dv, c);
+    for (; c + W <= c1; c += W) blend_cols<Pr, 1>(acc, w, v, rows, dv, c);
+    for (; c < c1; ++c)
+      for (std::size_t r = 0; r < rows; ++r) acc[c] = madd(w[r], element_as_float<Pr>(v, r * dv + c, 1.0f), acc[c]);
   }
 
   static float max(const float* x, std::size_t n) {
@@ -139,18 +240,6 @@ struct XsimdPrimitives {
     std::size_t i = 0;
     for (; i + W <= n; i += W) (load(x + i) * f).store_unaligned(x + i);
     for (; i < n; ++i) x[i] *= factor;
-  }
-
-  // acc += w * v
-  static void axpy(float* acc, float w, const float* v, std::size_t n) {
-    const V wv(w);
-    std::size_t i = 0;
-    for (; i + 2 * W <= n; i += 2 * W) {
-      xsimd::fma(wv, load(v + i), load(acc + i)).store_unaligned(acc + i);
-      xsimd::fma(wv, load(v + i + W), load(acc + i + W)).store_unaligned(acc + i + W);
-    }
-    for (; i + W <= n; i += W) xsimd::fma(wv, load(v + i), load(acc + i)).store_unaligned(acc + i);
-    for (; i < n; ++i) acc[i] += w * v[i];
   }
 
   // Batched blocks are lane-major (queries are lanes; see primitives_scalar.hpp for the semantics).

@@ -1,6 +1,8 @@
 // The scan algorithms, written once over a primitives policy P and instantiated per instruction set.
 //
-// P provides: widen_f16, widen_bf16, widen_i8 (compact rows to float32, exactly), dot, max, exp_shifted, scale, axpy, and for the batched scans scores_block,
+// P provides: dot_as<Pr> and blend_rows<Pr> (single-query products over rows stored at precision Pr,
+// converted in registers), widen_f16, widen_bf16, widen_i8 (compact rows to float32, exactly, for the
+// batched scans), dot, max, exp_shifted, scale, and for the batched scans scores_block,
 // scale_columns, column_max, exp_columns, blend_block over lane-major blocks (see primitives_scalar.hpp for the
 // reference semantics). Include this only from a kernels_*.cpp.
 #pragma once
@@ -9,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernel_table.hpp"
@@ -31,8 +34,9 @@ inline void raise_max(float new_max, float& max, float& sum, float* acc, std::si
 // the conversion and the float32 loop (a whole 256-row block, 128 KiB, spilled to L2 and ran slower).
 inline constexpr std::size_t kWidenFloats = 4096;
 
-// Rows of a span as float32, a chunk at a time: f32 rows are read in place, compact rows are widened
-// into scratch with P's conversions (exact) and handed to the same float32 loops. A block is widened
+// Rows of a span as float32 for the batched scans, a chunk at a time: f32 rows are read in place,
+// compact rows are widened into scratch with P's conversions (exact) and handed to the float32 tiles
+// (a batch does many flops per element, so the widening is a small share of its work). A block is widened
 // in chunks of at most kWidenFloats floats; every loop below treats rows independently or in row
 // order, so the chunking never changes a result.
 template <class P>
@@ -78,23 +82,78 @@ class Widener {
   std::vector<float> buffer_;
 };
 
+// Calls fn with p as a compile-time constant (std::integral_constant<Precision, p>).
+template <class Fn>
+void with_precision(Precision p, Fn&& fn) {
+  switch (p) {
+    case Precision::f16: fn(std::integral_constant<Precision, Precision::f16>{}); break;
+    case Precision::bf16: fn(std::integral_constant<Precision, Precision::bf16>{}); break;
+    case Precision::i8: fn(std::integral_constant<Precision, Precision::i8>{}); break;
+    default: fn(std::integral_constant<Precision, Precision::f32>{}); break;
+  }
+}
+
+// The same for a value precision (never i8).
+template <class Fn>
+void with_value_precision(Precision p, Fn&& fn) {
+  switch (p) {
+    case Precision::f16: fn(std::integral_constant<Precision, Precision::f16>{}); break;
+    case Precision::bf16: fn(std::integral_constant<Precision, Precision::bf16>{}); break;
+    default: fn(std::integral_constant<Precision, Precision::f32>{}); break;
+  }
+}
+
 // The one place a single query's scores are computed: every kernel below calls it, so soft, hard,
-// top-k and rescoring see the same bits for the same row. Not inlined, so that no caller's context
-// can change how the compiler contracts it.
-template <class P>
-[[gnu::noinline]] void score_rows(const float* q, float scale, const float* keys, std::size_t rows, std::size_t d,
+// top-k and rescoring see the same bits for the same row. Rows [start, start + rows) of span, keys
+// stored at KP and converted in registers; a compact row scores exactly what its float32 widening
+// scores (the same products in the same order). Not inlined, so that no caller's context can change
+// how the compiler contracts it.
+template <class P, Precision KP>
+[[gnu::noinline]] void score_rows(const float* q, float scale, const RowSpan& span, std::size_t start, std::size_t rows,
                                   float* scores) {
-  for (std::size_t r = 0; r < rows; ++r) scores[r] = scale * P::dot(q, keys + r * d, d);
+  const std::size_t d = span.dim, row_bytes = span.key_row_bytes();
+  const char* keys = static_cast<const char*>(span.keys) + start * row_bytes;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float row_scale = KP == Precision::i8 ? span.key_scales[start + r] : 1.0f;
+    scores[r] = scale * P::template dot_as<KP>(q, keys + r * row_bytes, d, row_scale);
+  }
+}
+
+template <class P>
+void score_block(const float* q, float scale, const RowSpan& span, std::size_t start, std::size_t rows, float* scores) {
+  with_precision(span.key_precision, [&](auto kp) { score_rows<P, decltype(kp)::value>(q, scale, span, start, rows, scores); });
+}
+
+// Bytes of values a blend chunk covers: the chunk's rows stay in L1 while every column tile of them
+// is blended (with one tile, as at dv <= 128 on avx512, the chunking only bounds the loop).
+inline constexpr std::size_t kBlendChunkBytes = 16384;
+
+// acc[j * dvh + c] += weights[j * stride + r] * value of row start + r, column j * dvh + c, for each
+// of heads heads (dvh = dv / heads) and rows [0, rows): the value pass of a block, values read in
+// place at their precision, per element the same fused multiply-adds in the same row order as one
+// axpy per row and head.
+template <class P>
+void blend_block(float* acc, const float* weights, std::size_t stride, std::size_t heads, const RowSpan& span,
+                 std::size_t start, std::size_t rows) {
+  const std::size_t dv = span.value_dim, dvh = dv / heads, row_bytes = span.value_row_bytes();
+  std::size_t chunk = row_bytes == 0 ? rows : kBlendChunkBytes / row_bytes;
+  chunk = chunk < 1 ? 1 : chunk;
+  with_value_precision(span.value_precision, [&](auto vp) {
+    constexpr Precision VP = decltype(vp)::value;
+    const char* values = static_cast<const char*>(span.values) + start * row_bytes;
+    for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
+      const std::size_t n = rows - r0 < chunk ? rows - r0 : chunk;
+      for (std::size_t j = 0; j < heads; ++j)
+        P::template blend_rows<VP>(acc, weights + j * stride + r0, values + r0 * row_bytes, n, dv, j * dvh, (j + 1) * dvh);
+    }
+  });
 }
 
 template <class P>
 void score_span(const float* q, float scale, const RowSpan& span, float* out) {
-  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
-      score_rows<P>(q, scale, k, n, span.dim, out + start + off);
-    });
+    score_block<P>(q, scale, span, start, rows, out + start);
   }
 }
 
@@ -104,20 +163,14 @@ void soft_scan(const float* q, float scale, const RowSpan& span, float& max, flo
                ScoreSink* sink) {
   alignas(64) float scores[kScanBlockRows];
   alignas(64) float weights[kScanBlockRows];
-  const std::size_t d = span.dim;
   const std::size_t dv = span.value_dim;
-  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
-      score_rows<P>(q, scale, k, n, d, scores + off);
-    });
+    score_block<P>(q, scale, span, start, rows, scores);
     raise_max<P>(P::max(scores, rows), max, sum, acc, dv);
     sum += P::exp_shifted(scores, rows, max, weights);
     if (sink != nullptr) sink->offer(scores, start, rows);
-    widen.values(span, start, rows, [&](const float* v, std::size_t off, std::size_t n) {
-      for (std::size_t r = 0; r < n; ++r) P::axpy(acc, weights[off + r], v + r * dv, dv);
-    });
+    blend_block<P>(acc, weights, 0, 1, span, start, rows);
   }
 }
 
@@ -125,12 +178,9 @@ void soft_scan(const float* q, float scale, const RowSpan& span, float& max, flo
 template <class P>
 void top_scan(const float* q, float scale, const RowSpan& span, ScoreSink& sink) {
   alignas(64) float scores[kScanBlockRows];
-  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
-      score_rows<P>(q, scale, k, n, span.dim, scores + off);
-    });
+    score_block<P>(q, scale, span, start, rows, scores);
     sink.offer(scores, start, rows);
   }
 }
@@ -203,12 +253,9 @@ inline void offer_argmax(float score, std::size_t row, const std::uint64_t* ids,
 template <class P>
 void hard_scan(const float* q, float scale, const RowSpan& span, ArgMax& best) {
   alignas(64) float scores[kScanBlockRows];
-  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
-      score_rows<P>(q, scale, k, n, span.dim, scores + off);
-    });
+    score_block<P>(q, scale, span, start, rows, scores);
     for (std::size_t r = 0; r < rows; ++r) offer_argmax(scores[r], start + r, span.ids, best);
   }
 }
@@ -245,18 +292,28 @@ void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, 
   }
 }
 
-// Every head's scores of a widened chunk, row by row (a row's key stays in L1 while its h slices are
-// scored): head j's score of row r is the same product scale * dot as score_rows, over key slice j
-// (width dh at offset j * dh within rows of stride d), so a head scores what a collection of its slices
-// alone would. Head j's scores go to scores[j * kScanBlockRows + r]. Not inlined, like score_rows.
-template <class P>
-[[gnu::noinline]] void score_heads_rows(const float* q, const float* scales, std::size_t heads, const float* keys,
-                                        std::size_t rows, std::size_t d, float* scores) {
-  const std::size_t dh = d / heads;
+// Every head's scores of rows [start, start + rows), row by row (a row's key stays in L1 while its h
+// slices are scored): head j's score of row r is the same product scale * dot as score_rows, over key
+// slice j (width dh at offset j * dh), so a head scores what a collection of its slices alone would.
+// Head j's scores go to scores[j * kScanBlockRows + r]. Not inlined, like score_rows.
+template <class P, Precision KP>
+[[gnu::noinline]] void score_heads_rows(const float* q, const float* scales, std::size_t heads, const RowSpan& span,
+                                        std::size_t start, std::size_t rows, float* scores) {
+  const std::size_t dh = span.dim / heads, row_bytes = span.key_row_bytes(), slice_bytes = row_bytes / heads;
+  const char* keys = static_cast<const char*>(span.keys) + start * row_bytes;
   for (std::size_t r = 0; r < rows; ++r) {
-    const float* k = keys + r * d;
-    for (std::size_t j = 0; j < heads; ++j) scores[j * kScanBlockRows + r] = scales[j] * P::dot(q + j * dh, k + j * dh, dh);
+    const float row_scale = KP == Precision::i8 ? span.key_scales[start + r] : 1.0f;
+    const char* k = keys + r * row_bytes;
+    for (std::size_t j = 0; j < heads; ++j)
+      scores[j * kScanBlockRows + r] = scales[j] * P::template dot_as<KP>(q + j * dh, k + j * slice_bytes, dh, row_scale);
   }
+}
+
+template <class P>
+void score_heads_block(const float* q, const float* scales, std::size_t heads, const RowSpan& span, std::size_t start,
+                       std::size_t rows, float* scores) {
+  with_precision(span.key_precision,
+                 [&](auto kp) { score_heads_rows<P, decltype(kp)::value>(q, scales, heads, span, start, rows, scores); });
 }
 
 // Scratch of heads x kScanBlockRows floats, kept per thread (a masked scan calls per block).
@@ -271,39 +328,28 @@ inline float* head_scratch(std::size_t floats) {
 template <class P>
 void soft_scan_heads(const float* q, const float* scales, std::size_t heads, const RowSpan& span, float* max, float* sum,
                      float* acc, ScoreSink* const* sinks) {
-  const std::size_t d = span.dim, dv = span.value_dim, dvh = dv / heads;
+  const std::size_t dvh = span.value_dim / heads;
   float* scores = head_scratch(2 * heads * kScanBlockRows);  // head j's block at j * kScanBlockRows
   float* weights = scores + heads * kScanBlockRows;
-  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
-      score_heads_rows<P>(q, scales, heads, k, n, d, scores + off);
-    });
+    score_heads_block<P>(q, scales, heads, span, start, rows, scores);
     for (std::size_t j = 0; j < heads; ++j) {
       float* s = scores + j * kScanBlockRows;
       raise_max<P>(P::max(s, rows), max[j], sum[j], acc + j * dvh, dvh);
       sum[j] += P::exp_shifted(s, rows, max[j], weights + j * kScanBlockRows);
       if (sinks != nullptr && sinks[j] != nullptr) sinks[j]->offer(s, start, rows);
     }
-    widen.values(span, start, rows, [&](const float* v, std::size_t off, std::size_t n) {
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t j = 0; j < heads; ++j)
-          P::axpy(acc + j * dvh, weights[j * kScanBlockRows + off + r], v + r * dv + j * dvh, dvh);
-    });
+    blend_block<P>(acc, weights, kScanBlockRows, heads, span, start, rows);
   }
 }
 
 template <class P>
 void hard_scan_heads(const float* q, const float* scales, std::size_t heads, const RowSpan& span, ArgMax* best) {
-  const std::size_t d = span.dim;
   float* scores = head_scratch(heads * kScanBlockRows);
-  Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
-      score_heads_rows<P>(q, scales, heads, k, n, d, scores + off);
-    });
+    score_heads_block<P>(q, scales, heads, span, start, rows, scores);
     for (std::size_t j = 0; j < heads; ++j) {
       const float* s = scores + j * kScanBlockRows;
       if (rows == kScanBlockRows) {
