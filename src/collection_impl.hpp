@@ -35,6 +35,7 @@ namespace detail {
 struct SoftPending : CoalescedQuery {
   const float* query = nullptr;  ///< prepared query, owned by the waiting caller
   float factor = 0;              ///< its score factor (split_scale)
+  const float* factors = nullptr;  ///< multi-head: one factor per head (factor unused)
   std::size_t top_m = 0;         ///< contributors it wants
   SoftResult result;             ///< its answer
 };
@@ -42,6 +43,7 @@ struct SoftPending : CoalescedQuery {
 struct HardPending : CoalescedQuery {
   const float* query = nullptr;  ///< prepared query
   float factor = 0;              ///< its score factor
+  const float* factors = nullptr;  ///< multi-head: one factor per head (factor unused)
   HardResult result;             ///< its answer
 };
 /// The most queries one coalesced pass serves: the batch kernel's sweet spot (measured in bench/).

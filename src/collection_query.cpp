@@ -321,6 +321,32 @@ std::vector<float> head_queries(const Impl& impl, std::span<const float> queries
   return q;
 }
 
+// A multi-head soft answer from its heads' merged states (and top lists, if any): per-head lse, max
+// and contributors, the concatenated value (redone in double for a head whose accumulator overflowed).
+template <class Impl>
+SoftResult heads_answer(const detail::KernelTable& kernels, const float* q, const float* factors, std::size_t h,
+                        const detail::RowSpan& span, const detail::EligibleRows& rows,
+                        const std::vector<detail::SoftmaxState>& states,
+                        const std::vector<std::vector<detail::TopScores::Item>>& top) {
+  SoftResult result;
+  result.heads.resize(h);
+  for (std::size_t j = 0; j < h; ++j) {
+    HeadResult& head = result.heads[j];
+    head.lse = states[j].lse();
+    Impl::check_lse(head.lse);
+    head.max_score = states[j].max;
+    if (!top.empty())
+      for (const auto& item : top[j])
+        head.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - head.lse)), item.score});
+  }
+  result.value = detail::heads_blended_value(kernels, q, factors, h, span, rows, states);
+  result.lse = result.heads[0].lse;
+  result.max_score = result.heads[0].max_score;
+  result.top = result.heads[0].top;
+  result.candidates = rows.count;
+  return result;
+}
+
 // One multi-head soft query (prepared by head_queries): every head from one pass over the eligible rows.
 template <class Impl>
 SoftResult soft_heads(const Impl& impl, const float* q, const float* factors, const QueryOptions& options) {
@@ -331,36 +357,14 @@ SoftResult soft_heads(const Impl& impl, const float* q, const float* factors, co
   const detail::KernelTable& kernels = detail::kernels();
   const detail::EligibleRows rows = detail::has_mask(options) ? impl.eligible(options) : detail::all_rows(span.rows);
   const std::size_t parts = impl.parts_for(options, impl.dim() + impl.value_dim());
-  detail::HeadsSoftScan scan = detail::heads_soft_scan(kernels, q, factors, h, span, rows, parts, options.top_m);
-  SoftResult result;
-  result.heads.resize(h);
-  for (std::size_t j = 0; j < h; ++j) {
-    HeadResult& head = result.heads[j];
-    head.lse = scan.states[j].lse();
-    Impl::check_lse(head.lse);
-    head.max_score = scan.states[j].max;
-    if (!scan.top.empty())
-      for (const auto& item : scan.top[j])
-        head.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - head.lse)), item.score});
-  }
-  result.value = detail::heads_blended_value(kernels, q, factors, h, span, rows, scan.states);
-  result.lse = result.heads[0].lse;
-  result.max_score = result.heads[0].max_score;
-  result.top = result.heads[0].top;
-  result.candidates = rows.count;
-  return result;
+  const detail::HeadsSoftScan scan = detail::heads_soft_scan(kernels, q, factors, h, span, rows, parts, options.top_m);
+  return heads_answer<Impl>(kernels, q, factors, h, span, rows, scan.states, scan.top);
 }
 
-// One multi-head hard query: head j's winner (ties to the smallest id) gives value slice j.
+// A multi-head hard answer from its heads' argmaxes: head j's winner (ties to the smallest id) gives value slice j.
 template <class Impl>
-HardResult hard_heads(const Impl& impl, const float* q, const float* factors, const QueryOptions& options) {
-  const auto lock = impl.read_lock();
-  impl.require_entries();
-  const detail::RowSpan span = impl.span();
+HardResult heads_hard_answer(const Impl& impl, const detail::RowSpan& span, const detail::ArgMax* best) {
   const std::size_t h = impl.heads(), dvh = impl.value_dim() / h;
-  const detail::EligibleRows rows = detail::has_mask(options) ? impl.eligible(options) : detail::all_rows(span.rows);
-  const std::vector<detail::ArgMax> best =
-      detail::heads_hard_scan(detail::kernels(), q, factors, h, span, rows, impl.parts_for(options, impl.dim()));
   HardResult result;
   result.value.resize(impl.value_dim());
   std::vector<float> v(impl.value_dim());
@@ -374,6 +378,102 @@ HardResult hard_heads(const Impl& impl, const float* q, const float* factors, co
   result.id = result.head_ids[0];
   result.score = result.head_scores[0];
   return result;
+}
+
+// One multi-head hard query.
+template <class Impl>
+HardResult hard_heads(const Impl& impl, const float* q, const float* factors, const QueryOptions& options) {
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const detail::RowSpan span = impl.span();
+  const std::size_t h = impl.heads();
+  const detail::EligibleRows rows = detail::has_mask(options) ? impl.eligible(options) : detail::all_rows(span.rows);
+  const std::vector<detail::ArgMax> best =
+      detail::heads_hard_scan(detail::kernels(), q, factors, h, span, rows, impl.parts_for(options, impl.dim()));
+  return heads_hard_answer(impl, span, best.data());
+}
+
+// nq multi-head queries (prepared by head_queries) in one pass over the eligible rows; a failure that
+// belongs to one query (its lse or score overflowed) is that query's (errors[b]), not the batch's.
+template <class Impl>
+std::vector<SoftResult> soft_heads_batch(const Impl& impl, const float* q, const float* factors, std::size_t nq,
+                                         const QueryOptions& options, std::vector<std::exception_ptr>& errors) {
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const detail::RowSpan span = impl.span();
+  const std::size_t h = impl.heads(), d = impl.dim();
+  const detail::KernelTable& kernels = detail::kernels();
+  const detail::EligibleRows rows = detail::has_mask(options) ? impl.eligible(options) : detail::all_rows(span.rows);
+  const std::vector<detail::SoftmaxState> states = detail::heads_soft_scan_batch(
+      kernels, q, nq, factors, h, span, rows, impl.parts_for(options, (impl.dim() + impl.value_dim()) * nq));
+  std::vector<SoftResult> out(nq);
+  errors.assign(nq, nullptr);
+  for (std::size_t b = 0; b < nq; ++b) {
+    try {
+      const std::vector<detail::SoftmaxState> mine(states.begin() + static_cast<std::ptrdiff_t>(b * h),
+                                                   states.begin() + static_cast<std::ptrdiff_t>((b + 1) * h));
+      out[b] = heads_answer<Impl>(kernels, q + b * d, factors + b * h, h, span, rows, mine, {});
+    } catch (...) {
+      errors[b] = std::current_exception();
+    }
+  }
+  return out;
+}
+
+// The same for hard queries.
+template <class Impl>
+std::vector<HardResult> hard_heads_batch(const Impl& impl, const float* q, const float* factors, std::size_t nq,
+                                         const QueryOptions& options, std::vector<std::exception_ptr>& errors) {
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const detail::RowSpan span = impl.span();
+  const std::size_t h = impl.heads();
+  const detail::EligibleRows rows = detail::has_mask(options) ? impl.eligible(options) : detail::all_rows(span.rows);
+  const std::vector<detail::ArgMax> best = detail::heads_hard_scan_batch(detail::kernels(), q, nq, factors, h, span, rows,
+                                                                         impl.parts_for(options, impl.dim() * nq));
+  std::vector<HardResult> out(nq);
+  errors.assign(nq, nullptr);
+  for (std::size_t b = 0; b < nq; ++b) {
+    try {
+      out[b] = heads_hard_answer(impl, span, best.data() + b * h);
+    } catch (...) {
+      errors[b] = std::current_exception();
+    }
+  }
+  return out;
+}
+
+// A batch's results, or its first failing query's error (a batched call answers all or throws).
+template <class Result>
+std::vector<Result> all_or_throw(std::vector<Result> results, const std::vector<std::exception_ptr>& errors) {
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  return results;
+}
+
+// The waiting multi-head queries of one pass side by side with their heads factors each.
+template <class Pending>
+void gather_heads(std::span<Pending* const> members, std::size_t d, std::size_t h, std::vector<float>& q,
+                  std::vector<float>& factors) {
+  q.resize(members.size() * d);
+  factors.resize(members.size() * h);
+  for (std::size_t b = 0; b < members.size(); ++b) {
+    std::copy_n(members[b]->query, d, q.begin() + static_cast<std::ptrdiff_t>(b * d));
+    std::copy_n(members[b]->factors, h, factors.begin() + static_cast<std::ptrdiff_t>(b * h));
+  }
+}
+
+// One coalesced pass of multi-head queries (soft or hard): results and errors go to each member.
+template <class Impl, class Pending, class Batch>
+void heads_pass(const Impl& impl, std::span<Pending* const> members, const QueryOptions& options, const Batch& batch) {
+  std::vector<float> q, factors;
+  gather_heads(members, impl.dim(), impl.heads(), q, factors);
+  std::vector<std::exception_ptr> errors;
+  auto results = batch(impl, q.data(), factors.data(), members.size(), options, errors);
+  for (std::size_t b = 0; b < members.size(); ++b) {
+    if (errors[b]) members[b]->error = errors[b];
+    else members[b]->result = std::move(results[b]);
+  }
 }
 
 // ||x_new - x_old|| / ||x_old|| in double; a zero x_old gives 0 if x_new is zero too, else +inf.
@@ -413,8 +513,22 @@ QueryResults Collection::query(std::span<const float> queries, Retrieval kind, c
   const std::size_t nq = queries.size() / d;
   auto row = [&](std::size_t i) { return queries.subspan(i * d, d); };
   QueryResults out;
-  // Multi-head and iterative queries run one by one (each a single pass over the rows per iteration;
-  // the fused batch kernels are single-head).
+  // Multi-head queries share one pass (heads_soft_scan_batch), unless they want contributors or iterate.
+  if (impl_->heads() > 1 && options.iterations == 1 && nq > 1 && (kind == Retrieval::hard || options.top_m == 0)) {
+    const float scale = resolve_scale(options);
+    detail::check_mask(options);
+    if (kind == Retrieval::soft) impl_->check_pruning(options);  // top_k / epsilon: unsupported on multi-head collections
+    return guard_memory([&] {
+      std::vector<float> factors;
+      const std::vector<float> q = head_queries(*impl_, queries, scale, factors);
+      std::vector<std::exception_ptr> errors;
+      if (kind == Retrieval::hard) out.hard = all_or_throw(hard_heads_batch(*impl_, q.data(), factors.data(), nq, options, errors), errors);
+      else out.soft = all_or_throw(soft_heads_batch(*impl_, q.data(), factors.data(), nq, options, errors), errors);
+      return std::move(out);
+    });
+  }
+  // Iterative queries (and multi-head ones with contributors) run one by one, each a single pass over
+  // the rows per iteration.
   if (impl_->heads() > 1 || options.iterations != 1) {
     for (std::size_t i = 0; i < nq; ++i) {
       if (kind == Retrieval::hard) out.hard.push_back(query_hard(row(i), options));
@@ -500,7 +614,16 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
       if (impl_->heads() > 1) {
         const std::vector<float> q = head_queries(*impl_, x, scale, factor);
         impl_->check_pruning(options);  // top_k / epsilon: unsupported on multi-head collections
-        return soft_heads(*impl_, q.data(), factor.data(), options);
+        // Contributors come from the single pass's sinks, and a masked query runs alone.
+        if (!impl_->coalescing() || options.top_m > 0 || detail::has_mask(options)) return soft_heads(*impl_, q.data(), factor.data(), options);
+        detail::SoftPending pending;
+        pending.query = q.data();
+        pending.factors = factor.data();
+        return served(impl_->soft_coalescer(), pending,
+                      [&](detail::SoftPending& me) { me.result = soft_heads(*impl_, me.query, me.factors, options); },
+                      [&](std::span<detail::SoftPending* const> members) {
+                        heads_pass(*impl_, members, options, [](auto&&... a) { return soft_heads_batch(a...); });
+                      });
       }
       const std::vector<float> q = scaled_queries(*impl_, x, scale, factor);
       impl_->check_pruning(options);
@@ -539,7 +662,15 @@ HardResult Collection::query_hard(std::span<const float> query, const QueryOptio
     std::vector<float> factor;
     if (impl_->heads() > 1) {
       const std::vector<float> q = head_queries(*impl_, query, scale, factor);
-      return hard_heads(*impl_, q.data(), factor.data(), options);
+      if (!impl_->coalescing() || detail::has_mask(options)) return hard_heads(*impl_, q.data(), factor.data(), options);
+      detail::HardPending pending;
+      pending.query = q.data();
+      pending.factors = factor.data();
+      return served(impl_->hard_coalescer(), pending,
+                    [&](detail::HardPending& me) { me.result = hard_heads(*impl_, me.query, me.factors, options); },
+                    [&](std::span<detail::HardPending* const> members) {
+                      heads_pass(*impl_, members, options, [](auto&&... a) { return hard_heads_batch(a...); });
+                    });
     }
     const std::vector<float> q = scaled_queries(*impl_, query, scale, factor);
     // Only exact scans coalesce: hnsw, ivf and automatic collections answer through their index.
@@ -561,7 +692,27 @@ SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, con
   const float scale = resolve_scale(options);
   detail::check_mask(options);
   check_iterations(*impl_, options, Retrieval::soft);
-  if (impl_->heads() > 1 || options.iterations != 1) {  // one by one (README "Multi-head": not fused)
+  if (impl_->heads() > 1 && options.iterations == 1) {  // one pass for every query and head
+    impl_->check_pruning(options);
+    return guard_memory([&] {
+      std::vector<float> factors;
+      const std::vector<float> q = head_queries(*impl_, queries, scale, factors);
+      const std::size_t nq = factors.size() / impl_->heads();
+      std::vector<std::exception_ptr> errors;
+      SoftBatchResult result;
+      for (const SoftResult& r : all_or_throw(soft_heads_batch(*impl_, q.data(), factors.data(), nq, options, errors), errors)) {
+        result.values.insert(result.values.end(), r.value.begin(), r.value.end());
+        result.lse.push_back(r.lse);
+        result.max_score.push_back(r.max_score);
+        for (const HeadResult& head : r.heads) {
+          result.head_lse.push_back(head.lse);
+          result.head_max_score.push_back(head.max_score);
+        }
+      }
+      return result;
+    });
+  }
+  if (options.iterations != 1) {  // one by one: each query iterates on its own
     const std::size_t d = impl_->dim();
     if (queries.empty() || queries.size() % d != 0)
       throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) + " floats, not a multiple of d = " +
@@ -588,21 +739,22 @@ HardBatchResult Collection::query_hard_batch(std::span<const float> queries, con
   const float scale = resolve_scale(options);
   detail::check_mask(options);
   check_iterations(*impl_, options, Retrieval::hard);
-  if (impl_->heads() > 1) {  // one by one (README "Multi-head": not fused)
-    const std::size_t d = impl_->dim();
-    if (queries.empty() || queries.size() % d != 0)
-      throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) + " floats, not a multiple of d = " +
-                                                     std::to_string(d));
-    HardBatchResult result;
-    for (std::size_t b = 0; b < queries.size() / d; ++b) {
-      const HardResult r = query_hard(queries.subspan(b * d, d), options);
-      result.ids.push_back(r.id);
-      result.scores.push_back(r.score);
-      result.values.insert(result.values.end(), r.value.begin(), r.value.end());
-      result.head_ids.insert(result.head_ids.end(), r.head_ids.begin(), r.head_ids.end());
-      result.head_scores.insert(result.head_scores.end(), r.head_scores.begin(), r.head_scores.end());
-    }
-    return result;
+  if (impl_->heads() > 1) {  // one pass for every query and head
+    return guard_memory([&] {
+      std::vector<float> factors;
+      const std::vector<float> q = head_queries(*impl_, queries, scale, factors);
+      const std::size_t nq = factors.size() / impl_->heads();
+      std::vector<std::exception_ptr> errors;
+      HardBatchResult result;
+      for (const HardResult& r : all_or_throw(hard_heads_batch(*impl_, q.data(), factors.data(), nq, options, errors), errors)) {
+        result.ids.push_back(r.id);
+        result.scores.push_back(r.score);
+        result.values.insert(result.values.end(), r.value.begin(), r.value.end());
+        result.head_ids.insert(result.head_ids.end(), r.head_ids.begin(), r.head_ids.end());
+        result.head_scores.insert(result.head_scores.end(), r.head_scores.begin(), r.head_scores.end());
+      }
+      return result;
+    });
   }
   return guard_memory([&] {
     std::vector<float> factor;

@@ -116,4 +116,80 @@ std::vector<ArgMax> heads_hard_scan(const KernelTable& k, const float* query, co
   return merge_part_best(part_best, heads, span.ids);
 }
 
+namespace {
+
+// Rows of a batch's sub-block: about 256 KiB of keys and values, which stay in L2 (512 KiB and up on
+// every CPU kind we run on) while each query of the batch scans them.
+std::size_t batch_sub_rows(const RowSpan& span) {
+  const std::size_t bytes = span.key_row_bytes() + (span.values != nullptr ? span.value_row_bytes() : 0);
+  return std::clamp<std::size_t>(std::size_t{256 * 1024} / std::max<std::size_t>(1, bytes), 16, kScanBlockRows);
+}
+
+}  // namespace
+
+std::vector<SoftmaxState> heads_soft_scan_batch(const KernelTable& k, const float* queries, std::size_t nq,
+                                                const float* scales, std::size_t heads, const RowSpan& span,
+                                                const EligibleRows& rows, std::size_t parts) {
+  const std::size_t d = span.dim, dv = span.value_dim, dvh = dv / heads;
+  const auto split = split_runs(rows, parts);
+  struct PartState {
+    std::vector<float> max, sum, acc;  // nq * heads, nq * heads, nq * dv
+  };
+  std::vector<PartState> part_states(split.size());
+  const std::size_t sub = batch_sub_rows(span);
+  ThreadPool::shared().run(split.size(), [&](std::size_t p) {
+    PartState& st = part_states[p];
+    st.max.assign(nq * heads, -std::numeric_limits<float>::infinity());
+    st.sum.assign(nq * heads, 0.0f);
+    st.acc.assign(nq * dv, 0.0f);
+    BlockWalker walker(span);
+    walker.walk(split[p], [&](const RowSpan& block, const std::size_t*, std::size_t) {
+      for (std::size_t s0 = 0; s0 < block.rows; s0 += sub) {
+        const RowSpan piece = block.sub(s0, std::min(sub, block.rows - s0));
+        for (std::size_t b = 0; b < nq; ++b)
+          k.soft_scan_heads(queries + b * d, scales + b * heads, heads, piece, st.max.data() + b * heads,
+                            st.sum.data() + b * heads, st.acc.data() + b * dv, nullptr);
+      }
+    });
+  });
+  std::vector<SoftmaxState> merged(nq * heads, SoftmaxState(dvh));
+  for (const PartState& st : part_states) {
+    SoftmaxState part(dvh);
+    for (std::size_t i = 0; i < nq * heads; ++i) {
+      part.max = st.max[i];
+      part.sum = st.sum[i];
+      std::copy_n(st.acc.begin() + static_cast<std::ptrdiff_t>(i * dvh), dvh, part.acc.begin());
+      merged[i].merge(part);
+    }
+  }
+  return merged;
+}
+
+std::vector<ArgMax> heads_hard_scan_batch(const KernelTable& k, const float* queries, std::size_t nq, const float* scales,
+                                          std::size_t heads, const RowSpan& span, const EligibleRows& rows,
+                                          std::size_t parts) {
+  const std::size_t d = span.dim;
+  const auto split = split_runs(rows, parts);
+  std::vector<std::vector<ArgMax>> part_best(split.size(), std::vector<ArgMax>(nq * heads));
+  const RowSpan keys = keys_only(span);
+  const std::size_t sub = batch_sub_rows(keys);
+  ThreadPool::shared().run(split.size(), [&](std::size_t p) {
+    std::vector<ArgMax> block_best(heads);
+    BlockWalker walker(keys);
+    walker.walk(split[p], [&](const RowSpan& block, const std::size_t* map, std::size_t first) {
+      for (std::size_t s0 = 0; s0 < block.rows; s0 += sub) {
+        const RowSpan piece = block.sub(s0, std::min(sub, block.rows - s0));
+        for (std::size_t b = 0; b < nq; ++b) {
+          std::fill(block_best.begin(), block_best.end(), ArgMax{});
+          k.hard_scan_heads(queries + b * d, scales + b * heads, heads, piece, block_best.data());
+          for (ArgMax& one : block_best)
+            if (one.row != ArgMax::kNoRow) one.row += s0;  // relative to the block, as merge_block_best takes it
+          merge_block_best(block_best, map, first, span.ids, part_best[p].data() + b * heads);
+        }
+      }
+    });
+  });
+  return merge_part_best(part_best, nq * heads, span.ids);
+}
+
 }  // namespace softkv::detail

@@ -32,4 +32,19 @@ std::vector<float> heads_blended_value(const KernelTable& k, const float* query,
 std::vector<ArgMax> heads_hard_scan(const KernelTable& k, const float* query, const float* scales, std::size_t heads,
                                     const RowSpan& span, const EligibleRows& rows, std::size_t parts);
 
+/// nq multi-head queries (row-major nq x d, query b's slice j split with scales[b * heads + j]) in one
+/// pass over the eligible rows: each sub-block of rows (about 256 KiB of keys and values, so it stays in
+/// L2) is read from memory once and scanned by every query in turn. State b * heads + j is query b's
+/// head j. Each query's states equal its own heads_soft_scan's to float rounding (the blocks of the
+/// online softmax may fall differently).
+std::vector<SoftmaxState> heads_soft_scan_batch(const KernelTable& k, const float* queries, std::size_t nq,
+                                                const float* scales, std::size_t heads, const RowSpan& span,
+                                                const EligibleRows& rows, std::size_t parts);
+
+/// nq multi-head argmaxes in one pass, as heads_soft_scan_batch reads the rows; entry b * heads + j is
+/// query b's head j, its row absolute within span (the same answers as heads_hard_scan, bit for bit).
+std::vector<ArgMax> heads_hard_scan_batch(const KernelTable& k, const float* queries, std::size_t nq, const float* scales,
+                                          std::size_t heads, const RowSpan& span, const EligibleRows& rows,
+                                          std::size_t parts);
+
 }  // namespace softkv::detail

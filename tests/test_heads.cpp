@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <atomic>
 #include <string>
+#include <thread>
 
 #include "codec/records.hpp"
 #include "heads_scan.hpp"
@@ -78,6 +80,8 @@ HeadsReference heads_reference(const std::vector<float>& q, const Stored& s, std
   }
   return ref;
 }
+
+bool has_mask_options(const QueryOptions& o) { return !o.tags_any.empty() || o.tag_range || !o.exclude_ids.empty(); }
 
 // Relative error of a float vector against a double one, on the scale of the reference's largest element.
 double rel_err(const std::vector<float>& got, const std::vector<double>& want) {
@@ -272,18 +276,74 @@ TEST_CASE("heads: masks hide rows from every head, batches and coalescing agree 
   QueryOptions none;
   none.tags_any = {99};
   CHECK(test::error_of([&] { (void)c.query_soft(q, none); }) == ErrorCode::empty_collection);
-  // Batches through query() and query_soft_batch equal single queries.
+  // Batches through query() and query_soft_batch (one pass for every query) equal single queries to
+  // float rounding and the double reference; hard batches give the single queries' ids exactly.
   const std::vector<float> qs = test::normal_floats(5 * d, 34);
-  QueryOptions plain;
-  const QueryResults all = c.query(qs, Retrieval::soft, plain);
-  const SoftBatchResult batch = c.query_soft_batch(qs, plain);
-  REQUIRE(batch.head_lse.size() == 5 * h);
-  for (std::size_t b = 0; b < 5; ++b) {
-    const SoftResult one = c.query_soft(std::span(qs).subspan(b * d, d), plain);
-    CHECK(all.soft[b].value == one.value);
-    CHECK(all.soft[b].heads.size() == h);
-    for (std::size_t j = 0; j < h; ++j) CHECK(batch.head_lse[b * h + j] == one.heads[j].lse);
+  for (const QueryOptions& opts : {QueryOptions{}, o}) {
+    QueryOptions plain = opts;
+    plain.top_m = 0;
+    const QueryResults all = c.query(qs, Retrieval::soft, plain);
+    const SoftBatchResult batch = c.query_soft_batch(qs, plain);
+    const QueryResults hard_all = c.query(qs, Retrieval::hard, plain);
+    const HardBatchResult hard_batch = c.query_hard_batch(qs, plain);
+    REQUIRE(batch.head_lse.size() == 5 * h);
+    REQUIRE(hard_batch.head_ids.size() == 5 * h);
+    const Stored& scope = has_mask_options(plain) ? kept : stored(c);
+    for (std::size_t b = 0; b < 5; ++b) {
+      const std::vector<float> qb(qs.begin() + b * d, qs.begin() + (b + 1) * d);
+      const SoftResult one = c.query_soft(qb, plain);
+      const HeadsReference want = heads_reference(qb, scope, d, dv, h, 1.0 / std::sqrt(double(d / h)));
+      CHECK(rel_err(all.soft[b].value, want.value) < 1e-5);
+      CHECK(rel_err(std::vector<float>(batch.values.begin() + b * dv, batch.values.begin() + (b + 1) * dv), want.value) < 1e-5);
+      REQUIRE(all.soft[b].heads.size() == h);
+      for (std::size_t j = 0; j < h; ++j) {
+        CHECK(batch.head_lse[b * h + j] == Approx(one.heads[j].lse).epsilon(1e-6).margin(1e-6));
+        CHECK(all.soft[b].heads[j].lse == Approx(want.heads[j].lse).epsilon(1e-6).margin(1e-5));
+      }
+      const HardResult hard_one = c.query_hard(qb, plain);
+      CHECK(hard_all.hard[b].head_ids == hard_one.head_ids);
+      CHECK(hard_all.hard[b].value == hard_one.value);
+      CHECK(std::vector<std::uint64_t>(hard_batch.head_ids.begin() + b * h, hard_batch.head_ids.begin() + (b + 1) * h) == hard_one.head_ids);
+    }
   }
+}
+
+TEST_CASE("heads: concurrent multi-head queries share passes, each equal to its double reference", "[heads][coalescing]") {
+  const std::size_t n = 6000, d = 32, dv = 16, h = 4;
+  Collection c(config(d, dv, h));
+  const std::vector<float> keys = test::normal_floats(n * d, 41), values = test::normal_floats(n * dv, 42);
+  c.add_batch(keys, values);
+  const Stored all = stored(c);
+  constexpr int kThreads = 8, kQueries = 10;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < kThreads; ++t) {
+    readers.emplace_back([&, t] {
+      for (int i = 0; i < kQueries; ++i) {
+        const std::vector<float> q = test::normal_floats(d, 500 + t * 50 + i);
+        const float temperature = 0.5f + 0.25f * float((t + i) % 3);
+        const HeadsReference want = heads_reference(q, all, d, dv, h, 1.0 / (std::sqrt(double(d / h)) * temperature));
+        if ((t + i) % 3 == 0) {  // hard: head j's winner is the reference's best row of slice j
+          const HardResult r = c.query_hard(q, {.temperature = temperature});
+          for (std::size_t j = 0; j < h; ++j) {
+            const auto& sc = want.heads[j].scores;
+            if (r.head_ids[j] != all.ids[std::size_t(std::max_element(sc.begin(), sc.end()) - sc.begin())]) ++failures;
+          }
+        } else {
+          const SoftResult r = c.query_soft(q, {.temperature = temperature});
+          if (rel_err(r.value, want.value) > 1e-5) ++failures;
+          for (std::size_t j = 0; j < h; ++j)
+            if (std::fabs(r.heads[j].lse - want.heads[j].lse) > 1e-5 * std::max(1.0, std::fabs(want.heads[j].lse))) ++failures;
+        }
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  CHECK(failures.load() == 0);
+  const CoalescingStats s = c.coalescing_stats();
+  CHECK(s.queries == std::uint64_t(kThreads * kQueries));
+  CHECK(s.passes < s.queries);  // some queries shared a pass
+  CHECK(s.max_batch > 1);
 }
 
 TEST_CASE("heads: pruned queries are unsupported, sizes are checked", "[heads]") {
