@@ -95,14 +95,18 @@ std::vector<Dispatcher::Job*> Dispatcher::take_companions(const Job& first, std:
   std::vector<Job*> taken;
   std::lock_guard lock(mutex_);
   for (auto it = queue_.begin(); it != queue_.end() && room > 0;) {
-    const std::size_t n = std::max<std::size_t>(1, std::get<wire::Query>(*(*it)->request).queries.size() / d);
-    if ((*it)->key == first.key && n <= room) {
-      taken.push_back(*it);
-      room -= n;
-      it = queue_.erase(it);
-    } else {
+    if ((*it)->key != first.key) {  // another collection, kind or options, or not a query (an empty key)
       ++it;
+      continue;
     }
+    const std::size_t n = std::max<std::size_t>(1, std::get<wire::Query>(*(*it)->request).queries.size() / d);
+    if (n > room) {
+      ++it;
+      continue;
+    }
+    taken.push_back(*it);
+    room -= n;
+    it = queue_.erase(it);
   }
   return taken;
 }

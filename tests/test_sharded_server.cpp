@@ -746,16 +746,29 @@ Ask ask_of(std::size_t t, std::size_t i) { return static_cast<Ask>((t + i) % sta
 
 // kCoalesceClients connections to the sharded server at once, each asking kCoalesceTurns questions of
 // every kind, each answer checked against the single server's and the float64 reference.
-void run_clients(const ClientOptions& sharded, const ClientOptions& single, const CoalesceData& data, Outcome& out) {
+// Meanwhile one more connection writes to the collection "side" (other requests in the queue between
+// the queries); it returns the rows written.
+std::size_t run_clients(const ClientOptions& sharded, const ClientOptions& single, const CoalesceData& data, Outcome& out) {
   out.answers.assign(kCoalesceClients, {});
-  std::atomic<std::size_t> ready{0};
+  std::atomic<std::size_t> ready{0}, finished{0}, side_rows{0};
   std::vector<std::thread> threads;
+  threads.emplace_back([&] {
+    Client writer(sharded);
+    writer.create_collection("side", {data.d, data.dv});
+    ++ready;
+    while (ready.load() < kCoalesceClients + 1) std::this_thread::yield();
+    for (std::uint64_t b = 0; b == 0 || finished.load() < kCoalesceClients; ++b) {
+      (void)writer.add("side", test::normal_floats(3 * data.d, 700 + b), test::normal_floats(3 * data.dv, 800 + b));
+      side_rows += 3;
+    }
+  });
   for (std::size_t t = 0; t < kCoalesceClients; ++t)
     threads.emplace_back([&, t] {
       Client cp(sharded), cs(single);
       ++ready;
-      while (ready.load() < kCoalesceClients) std::this_thread::yield();  // start together: the queue fills
+      while (ready.load() < kCoalesceClients + 1) std::this_thread::yield();  // start together: the queue fills
       for (std::size_t i = 0; i < kCoalesceTurns; ++i) out.answers[t].push_back(ask(cp, ask_of(t, i), query_of(data, ask_of(t, i), t, i)));
+      ++finished;
       for (std::size_t i = 0; i < kCoalesceTurns; ++i) {  // the single server's answers once the load is over
         const Ask a = ask_of(t, i);
         const std::vector<float> q = query_of(data, a, t, i);
@@ -769,6 +782,7 @@ void run_clients(const ClientOptions& sharded, const ClientOptions& single, cons
   for (auto& th : threads) th.join();
   for (std::size_t t = 0; t < kCoalesceClients; ++t)
     for (std::size_t i = 0; i < kCoalesceTurns; ++i) out.coalescable += kCoalescedPerTurn[static_cast<std::size_t>(ask_of(t, i))];
+  return side_rows.load();
 }
 
 CoalesceData coalesce_data() {
@@ -795,9 +809,11 @@ TEST_CASE("sharded server coalesces concurrent queries: each client gets its own
   CHECK(cp.query_stats("exact").queries == 0);
 
   Outcome out;
-  run_clients(sharded.client(), single.client(), data, out);
+  const std::size_t side_rows = run_clients(sharded.client(), single.client(), data, out);
   INFO(out.first_failures);
   CHECK(out.failures.load() == 0);
+  CHECK(side_rows > 0);
+  CHECK(cp.describe("side").size == side_rows);  // the writes queued among the queries all landed
   // Every query of the coalesced kinds was counted, in fewer passes than queries: coalescing happened.
   const CoalescingStats stats = cp.query_stats("exact");
   INFO("coalesced: " << stats.queries << " queries in " << stats.passes << " passes, largest " << stats.max_batch);
@@ -828,9 +844,10 @@ TEST_CASE("sharded server with --coalesce off runs one query at a time and count
   load_coalesce(cp, data);
 
   Outcome out;
-  run_clients(sharded.client(), single.client(), data, out);
+  const std::size_t side_rows = run_clients(sharded.client(), single.client(), data, out);
   INFO(out.first_failures);
   CHECK(out.failures.load() == 0);
+  CHECK(cp.describe("side").size == side_rows);
   // Each query ran alone: bit for bit the answer it gets on an idle server (a coalesced one is the batched kernel's).
   int differ = 0;
   for (std::size_t t = 0; t < kCoalesceClients; ++t)
