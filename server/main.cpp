@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", config.io_threads, "I/O threads")->capture_default_str();
   app.add_option("--workers", config.workers, "request threads (0: 64; they mostly wait, the scan pool computes)")->capture_default_str();
   std::string coalesce = "on";
-  app.add_option("--coalesce", coalesce, "concurrent single queries on a collection share one pass (on | off)")
+  app.add_option("--coalesce", coalesce, "concurrent single queries (sharded server: also batches) on a collection share one pass (on | off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_option("--fsync", fsync, "always | everysec | never")->check(CLI::IsMember({"always", "everysec", "never"}))->capture_default_str();

@@ -189,9 +189,8 @@ wire::Reply Shard::execute(const wire::Request& request) {
           },
           [&](const wire::List&) -> wire::Reply { return wire::NamesReply{db_.list_collections()}; },
           [&](const wire::Describe& m) -> wire::Reply { return describe(m); },
-          [&](const wire::QueryStats&) -> wire::Reply {
-            throw Error(ErrorCode::unsupported,
-                        "query_stats is not supported by the sharded server (coalescing counters are per rank)");
+          [&](const wire::QueryStats&) -> wire::Reply {  // rank 0's dispatcher keeps the counters (dispatcher.cpp)
+            throw Error(ErrorCode::internal, "query_stats is answered by rank 0's dispatcher, not by the shards");
           },
           [&](const wire::Add& m) -> wire::Reply { return add(m); },
           [&](const wire::Upsert& m) -> wire::Reply {
@@ -395,5 +394,25 @@ wire::Reply Shard::query(const wire::Query& m) {
   if (kind == Retrieval::hard) return wire::HardReply{std::move(r.hard)};
   return wire::SoftReply{std::move(r.soft)};
 }
+
+std::size_t Shard::one_pass_queries(const wire::Query& q) const {
+  try {
+    const Retrieval kind = q.kind == wire::QueryKind::hard ? Retrieval::hard : Retrieval::soft;
+    const auto c = db_.collection(q.name);
+    const std::size_t n = detail::check_query(*c, q.queries, kind, q.options);
+    const QueryOptions& o = q.options;
+    if (kind == Retrieval::soft) {
+      // ShardScan::answer: a pruned query runs alone; Collection::query: a top-m list, query by query.
+      const bool pruned = (o.top_k || o.epsilon) && !o.exact;
+      return pruned || o.top_m > 0 ? 0 : n;
+    }
+    const IndexKind index = c->config().index.kind;  // hnsw and ivf (automatic) search their index per query
+    return o.exact || index == IndexKind::exact || index == IndexKind::flat ? n : 0;
+  } catch (const std::exception&) {  // its own run reports the error to its own client
+    return 0;
+  }
+}
+
+void Shard::require_collection(const std::string& name) const { (void)db_.collection(name); }
 
 }  // namespace softkv::server

@@ -74,6 +74,16 @@ class Shard {
 
   [[nodiscard]] std::size_t rank() const { return rank_; }
 
+  // Not collective (rank 0's dispatcher, before it broadcasts anything): the number of queries in q
+  // when q passes every check its collective run makes (on this rank's copy of the collection, whose
+  // configuration every rank shares) and every shard answers it in one pass over its rows: exact soft
+  // queries without a top-m list (the batched kernel), hard queries scanning every key (an exact or
+  // flat collection, or the exact flag). 0 otherwise: an invalid query, or one answered query by query.
+  [[nodiscard]] std::size_t one_pass_queries(const wire::Query& q) const;
+
+  // Not collective: throws Error(unknown_collection) unless a collection is named name.
+  void require_collection(const std::string& name) const;
+
  private:
   static Error session_only() { return Error(ErrorCode::internal, "hello, auth and ping are the session's, not the shards'"); }
 

@@ -1,8 +1,9 @@
 // The sharded server's life cycle. Rank 0 runs the TCP front end; its request threads hand every
-// engine request to the MPI dispatcher (rank 0's main thread, the only thread of the process that
-// calls MPI), which broadcasts it (the request's own wire encoding) to every rank and runs it there
-// with them (shard.cpp: writes on the owners of their rows, queries merged with the library's
-// partial records, stats summed). The other ranks follow rank 0's commands until it stops.
+// engine request to the MPI dispatcher (dispatcher.cpp: rank 0's main thread, the only thread of the
+// process that calls MPI), which broadcasts it (the request's own wire encoding, concurrent queries
+// coalesced) to every rank and runs it there with them (shard.cpp: writes on the owners of their rows,
+// queries merged with the library's partial records, stats summed). The other ranks follow rank 0's
+// commands until it stops.
 #include "sharded.hpp"
 
 #include <mpi.h>
@@ -12,21 +13,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
-#include <cstring>
-#include <deque>
 #include <fstream>
-#include <future>
-#include <limits>
-#include <mutex>
-#include <optional>
+#include <memory>
 #include <string>
 #include <thread>
 
-#include "handler.hpp"
+#include "dispatcher.hpp"
 #include "shard.hpp"
 #include "mpi/sharded_impl.hpp"
 #include "softkv/simd.hpp"
@@ -37,121 +32,6 @@ namespace softkv::server {
 namespace {
 
 namespace fs = std::filesystem;
-
-// What rank 0 broadcasts before each command's payload.
-enum class Command : std::uint32_t { request = 1, shutdown = 2 };
-struct CommandHeader {
-  Command command = Command::shutdown;
-  std::uint32_t reserved = 0;
-  std::uint64_t bytes = 0;  // the encoded request that follows
-};
-
-// Rank 0's hand-over point between the request threads and the MPI thread.
-class Dispatcher final : public RequestForwarder {
- public:
-  Dispatcher(MPI_Comm comm, Shard& shard) : comm_(comm), shard_(shard) {}
-
-  wire::Reply forward(const wire::Request& request) override {
-    Job job{&request, {}};
-    auto reply = job.reply.get_future();
-    {
-      std::lock_guard lock(mutex_);
-      if (closed_) return wire::ErrorReply{ErrorCode::server_busy, "the sharded server is shutting down"};
-      queue_.push_back(&job);
-    }
-    ready_.notify_one();
-    return reply.get();
-  }
-
-  // No more requests: run() returns once the queue is empty.
-  void close() {
-    {
-      std::lock_guard lock(mutex_);
-      closed_ = true;
-    }
-    ready_.notify_one();
-  }
-
-  // The MPI thread (rank 0's main thread): runs each request on every rank, in arrival order, until
-  // close(); then tells the other ranks to stop.
-  void run() {
-    for (;;) {
-      Job* job = nullptr;
-      {
-        std::unique_lock lock(mutex_);
-        ready_.wait(lock, [&] { return closed_ || !queue_.empty(); });
-        if (queue_.empty()) break;
-        job = queue_.front();
-        queue_.pop_front();
-      }
-      wire::Reply reply;
-      try {
-        const std::vector<std::byte> bytes = wire::encode_request(*job->request, 0, wire::kProtocolVersion);
-        CommandHeader h{Command::request, 0, bytes.size()};
-        detail::mpi_count(bytes.size(), "a request");
-        send(h);
-        MPI_Bcast(const_cast<std::byte*>(bytes.data()), static_cast<int>(bytes.size()), MPI_BYTE, 0, comm_);
-        reply = shard_.execute(*job->request);
-      } catch (...) {
-        reply = current_error_reply();
-      }
-      job->reply.set_value(std::move(reply));
-    }
-    CommandHeader h{Command::shutdown, 0, 0};
-    send(h);
-  }
-
- private:
-  struct Job {
-    const wire::Request* request;
-    std::promise<wire::Reply> reply;
-  };
-
-  // The header goes out with a non-blocking broadcast: the other ranks wait for it without spinning.
-  void send(CommandHeader& h) {
-    MPI_Request r = MPI_REQUEST_NULL;
-    MPI_Ibcast(&h, sizeof(h), MPI_BYTE, 0, comm_, &r);
-    MPI_Wait(&r, MPI_STATUS_IGNORE);
-  }
-
-  MPI_Comm comm_;
-  Shard& shard_;
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<Job*> queue_;
-  bool closed_ = false;
-};
-
-// A rank other than 0: waits for commands (polling a non-blocking broadcast, sleeping in between, so
-// an idle rank takes no CPU) and runs each with the others until the shutdown command.
-void follow(MPI_Comm comm, Shard& shard) {
-  for (;;) {
-    CommandHeader h;
-    MPI_Request r = MPI_REQUEST_NULL;
-    MPI_Ibcast(&h, sizeof(h), MPI_BYTE, 0, comm, &r);
-    auto pause = std::chrono::microseconds(20);
-    for (int done = 0;;) {
-      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-      if (done != 0) break;
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
-    }
-    if (h.command != Command::request) return;
-    std::vector<std::byte> bytes(h.bytes);
-    MPI_Bcast(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, 0, comm);
-    wire::Request request;
-    try {
-      request = decode_command(bytes);
-    } catch (const std::exception& e) {  // rank 0 encoded it: the ranks could no longer agree on anything
-      spdlog::critical("shard {}: cannot decode a command from rank 0 ({}); aborting the job", shard.rank(), e.what());
-      MPI_Abort(comm, 3);
-    }
-    try {
-      (void)shard.execute(request);
-    } catch (const std::exception&) {  // every rank throws alike; rank 0 reports it to the client
-    }
-  }
-}
 
 bool is_shard_dir(const std::string& name) {
   if (name.rfind("shard-", 0) != 0 || name.size() == 6) return false;
@@ -302,7 +182,7 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
     MPI_Bcast(&status, sizeof(status), MPI_BYTE, 0, comm);  // whether rank 0 could bind
     if (status.code == 0) follow(comm, shard);
   } else {
-    Dispatcher dispatcher(comm, shard);
+    Dispatcher dispatcher(comm, shard, options.coalesce);
     config.forwarder = &dispatcher;
     std::unique_ptr<Server> server;
     try {
@@ -316,9 +196,10 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
       db.reset();
       return finish(1);
     }
-    spdlog::info("softkv-server {} (sharded, {} ranks) on {}:{}, kernel path {}, data {} (shard-0 .. shard-{}), {} collection(s)",
+    spdlog::info("softkv-server {} (sharded, {} ranks) on {}:{}, kernel path {}, data {} (shard-0 .. shard-{}), {} collection(s), "
+                 "coalescing {}",
                  kVersion, size, config.host, server->port(), simd_path(), dir.string(), size - 1,
-                 db->list_collections().size());
+                 db->list_collections().size(), options.coalesce ? "on" : "off");
     spdlog::info("connect with: softkv --port {} stats   (or softkv::Client / Python softkv.Client)", server->port());
     int exit_status = 0;
     std::thread front([&] {

@@ -15,7 +15,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -52,7 +54,7 @@ struct Job {
   std::filesystem::path log;
 
   Job(const std::filesystem::path& data, std::size_t ranks, const std::filesystem::path& log_path, bool wait_listening = true,
-      const std::string& extra_env = "")
+      const std::string& extra_env = "", const std::vector<std::string>& extra_args = {})
       : log(log_path) {
     port = free_port();
     std::vector<std::string> args;
@@ -60,6 +62,7 @@ struct Job {
     for (std::string a : {std::string(SOFTKV_SERVER_BIN), std::string("--data"), data.string(), std::string("--port"),
                           std::to_string(port), std::string("--snapshot-after-mb"), std::string("0")})
       args.push_back(a);
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -346,7 +349,7 @@ TEST_CASE("sharded server answers as a single server and recovers every write af
     CHECK(error_of([&] { (void)cp.query_soft("empty", q); }) == ErrorCode::empty_collection);
     CHECK(error_of([&] { (void)cp.get("exact", 0); }) == ErrorCode::unknown_id);
     CHECK(error_of([&] { cp.create_collection("exact", {data.d, data.dv}); }) == ErrorCode::collection_exists);
-    CHECK(error_of([&] { (void)cp.query_stats("exact"); }) == ErrorCode::unsupported);
+    CHECK(error_of([&] { (void)cp.query_stats("nope"); }) == ErrorCode::unknown_collection);
     try {  // the code name once, as from a single server (it crossed ranks as a message)
       (void)cp.get("exact", 1u << 30);
       FAIL("no error");
@@ -614,5 +617,254 @@ TEST_CASE("sharded server: masked queries and an f16 collection answer as a sing
   CHECK(error_of([&] { (void)cp.query_soft("tagged", {queries.data(), d}, bad_range); }) == ErrorCode::invalid_argument);
   // The server still answers afterwards.
   CHECK(cp.query_hard("tagged", {queries.data(), d}).id == cs.query_hard("tagged", {queries.data(), d}).id);
+  CHECK(sharded.stop_rank0() == 0);
+}
+
+namespace {
+
+// The rows of the coalescing tests: tagged random rows in "exact" (coalesced queries) and in "flat"
+// (pruned queries, never coalesced), the same in both servers.
+struct CoalesceData {
+  std::size_t d = 16, dv = 8, n = 1500;
+  std::vector<float> keys, values;
+  std::vector<std::uint64_t> tags;
+};
+
+void load_coalesce(Client& c, const CoalesceData& data) {
+  CollectionConfig exact{data.d, data.dv}, flat{data.d, data.dv};
+  flat.index.kind = IndexKind::flat;
+  c.create_collection("exact", exact);
+  c.create_collection("flat", flat);
+  (void)c.add("exact", data.keys, data.values, data.tags);
+  (void)c.add("flat", data.keys, data.values, data.tags);
+}
+
+// What a client asks in one turn. The first five are coalesced on "exact" (batch: 3 queries in one request).
+enum class Ask { soft, soft_warm, hard, batch, masked, top_m, pruned, wrong_dim, nan, count };
+constexpr std::size_t kCoalescedPerTurn[] = {1, 1, 1, 3, 1, 0, 0, 0, 0};
+
+// An answer or the error it got.
+struct Answer {
+  std::vector<SoftResult> soft;
+  std::vector<HardResult> hard;
+  ErrorCode error{};
+  std::string message;
+};
+
+QueryOptions options_of(Ask ask) {
+  QueryOptions o;
+  if (ask == Ask::soft_warm) o.temperature = 0.5f;
+  if (ask == Ask::masked) o.tags_any = {1, 2};
+  if (ask == Ask::top_m) o.top_m = 3;
+  if (ask == Ask::pruned) o.top_k = 40;
+  return o;
+}
+
+// Client t's query for turn i: 3 rows for a batch, a wrong length or a NaN where the turn asks for it.
+std::vector<float> query_of(const CoalesceData& data, Ask ask, std::size_t t, std::size_t i) {
+  std::vector<float> q = test::normal_floats((ask == Ask::batch ? 3 : 1) * data.d, 9000 + t * 100 + i);
+  if (ask == Ask::wrong_dim) q.push_back(0.5f);
+  if (ask == Ask::nan) q[data.d / 2] = std::nanf("");
+  return q;
+}
+
+Answer ask(Client& c, Ask a, std::span<const float> q) {
+  Answer r;
+  const QueryOptions o = options_of(a);
+  try {
+    switch (a) {
+      case Ask::hard: r.hard.push_back(c.query_hard("exact", q, o)); break;
+      case Ask::batch: r.soft = c.query_soft_batch("exact", q, o); break;
+      case Ask::pruned: r.soft.push_back(c.query_soft("flat", q, o)); break;
+      default: r.soft.push_back(c.query_soft("exact", q, o)); break;
+    }
+  } catch (const Error& e) {
+    r.error = e.code();
+    r.message = e.what();
+  }
+  return r;
+}
+
+// Why got is not the answer to the query (empty when it is): against the single server's answer
+// (want) and, for the coalesced soft queries, the float64 reference.
+std::string check_answer(const CoalesceData& data, Ask a, std::span<const float> q, const Answer& got, const Answer& want) {
+  std::ostringstream why;
+  if (a == Ask::wrong_dim || a == Ask::nan) {
+    const ErrorCode code = a == Ask::nan ? ErrorCode::non_finite : ErrorCode::dimension_mismatch;
+    if (got.error != code) why << "error " << to_string(got.error) << " (" << got.message << "), not " << to_string(code);
+    // Its own row: an error raised by a batch of several clients' queries would name another row.
+    else if (a == Ask::nan && got.message.find("row 0, element " + std::to_string(data.d / 2)) == std::string::npos)
+      why << "the error names another row: " << got.message;
+    return why.str();
+  }
+  if (got.error != ErrorCode{}) return "error " + std::string(to_string(got.error)) + ": " + got.message;
+  if (want.error != ErrorCode{}) return "the single server failed: " + want.message;
+  if (got.soft.size() != want.soft.size() || got.hard.size() != want.hard.size()) return "the wrong number of answers";
+  for (std::size_t b = 0; b < got.hard.size(); ++b) {
+    const HardResult &g = got.hard[b], &w = want.hard[b];
+    if (g.id != w.id || g.value != w.value || std::fabs(g.score - w.score) > 1e-5 * (1 + std::fabs(w.score)))
+      why << "hard " << g.id << " (" << g.score << "), single server " << w.id << " (" << w.score << "); ";
+  }
+  const QueryOptions o = options_of(a);
+  const double scale = 1.0 / (std::sqrt(double(data.d)) * o.temperature.value_or(1.0f));
+  for (std::size_t b = 0; b < got.soft.size(); ++b) {
+    const SoftResult &g = got.soft[b], &w = want.soft[b];
+    if (std::fabs(g.lse - w.lse) > 1e-5 * (1 + std::fabs(w.lse)) || g.candidates != w.candidates ||
+        test::max_abs_diff(g.value, w.value) > 1e-5 * (1 + test::max_abs(w.value)) || g.top.size() != w.top.size() ||
+        std::fabs(g.tail_bound - w.tail_bound) > 1e-4 * w.tail_bound + 1e-12)
+      why << "soft " << b << " differs from the single server's (lse " << g.lse << " vs " << w.lse << "); ";
+    for (std::size_t j = 0; j < std::min(g.top.size(), w.top.size()); ++j)
+      if (g.top[j].id != w.top[j].id) why << "contributor " << j << " differs; ";
+    if (a == Ask::pruned || a == Ask::top_m) continue;
+    // The float64 reference over the rows the query may see (its mask's tags).
+    std::vector<float> keys, values;
+    for (std::size_t i = 0; i < data.n; ++i) {
+      if (!o.tags_any.empty() && std::find(o.tags_any.begin(), o.tags_any.end(), data.tags[i]) == o.tags_any.end()) continue;
+      keys.insert(keys.end(), data.keys.begin() + i * data.d, data.keys.begin() + (i + 1) * data.d);
+      values.insert(values.end(), data.values.begin() + i * data.dv, data.values.begin() + (i + 1) * data.dv);
+    }
+    const auto ref = test::soft_reference(q.data() + b * data.d, keys.data(), values.data(), keys.size() / data.d, data.d, data.dv, scale);
+    if (g.candidates != keys.size() / data.d || std::fabs(g.lse - ref.lse) > 1e-5 * (1 + std::fabs(ref.lse)) ||
+        test::max_abs_diff(g.value, ref.value) > 1e-5 * (1 + test::max_abs(g.value)))
+      why << "soft " << b << " differs from the float64 reference (lse " << g.lse << " vs " << ref.lse << "); ";
+  }
+  return why.str();
+}
+
+// Every client's answers in turn order, and the first few failures.
+struct Outcome {
+  std::vector<std::vector<Answer>> answers;  // [client][turn]
+  std::atomic<int> failures{0};
+  std::mutex mutex;
+  std::string first_failures;
+  std::size_t coalescable = 0;  // queries on "exact" that every shard answers in one pass
+};
+
+constexpr std::size_t kCoalesceClients = 16, kCoalesceTurns = 18;
+
+Ask ask_of(std::size_t t, std::size_t i) { return static_cast<Ask>((t + i) % static_cast<std::size_t>(Ask::count)); }
+
+// kCoalesceClients connections to the sharded server at once, each asking kCoalesceTurns questions of
+// every kind, each answer checked against the single server's and the float64 reference.
+// Meanwhile one more connection writes to the collection "side" (other requests in the queue between
+// the queries); it returns the rows written.
+std::size_t run_clients(const ClientOptions& sharded, const ClientOptions& single, const CoalesceData& data, Outcome& out) {
+  out.answers.assign(kCoalesceClients, {});
+  std::atomic<std::size_t> ready{0}, finished{0}, side_rows{0};
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] {
+    Client writer(sharded);
+    writer.create_collection("side", {data.d, data.dv});
+    ++ready;
+    while (ready.load() < kCoalesceClients + 1) std::this_thread::yield();
+    for (std::uint64_t b = 0; b == 0 || finished.load() < kCoalesceClients; ++b) {
+      (void)writer.add("side", test::normal_floats(3 * data.d, 700 + b), test::normal_floats(3 * data.dv, 800 + b));
+      side_rows += 3;
+    }
+  });
+  for (std::size_t t = 0; t < kCoalesceClients; ++t)
+    threads.emplace_back([&, t] {
+      Client cp(sharded), cs(single);
+      ++ready;
+      while (ready.load() < kCoalesceClients + 1) std::this_thread::yield();  // start together: the queue fills
+      for (std::size_t i = 0; i < kCoalesceTurns; ++i) out.answers[t].push_back(ask(cp, ask_of(t, i), query_of(data, ask_of(t, i), t, i)));
+      ++finished;
+      for (std::size_t i = 0; i < kCoalesceTurns; ++i) {  // the single server's answers once the load is over
+        const Ask a = ask_of(t, i);
+        const std::vector<float> q = query_of(data, a, t, i);
+        const std::string why = check_answer(data, a, q, out.answers[t][i], ask(cs, a, q));
+        if (why.empty()) continue;
+        ++out.failures;
+        std::lock_guard lock(out.mutex);
+        if (out.first_failures.size() < 2000) out.first_failures += "client " + std::to_string(t) + " turn " + std::to_string(i) + ": " + why + "\n";
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (std::size_t t = 0; t < kCoalesceClients; ++t)
+    for (std::size_t i = 0; i < kCoalesceTurns; ++i) out.coalescable += kCoalescedPerTurn[static_cast<std::size_t>(ask_of(t, i))];
+  return side_rows.load();
+}
+
+CoalesceData coalesce_data() {
+  CoalesceData data;
+  data.keys = test::normal_floats(data.n * data.d, 801);
+  data.values = test::normal_floats(data.n * data.dv, 802);
+  data.tags.resize(data.n);
+  for (std::size_t i = 0; i < data.n; ++i) data.tags[i] = i % 4;
+  return data;
+}
+
+}  // namespace
+
+TEST_CASE("sharded server coalesces concurrent queries: each client gets its own answer, bad queries their own error", "[sharded_server][coalesce]") {
+  const std::size_t ranks = test_ranks();
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.path);
+  Job single(dir.path / "single", 0, dir.path / "single.log");
+  Job sharded(dir.path / "sharded", ranks, dir.path / "sharded.log");
+  Client cs(single.client()), cp(sharded.client());
+  const CoalesceData data = coalesce_data();
+  load_coalesce(cs, data);
+  load_coalesce(cp, data);
+  CHECK(cp.query_stats("exact").queries == 0);
+
+  Outcome out;
+  const std::size_t side_rows = run_clients(sharded.client(), single.client(), data, out);
+  INFO(out.first_failures);
+  CHECK(out.failures.load() == 0);
+  CHECK(side_rows > 0);
+  CHECK(cp.describe("side").size == side_rows);  // the writes queued among the queries all landed
+  // Every query of the coalesced kinds was counted, in fewer passes than queries: coalescing happened.
+  const CoalescingStats stats = cp.query_stats("exact");
+  INFO("coalesced: " << stats.queries << " queries in " << stats.passes << " passes, largest " << stats.max_batch);
+  CHECK(stats.queries == out.coalescable);
+  CHECK(stats.passes < stats.queries);
+  CHECK(stats.max_batch > 1);
+  CHECK(stats.max_batch <= 64);
+  // Pruned queries (on "flat") run alone and are not counted.
+  CHECK(cp.query_stats("flat").queries == 0);
+  CHECK(error_of([&] { (void)cp.query_stats("missing"); }) == ErrorCode::unknown_collection);
+  // A dropped and re-created collection starts from zero, as on one server.
+  cp.drop_collection("exact");
+  CHECK(error_of([&] { (void)cp.query_stats("exact"); }) == ErrorCode::unknown_collection);
+  cp.create_collection("exact", {data.d, data.dv});
+  CHECK(cp.query_stats("exact").queries == 0);
+  CHECK(sharded.stop_rank0() == 0);
+}
+
+TEST_CASE("sharded server with --coalesce off runs one query at a time and counts none, as a single server", "[sharded_server][coalesce]") {
+  const std::size_t ranks = test_ranks();
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.path);
+  Job single(dir.path / "single", 0, dir.path / "single.log");
+  Job sharded(dir.path / "sharded", ranks, dir.path / "sharded.log", true, "", {"--coalesce", "off"});
+  Client cs(single.client()), cp(sharded.client());
+  const CoalesceData data = coalesce_data();
+  load_coalesce(cs, data);
+  load_coalesce(cp, data);
+
+  Outcome out;
+  const std::size_t side_rows = run_clients(sharded.client(), single.client(), data, out);
+  INFO(out.first_failures);
+  CHECK(out.failures.load() == 0);
+  CHECK(cp.describe("side").size == side_rows);
+  // Each query ran alone: bit for bit the answer it gets on an idle server (a coalesced one is the batched kernel's).
+  int differ = 0;
+  for (std::size_t t = 0; t < kCoalesceClients; ++t)
+    for (std::size_t i = 0; i < kCoalesceTurns; ++i) {
+      const Ask a = ask_of(t, i);
+      const Answer again = ask(cp, a, query_of(data, a, t, i)), &got = out.answers[t][i];
+      for (std::size_t b = 0; b < got.soft.size() && b < again.soft.size(); ++b)
+        if (got.soft[b].value != again.soft[b].value || got.soft[b].lse != again.soft[b].lse) ++differ;
+      for (std::size_t b = 0; b < got.hard.size() && b < again.hard.size(); ++b)
+        if (got.hard[b].id != again.hard[b].id || got.hard[b].score != again.hard[b].score) ++differ;
+      if (got.error != again.error) ++differ;
+    }
+  CHECK(differ == 0);
+  // Off: no query is served through coalescing, so none is counted (queries == passes == 0), as Collection::set_coalescing(false).
+  const CoalescingStats stats = cp.query_stats("exact");
+  CHECK(stats.queries == 0);
+  CHECK(stats.passes == stats.queries);
+  CHECK(stats.max_batch == 0);
   CHECK(sharded.stop_rank0() == 0);
 }

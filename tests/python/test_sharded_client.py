@@ -133,6 +133,11 @@ class ShardedClientTest(unittest.TestCase):
             np.testing.assert_allclose(b.value, a.value, rtol=1e-5, atol=1e-6)
             self.assertEqual(list(b.top.ids), list(a.top.ids))
             self.assertNotIn(10, list(b.top.ids))  # the best match of e0, masked out
+        # Rank 0's coalescing counters: on "m", the hard batch (6 queries, one pass) and the masked soft
+        # query that found nothing (a pass of one); top-m queries are answered query by query, not counted.
+        self.assertEqual(sharded.query_stats("m"), {"queries": 7, "passes": 2, "max_batch": 6})
+        with self.assertRaises(softkv.Error):
+            sharded.query_stats("nope")
         for c in clients:
             c.close()
 
