@@ -37,27 +37,34 @@ float sum_stream(const float* p, std::size_t n) {
 
 }  // namespace
 
-double read_bandwidth_gbs(std::size_t bytes, unsigned threads, int reps) {
-  const std::size_t n = bytes / sizeof(float);
-  std::unique_ptr<float[]> buf(new float[n]);
+BandwidthProbe::BandwidthProbe(std::size_t bytes, unsigned threads)
+    : buf_(new float[bytes / sizeof(float)]), n_(bytes / sizeof(float)), threads_(threads) {
   // First touch from the threads that will read, so pages are mapped before timing.
   std::vector<std::thread> pool;
-  for (unsigned t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] { std::fill(buf.get() + n * t / threads, buf.get() + n * (t + 1) / threads, 1.0f); });
+  for (unsigned t = 0; t < threads_; ++t)
+    pool.emplace_back([&, t] { std::fill(buf_ + n_ * t / threads_, buf_ + n_ * (t + 1) / threads_, 1.0f); });
   for (auto& th : pool) th.join();
-  double best = 0;
+}
+
+BandwidthProbe::~BandwidthProbe() { delete[] buf_; }
+
+double BandwidthProbe::measure() {
+  std::vector<float> partial(threads_);
+  std::vector<std::thread> pool;
+  const auto t0 = Clock::now();
+  for (unsigned t = 0; t < threads_; ++t)
+    pool.emplace_back([&, t] { partial[t] = sum_stream(buf_ + n_ * t / threads_, n_ / threads_); });
+  for (auto& th : pool) th.join();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   volatile float sink = 0;
-  for (int r = 0; r < reps; ++r) {
-    std::vector<float> partial(threads);
-    pool.clear();
-    const auto t0 = Clock::now();
-    for (unsigned t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] { partial[t] = sum_stream(buf.get() + n * t / threads, n / threads); });
-    for (auto& th : pool) th.join();
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    for (float p : partial) sink = sink + p;
-    best = std::max(best, static_cast<double>(n * sizeof(float)) / s / 1e9);
-  }
+  for (float p : partial) sink = sink + p;
+  return static_cast<double>(n_ * sizeof(float)) / s / 1e9;
+}
+
+double read_bandwidth_gbs(std::size_t bytes, unsigned threads, int reps) {
+  BandwidthProbe probe(bytes, threads);
+  double best = 0;
+  for (int r = 0; r < reps; ++r) best = std::max(best, probe.measure());
   return best;
 }
 

@@ -9,6 +9,24 @@ namespace softkv::bench {
 /// GB/s of a streaming read-and-sum over bytes of memory split across threads (best of reps).
 double read_bandwidth_gbs(std::size_t bytes, unsigned threads, int reps);
 
+/// A read-bandwidth probe whose buffer is allocated and first touched once, so that it can be timed
+/// again and again beside the code it is compared with (one pass per measure()).
+class BandwidthProbe {
+ public:
+  /// bytes of buffer, first touched by threads threads (as measure() will read it).
+  BandwidthProbe(std::size_t bytes, unsigned threads);
+  ~BandwidthProbe();
+  BandwidthProbe(const BandwidthProbe&) = delete;
+  BandwidthProbe& operator=(const BandwidthProbe&) = delete;
+  /// GB/s of one streaming read-and-sum pass over the buffer, split across the threads.
+  double measure();
+
+ private:
+  float* buf_;
+  std::size_t n_;
+  unsigned threads_;
+};
+
 /// GFLOP/s of OpenBLAS sgemm on n x n matrices with this many OpenBLAS threads (best of reps).
 double sgemm_gflops(std::size_t n, int threads, int reps);
 

@@ -37,6 +37,8 @@ def parse_softkv_bench(text):
             out.setdefault(section, {})[m.group(1)] = tuple(float(m.group(i)) for i in range(2, 7))
     lim = re.search(r"read bandwidth ([\d.]+) GB/s \(1 thread\), ([\d.]+) GB/s .*sgemm ([\d.]+) GFLOP/s \(1 thread\), ([\d.]+) GFLOP/s", text)
     out["limits"] = tuple(float(x) for x in lim.groups()) if lim else None
+    beside = re.search(r"probed just before each \(median of \d+ rounds\): soft (\d+)%, hard (\d+)%", text)
+    out["beside"] = (float(beside.group(1)), float(beside.group(2))) if beside else None
     return out
 
 
@@ -219,15 +221,23 @@ def main():
     npy_b = py[big].get(f"numpy soft batch of 64")
     best_prune = max((float(m.group(3)) for m in re.finditer(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.e+-]+)", prune.split("flat (")[0], re.M)
                       if float(m.group(4)) <= 1e-2), default=0.0)
+    hard_batch = s["hard"]["softkv hard batch (per batch)"]
+    beside = s.get("beside")  # (soft %, hard %) of the bandwidth probed just before each query
+    soft_bw = f"{one[2]:.0f}% of the best probe" + (f", {beside[0]:.0f}% of the probe beside it" if beside else "")
+    hard_bw = f"{hard_row[2]:.0f}% of the best probe" + (f", {beside[1]:.0f}% of the probe beside it" if beside else "")
     goals = [
-        ("exact soft, 1 query at N = %d: >= 85%% of 2-thread read bandwidth" % big, f"{one[2]:.0f}%", one[2] >= 85),
+        ("exact soft, 1 query at N = %d: >= 90%% of 2-thread read bandwidth (probed beside it)" % big, soft_bw,
+         (beside[0] if beside else one[2]) >= 90),
+        ("... >= 1.0x numpy", f"{npy / one[0]:.2f}x" if npy else "n/a", bool(npy) and npy / one[0] >= 1.0),
         ("... >= 1.4x numpy", f"{npy / one[0]:.2f}x" if npy else "n/a", bool(npy) and npy / one[0] >= 1.4),
         ("... >= 2.5x PyTorch", f"{tch / one[0]:.2f}x" if tch else "n/a", bool(tch) and tch / one[0] >= 2.5),
-        ("batch of 64: >= 65% of 2-thread sgemm", f"{batch[4]:.0f}%", batch[4] >= 65),
+        ("soft batch of 64: >= 75% of 2-thread sgemm", f"{batch[4]:.0f}%", batch[4] >= 75),
         ("... >= 1.6x numpy", f"{npy_b / batch[0]:.2f}x" if npy_b else "n/a", bool(npy_b) and npy_b / batch[0] >= 1.6),
-        ("hard, 1 query: >= 90% of 2-thread read bandwidth (keys only)", f"{hard_row[2]:.0f}%", hard_row[2] >= 90),
+        ("hard, 1 query: >= 90% of 2-thread read bandwidth (keys only; probed beside it)", hard_bw,
+         (beside[1] if beside else hard_row[2]) >= 90),
         ("... >= 1.0x the strongest peer (FAISS IndexFlatIP, numpy and PyTorch argmax(K @ q))",
          f"{strongest_h / hard:.2f}x", strongest_h / hard >= 1.0),
+        ("hard batch of 64: >= 60% of 2-thread sgemm", f"{hard_batch[4]:.0f}%", hard_batch[4] >= 60),
         ("bench self-check: each softkv call in the suite within 10% of the same call alone (--only softkv)",
          f"worst {worst[0]} {100 * worst[1]:+.0f}%" if worst else "n/a", bool(worst) and abs(worst[1]) <= 0.10),
         ("pruned soft (IVF): >= 50x the exact scan at rel. error <= 1e-2", f"{best_prune:.1f}x", best_prune >= 50),
