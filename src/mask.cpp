@@ -32,36 +32,72 @@ void check_mask(const QueryOptions& options) {
 
 namespace {
 
-// Appends the rows that keep(tag) accepts to out, as runs. The loop reads the tags only, and steps over
-// rejected (and then accepted) rows eight at a time, testing a group without a branch per row: a 1%
-// mask over rows grouped by tag costs a pass over 8 bytes a row at close to memory speed.
-// Rows [first, last) of tags are tested; a run that continues the last one is merged into it.
+// Appends a run of rows [begin, end) to out, merged into the last run if it continues it.
+void append_run(EligibleRows& out, std::size_t begin, std::size_t end) {
+  if (!out.runs.empty() && out.runs.back().begin + out.runs.back().count == begin) out.runs.back().count += end - begin;
+  else out.runs.push_back({begin, end - begin});
+}
+
+// Appends the rows of [first, last) that keep(tag) accepts to out, as runs. The tags are tested 64 at a
+// time into a bit mask (each row once, without a branch), and the runs are read off the mask's bit
+// transitions: the cost is a pass over 8 bytes a row whether the rows alternate or come in long runs.
 template <class Keep>
 void collect_runs(std::span<const std::uint64_t> tags, std::size_t first, std::size_t last, const Keep& keep,
                   EligibleRows& out) {
-  constexpr std::size_t kGroup = 8;
   const std::uint64_t* t = tags.data();
-  const std::size_t n = last;
-  std::size_t r = first;
-  while (r < n) {
-    for (; r + kGroup <= n; r += kGroup) {
-      bool any = false;
-      for (std::size_t j = 0; j < kGroup; ++j) any |= keep(t[r + j]);
-      if (any) break;
+  bool open = false;
+  std::size_t begin = 0;
+  for (std::size_t r = first; r < last; r += 64) {
+    const std::size_t n = std::min<std::size_t>(64, last - r);
+    std::uint64_t bits = 0;
+    for (std::size_t j = 0; j < n; ++j) bits |= static_cast<std::uint64_t>(keep(t[r + j])) << j;
+    for (std::size_t j = 0; j < n;) {
+      const std::uint64_t next = open ? ~bits >> j : bits >> j;  // the next row whose test differs
+      if (next == 0) break;
+      j += static_cast<std::size_t>(__builtin_ctzll(next));
+      if (j >= n) break;
+      if (open) append_run(out, begin, r + j);
+      else begin = r + j;
+      open = !open;
     }
-    while (r < n && !keep(t[r])) ++r;
-    const std::size_t begin = r;
-    for (; r + kGroup <= n; r += kGroup) {
-      bool all = true;
-      for (std::size_t j = 0; j < kGroup; ++j) all &= keep(t[r + j]);
-      if (!all) break;
-    }
-    while (r < n && keep(t[r])) ++r;
-    if (r == begin) continue;
-    if (!out.runs.empty() && out.runs.back().begin + out.runs.back().count == begin) out.runs.back().count += r - begin;
-    else out.runs.push_back({begin, r - begin});
   }
+  if (open) append_run(out, begin, last);
 }
+
+// A set of more than 8 tags as an open-addressing hash table: one or two probes a test, where a
+// binary search would branch unpredictably log2(size) times.
+class TagSet {
+ public:
+  explicit TagSet(const std::vector<std::uint64_t>& sorted) {
+    std::size_t size = 16;
+    while (size < 2 * sorted.size()) size *= 2;
+    shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(size));
+    mask_ = size - 1;
+    for (const std::uint64_t t : sorted) {  // the empty marker: the smallest value not in the set
+      if (t != empty_) break;
+      ++empty_;
+    }
+    slots_.assign(size, empty_);
+    for (const std::uint64_t t : sorted) {
+      std::size_t i = slot(t);
+      while (slots_[i] != empty_) i = (i + 1) & mask_;
+      slots_[i] = t;
+    }
+  }
+  [[nodiscard]] bool contains(std::uint64_t t) const {
+    for (std::size_t i = slot(t);; i = (i + 1) & mask_) {
+      if (slots_[i] == t) return t != empty_;
+      if (slots_[i] == empty_) return false;
+    }
+  }
+
+ private:
+  [[nodiscard]] std::size_t slot(std::uint64_t t) const { return static_cast<std::size_t>((t * 0x9E3779B97F4A7C15ull) >> shift_); }
+  std::vector<std::uint64_t> slots_;
+  std::uint64_t empty_ = 0;
+  unsigned shift_ = 0;
+  std::size_t mask_ = 0;
+};
 
 // Tests the rows of every zone that may hold a tag keep accepts (may(lo, hi)); all rows without zones.
 template <class May, class Keep>
@@ -142,9 +178,8 @@ EligibleRows eligible_rows(std::span<const std::uint64_t> tags, const TagZones* 
     const auto it = std::lower_bound(any.begin(), any.end(), zlo);
     return it != any.end() && *it <= zhi;
   };
-  // Every test is branch-free (bitwise on the comparisons) so that collect_runs can test a group of
-  // rows at once: the range is two compares, one tag a third, up to 8 tags compared in turn; a larger
-  // set is searched.
+  // The tests are branch-free where they can be (bitwise on the comparisons): the range is two
+  // compares, one tag a third, up to 8 tags compared in turn; a larger set is a hash table.
   auto in_range = [lo, hi](std::uint64_t t) { return (t >= lo) & (t <= hi); };
   EligibleRows out;
   if (any.empty()) {
@@ -162,7 +197,8 @@ EligibleRows eligible_rows(std::span<const std::uint64_t> tags, const TagZones* 
       return in_range(t) & hit;
     }, out);
   } else {
-    collect_zones(tags, zones, may, [&](std::uint64_t t) { return in_range(t) && std::binary_search(any.begin(), any.end(), t); }, out);
+    const TagSet set(any);
+    collect_zones(tags, zones, may, [&](std::uint64_t t) { return in_range(t) & set.contains(t); }, out);
   }
   std::vector<std::size_t> excluded(excluded_rows.begin(), excluded_rows.end());
   excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());  // an id given twice

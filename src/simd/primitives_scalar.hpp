@@ -32,6 +32,14 @@ struct ScalarPrimitives {
 
   static float dot(const float* a, const float* b, std::size_t n) { return dot_as<Precision::f32>(a, b, n, 1.0f); }
 
+  // Every head's blend: head j's columns [j * dvh, (j + 1) * dvh) with weights w + j * stride.
+  template <Precision Pr>
+  static void blend_heads(float* acc, const float* w, std::size_t stride, std::size_t heads, const void* v,
+                          std::size_t rows, std::size_t dv) {
+    const std::size_t dvh = dv / heads;
+    for (std::size_t j = 0; j < heads; ++j) blend_rows<Pr>(acc, w + j * stride, v, rows, dv, j * dvh, (j + 1) * dvh);
+  }
+
   // acc[c] += w[r] * v[r * dv + c] for rows [0, rows) in order and columns [c0, c1), v stored at Pr.
   template <Precision Pr>
   static void blend_rows(float* acc, const float* w, const void* v, std::size_t rows, std::size_t dv, std::size_t c0,

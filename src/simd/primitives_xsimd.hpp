@@ -155,6 +155,32 @@ struct XsimdPrimitives {
 #endif
   }
 
+  // The sum of a vector's lanes by halving (upper half onto lower half, then again): one shuffle and
+  // one add a step, fewer instructions than xsimd::hadd's horizontal adds; every single-query score
+  // goes through it, so they all round alike.
+  static float reduce(V v) {
+    __m128 x;
+    if constexpr (W == 16) {
+#if defined(__AVX512F__)
+      const __m512 z = v;
+      const __m256 lo = _mm512_castps512_ps256(z);
+      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1));
+      const __m256 y = _mm256_add_ps(lo, hi);
+      x = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+#endif
+    } else if constexpr (W == 8) {
+#if defined(__AVX__)
+      const __m256 y = v;
+      x = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+#endif
+    } else {
+      x = v;
+    }
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+  }
+
   // a . row, the row stored at precision Pr and widened in registers; the same chains and reduction
   // for every precision, so a compact row scores what its float32 widening scores.
   template <Precision Pr>
@@ -168,7 +194,7 @@ struct XsimdPrimitives {
       s3 = xsimd::fma(load(a + i + 3 * W), load_as<Pr>(row, i + 3 * W, row_scale), s3);
     }
     for (; i + W <= n; i += W) s0 = xsimd::fma(load(a + i), load_as<Pr>(row, i, row_scale), s0);
-    float s = xsimd::hadd((s0 + s1) + (s2 + s3));
+    float s = reduce((s0 + s1) + (s2 + s3));
     for (; i < n; ++i) s = madd(a[i], element_as_float<Pr>(row, i, row_scale), s);
     return s;
   }
@@ -189,6 +215,64 @@ struct XsimdPrimitives {
       for (std::size_t j = 0; j < CV; ++j) a[j] = xsimd::fma(wv, load_as<Pr>(v, r * dv + c + j * W, 1.0f), a[j]);
     }
     for (std::size_t j = 0; j < CV; ++j) a[j].store_unaligned(acc + c + j * W);
+  }
+
+  // The same over several heads' columns at once: vector j of the tile (columns c + jW ..) belongs to
+  // head (c + jW) / dvh and takes its weights from w + head * stride. A tile spans heads, so short head
+  // slices (dvh = 64 is 4 vectors on avx512) still keep kBlendVecs independent accumulators busy.
+  template <Precision Pr, std::size_t CV>
+  static void blend_cols_heads(float* acc, const float* w, std::size_t stride, std::size_t dvh, const void* v,
+                               std::size_t rows, std::size_t dv, std::size_t c) {
+    const float* wj[CV];
+    V a[CV];
+    for (std::size_t j = 0; j < CV; ++j) {
+      wj[j] = w + (c + j * W) / dvh * stride;
+      a[j] = load(acc + c + j * W);
+    }
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < CV; ++j) a[j] = xsimd::fma(V(wj[j][r]), load_as<Pr>(v, r * dv + c + j * W, 1.0f), a[j]);
+    for (std::size_t j = 0; j < CV; ++j) a[j].store_unaligned(acc + c + j * W);
+  }
+
+  // The same when a head slice is VPH vectors (VPH divides CV): one broadcast per head in the tile
+  // and row instead of one per vector.
+  template <Precision Pr, std::size_t CV, std::size_t VPH>
+  static void blend_cols_heads_even(float* acc, const float* w, std::size_t stride, std::size_t dvh, const void* v,
+                                    std::size_t rows, std::size_t dv, std::size_t c) {
+    static_assert(CV % VPH == 0, "a tile holds whole head slices");
+    constexpr std::size_t H = CV / VPH;
+    const float* wh[H];
+    V a[CV];
+    for (std::size_t h = 0; h < H; ++h) wh[h] = w + (c + h * VPH * W) / dvh * stride;
+    for (std::size_t j = 0; j < CV; ++j) a[j] = load(acc + c + j * W);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t h = 0; h < H; ++h) {
+        const V wv(wh[h][r]);
+        for (std::size_t k = 0; k < VPH; ++k)
+          a[h * VPH + k] = xsimd::fma(wv, load_as<Pr>(v, r * dv + c + (h * VPH + k) * W, 1.0f), a[h * VPH + k]);
+      }
+    for (std::size_t j = 0; j < CV; ++j) a[j].store_unaligned(acc + c + j * W);
+  }
+
+  // Every head's blend over rows [0, rows): head j's columns [j * dvh, (j + 1) * dvh) with weights
+  // w + j * stride. When a head slice is whole vectors, tiles span heads; otherwise head by head.
+  template <Precision Pr>
+  static void blend_heads(float* acc, const float* w, std::size_t stride, std::size_t heads, const void* v,
+                          std::size_t rows, std::size_t dv) {
+    const std::size_t dvh = dv / heads;
+    if (heads == 1 || dvh % W != 0) {
+      for (std::size_t j = 0; j < heads; ++j) blend_rows<Pr>(acc, w + j * stride, v, rows, dv, j * dvh, (j + 1) * dvh);
+      return;
+    }
+    std::size_t c = 0;
+    const std::size_t vph = dvh / W;
+    for (; c + kBlendVecs * W <= dv; c += kBlendVecs * W) {
+      if (vph == 1) blend_cols_heads_even<Pr, kBlendVecs, 1>(acc, w, stride, dvh, v, rows, dv, c);
+      else if (vph == 2) blend_cols_heads_even<Pr, kBlendVecs, 2>(acc, w, stride, dvh, v, rows, dv, c);
+      else if (vph == 4) blend_cols_heads_even<Pr, kBlendVecs, 4>(acc, w, stride, dvh, v, rows, dv, c);
+      else blend_cols_heads<Pr, kBlendVecs>(acc, w, stride, dvh, v, rows, dv, c);
+    }
+    for (; c < dv; c += W) blend_cols_heads<Pr, 1>(acc, w, stride, dvh, v, rows, dv, c);
   }
 
   // acc[c] += w[r] * v[r * dv + c] for rows [0, rows) in order and columns [c0, c1), v stored at Pr:

@@ -1,6 +1,6 @@
 // The scan algorithms, written once over a primitives policy P and instantiated per instruction set.
 //
-// P provides: dot_as<Pr> and blend_rows<Pr> (single-query products over rows stored at precision Pr,
+// P provides: dot_as<Pr>, blend_rows<Pr> and blend_heads<Pr> (single-query products over rows stored at precision Pr,
 // converted in registers), widen_f16, widen_bf16, widen_i8 (compact rows to float32, exactly, for the
 // batched scans), dot, max, exp_shifted, scale, and for the batched scans scores_block,
 // scale_columns, column_max, exp_columns, blend_block over lane-major blocks (see primitives_scalar.hpp for the
@@ -135,7 +135,7 @@ inline constexpr std::size_t kBlendChunkBytes = 16384;
 template <class P>
 void blend_block(float* acc, const float* weights, std::size_t stride, std::size_t heads, const RowSpan& span,
                  std::size_t start, std::size_t rows) {
-  const std::size_t dv = span.value_dim, dvh = dv / heads, row_bytes = span.value_row_bytes();
+  const std::size_t dv = span.value_dim, row_bytes = span.value_row_bytes();
   std::size_t chunk = row_bytes == 0 ? rows : kBlendChunkBytes / row_bytes;
   chunk = chunk < 1 ? 1 : chunk;
   with_value_precision(span.value_precision, [&](auto vp) {
@@ -143,8 +143,8 @@ void blend_block(float* acc, const float* weights, std::size_t stride, std::size
     const char* values = static_cast<const char*>(span.values) + start * row_bytes;
     for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
       const std::size_t n = rows - r0 < chunk ? rows - r0 : chunk;
-      for (std::size_t j = 0; j < heads; ++j)
-        P::template blend_rows<VP>(acc, weights + j * stride + r0, values + r0 * row_bytes, n, dv, j * dvh, (j + 1) * dvh);
+      if (heads == 1) P::template blend_rows<VP>(acc, weights + r0, values + r0 * row_bytes, n, dv, 0, dv);
+      else P::template blend_heads<VP>(acc, weights + r0, stride, heads, values + r0 * row_bytes, n, dv);
     }
   });
 }
