@@ -95,6 +95,10 @@ class Collection::Impl {
   [[nodiscard]] const detail::PruningIndex* index() const noexcept { return index_.get(); }
   /// Number of entries without the lock (it may lag a write in progress).
   [[nodiscard]] std::size_t size_hint() const noexcept { return size_hint_.load(std::memory_order_relaxed); }
+  /// Bytes a hard pass reads per row (the key as stored).
+  [[nodiscard]] std::size_t key_row_bytes() const noexcept { return keys_.row_bytes(); }
+  /// Bytes a soft pass reads per row (key and value as stored).
+  [[nodiscard]] std::size_t row_bytes() const noexcept { return keys_.row_bytes() + values_.row_bytes(); }
 
   // ---- writes (each takes the exclusive lock itself) ----
   /// Validates rows (ids empty: an add) and returns them as stored; throws the caller's typed errors.

@@ -309,7 +309,7 @@ TEST_CASE("heads: masks hide rows from every head, batches and coalescing agree 
 }
 
 TEST_CASE("heads: concurrent multi-head queries share passes, each equal to its double reference", "[heads][coalescing]") {
-  const std::size_t n = 6000, d = 32, dv = 16, h = 4;
+  const std::size_t n = 30000, d = 32, dv = 16, h = 4;  // 5.8 MB a pass: over the size at which queries coalesce
   Collection c(config(d, dv, h));
   const std::vector<float> keys = test::normal_floats(n * d, 41), values = test::normal_floats(n * dv, 42);
   c.add_batch(keys, values);
