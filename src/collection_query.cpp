@@ -463,6 +463,17 @@ std::vector<HardResult> hard_heads_batch(const Impl& impl, const float* q, const
   return out;
 }
 
+// One soft answer appended to a batch result (value, lse, max and, for multi-head, each head's).
+void append_soft(SoftBatchResult& result, const SoftResult& r) {
+  result.values.insert(result.values.end(), r.value.begin(), r.value.end());
+  result.lse.push_back(r.lse);
+  result.max_score.push_back(r.max_score);
+  for (const HeadResult& head : r.heads) {
+    result.head_lse.push_back(head.lse);
+    result.head_max_score.push_back(head.max_score);
+  }
+}
+
 // A batch's results, or its first failing query's error (a batched call answers all or throws).
 template <class Result>
 std::vector<Result> all_or_throw(std::vector<Result> results, const std::vector<std::exception_ptr>& errors) {
@@ -721,13 +732,7 @@ SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, con
       std::vector<std::exception_ptr> errors;
       SoftBatchResult result;
       for (const SoftResult& r : all_or_throw(soft_heads_batch(*impl_, q.data(), factors.data(), nq, options, errors), errors)) {
-        result.values.insert(result.values.end(), r.value.begin(), r.value.end());
-        result.lse.push_back(r.lse);
-        result.max_score.push_back(r.max_score);
-        for (const HeadResult& head : r.heads) {
-          result.head_lse.push_back(head.lse);
-          result.head_max_score.push_back(head.max_score);
-        }
+        append_soft(result, r);
       }
       return result;
     });
@@ -741,13 +746,7 @@ SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, con
     SoftBatchResult result;
     for (std::size_t b = 0; b < nq; ++b) {
       const SoftResult r = query_soft(queries.subspan(b * d, d), options);
-      result.values.insert(result.values.end(), r.value.begin(), r.value.end());
-      result.lse.push_back(r.lse);
-      result.max_score.push_back(r.max_score);
-      for (const HeadResult& head : r.heads) {
-        result.head_lse.push_back(head.lse);
-        result.head_max_score.push_back(head.max_score);
-      }
+      append_soft(result, r);
     }
     return result;
   }
