@@ -187,14 +187,6 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
   return result;
 }
 
-// Serves pending through its coalescer (alone at once, or in a later pass) and returns its answer or rethrows its error.
-template <class Pending, class Alone, class Batch>
-auto served(detail::Coalescer<Pending>& coalescer, Pending& pending, const Alone& alone, const Batch& batch) {
-  coalescer.run(pending, alone, batch);
-  if (pending.error) std::rethrow_exception(pending.error);
-  return std::move(pending.result);
-}
-
 // A pass that reads fewer bytes than this (about 100 us at the read bandwidth of the machines we
 // measured on) runs at once instead of waiting for the running pass: waking the next pass's leader
 // costs tens of microseconds on a loaded machine, which for a small collection is longer than the
@@ -202,17 +194,16 @@ auto served(detail::Coalescer<Pending>& coalescer, Pending& pending, const Alone
 // in passes of 1-2 queries, against 41,000/s with coalescing off).
 inline constexpr std::size_t kCoalesceMinBytes = std::size_t{4} << 20;
 
-// Serves pending through the coalescer: at once (counted as a pass of one) when a pass over bytes_per_row
-// bytes of each row is short, else with the next pass.
+// Serves pending through its coalescer and returns its answer or rethrows its error: at once (counted
+// as a pass of one) when a pass over bytes_per_row bytes of each of rows rows is short; otherwise at
+// once on an idle collection, or in a later pass.
 template <class Pending, class Alone, class Batch>
-auto served_sized(detail::Coalescer<Pending>& coalescer, Pending& pending, std::size_t rows, std::size_t bytes_per_row,
-                  const Alone& alone, const Batch& batch) {
-  if (rows * bytes_per_row < kCoalesceMinBytes) {
-    coalescer.run_now(pending, alone);
-    if (pending.error) std::rethrow_exception(pending.error);
-    return std::move(pending.result);
-  }
-  return served(coalescer, pending, alone, batch);
+auto served(detail::Coalescer<Pending>& coalescer, Pending& pending, std::size_t rows, std::size_t bytes_per_row,
+            const Alone& alone, const Batch& batch) {
+  if (rows * bytes_per_row < kCoalesceMinBytes) coalescer.run_now(pending, alone);
+  else coalescer.run(pending, alone, batch);
+  if (pending.error) std::rethrow_exception(pending.error);
+  return std::move(pending.result);
 }
 
 // The waiting queries of one pass side by side (row-major nq x d) with their factors, as the batch kernels take them.
@@ -650,7 +641,7 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
         detail::SoftPending pending;
         pending.query = q.data();
         pending.factors = factor.data();
-        return served_sized(impl_->soft_coalescer(), pending, impl_->size_hint(), impl_->row_bytes(),
+        return served(impl_->soft_coalescer(), pending, impl_->size_hint(), impl_->row_bytes(),
                       [&](detail::SoftPending& me) { me.result = soft_heads(*impl_, me.query, me.factors, options); },
                       [&](std::span<detail::SoftPending* const> members) {
                         heads_pass(*impl_, members, options, [](auto&&... a) { return soft_heads_batch(a...); });
@@ -665,7 +656,7 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
       pending.query = q.data();
       pending.factor = factor[0];
       pending.top_m = options.top_m;
-      return served_sized(impl_->soft_coalescer(), pending, impl_->size_hint(), impl_->row_bytes(),
+      return served(impl_->soft_coalescer(), pending, impl_->size_hint(), impl_->row_bytes(),
                     [&](detail::SoftPending& me) { me.result = soft_one(*impl_, me.query, me.factor, options); },
                     [&](std::span<detail::SoftPending* const> members) { soft_pass(*impl_, members, options); });
     });
@@ -697,7 +688,7 @@ HardResult Collection::query_hard(std::span<const float> query, const QueryOptio
       detail::HardPending pending;
       pending.query = q.data();
       pending.factors = factor.data();
-      return served_sized(impl_->hard_coalescer(), pending, impl_->size_hint(), impl_->key_row_bytes(),
+      return served(impl_->hard_coalescer(), pending, impl_->size_hint(), impl_->key_row_bytes(),
                     [&](detail::HardPending& me) { me.result = hard_heads(*impl_, me.query, me.factors, options); },
                     [&](std::span<detail::HardPending* const> members) {
                       heads_pass(*impl_, members, options, [](auto&&... a) { return hard_heads_batch(a...); });
@@ -711,7 +702,7 @@ HardResult Collection::query_hard(std::span<const float> query, const QueryOptio
     detail::HardPending pending;
     pending.query = q.data();
     pending.factor = factor[0];
-    return served_sized(impl_->hard_coalescer(), pending, impl_->size_hint(), impl_->key_row_bytes(),
+    return served(impl_->hard_coalescer(), pending, impl_->size_hint(), impl_->key_row_bytes(),
                   [&](detail::HardPending& me) { me.result = hard_one(*impl_, me.query, me.factor, options); },
                   [&](std::span<detail::HardPending* const> members) { hard_pass(*impl_, members, options); });
   });

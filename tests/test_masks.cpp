@@ -627,3 +627,34 @@ TEST_CASE("masks over many zones answer from the live tags after upserts move ta
     check_value(r.value, ref);
   }
 }
+
+TEST_CASE("a tag set of more than 8 tags holding 0, 2^64-1 and runs of small tags keeps exactly its tags", "[mask]") {
+  // More than 8 tags take the hash-set test, whose empty slot is the smallest tag not in the set:
+  // sets that hold 0, 1, 2, ... and the extremes must still keep exactly their own rows.
+  Collection c({.dim = 2, .value_dim = 1});
+  const std::vector<std::uint64_t> row_tags = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1ull << 31, 1ull << 32, kMaxTag - 1, kMaxTag};
+  std::vector<float> keys, values;
+  for (std::size_t i = 0; i < row_tags.size(); ++i) {
+    keys.insert(keys.end(), {1.0f, float(i)});
+    values.push_back(float(i));
+  }
+  c.add_batch(keys, values, row_tags);
+  const std::vector<std::vector<std::uint64_t>> sets = {
+      {0, 1, 2, 3, 4, 5, 6, 7, 8, 9},                    // 0.. : the empty marker becomes 10
+      {0, 2, 4, 6, 8, 10, kMaxTag, kMaxTag - 1, 1ull << 31},
+      {kMaxTag, 1ull << 32, 11, 9, 7, 5, 3, 1, 12345},    // one tag no row has
+      {100, 101, 102, 103, 104, 105, 106, 107, 108},      // none of the rows
+  };
+  for (const auto& set : sets) {
+    QueryOptions o;
+    o.tags_any = set;
+    std::size_t expected = 0;
+    for (std::uint64_t t : row_tags) expected += std::find(set.begin(), set.end(), t) != set.end();
+    CHECK(c.eligible_count(o) == expected);
+    if (expected == 0) continue;
+    QueryOptions all = o;
+    all.top_m = row_tags.size();
+    for (const Contributor& t : c.query_soft(std::vector<float>{1, 0}, all).top)
+      CHECK(std::find(set.begin(), set.end(), c.get(t.id).tag) != set.end());
+  }
+}
