@@ -110,7 +110,9 @@ TEST_CASE("heads: soft answers equal h single-head collections on the slices and
   const std::string path = any_path();
   ForcedPath forced(path);
   const auto [d, dv, h, n] = GENERATE(table<std::size_t, std::size_t, std::size_t, std::size_t>(
-      {{2, 2, 2, 1}, {8, 4, 2, 300}, {12, 6, 3, 257}, {64, 64, 8, 600}, {16, 32, 16, 70}, {33, 11, 11, 513}}));
+      {{2, 2, 2, 1}, {8, 4, 2, 300}, {12, 6, 3, 257}, {64, 64, 8, 600}, {16, 32, 16, 70}, {33, 11, 11, 513},
+       // slices of 16, 32, 64 and 128 floats in groups of 8 heads: the scans sum 8 heads' dot products together
+       {128, 64, 8, 260}, {256, 128, 8, 300}, {512, 512, 8, 270}, {1024, 64, 8, 70}, {512, 256, 16, 90}, {256, 32, 16, 40}}));
   const bool cosine = GENERATE(false, true);
   CAPTURE(path, d, dv, h, n, cosine);
   const Metric metric = cosine ? Metric::cosine : Metric::dot;
@@ -130,6 +132,7 @@ TEST_CASE("heads: soft answers equal h single-head collections on the slices and
     o.top_m = 3;
     o.threads = 1;
     const SoftResult r = multi.query_soft(q, o);
+    const HardResult hard = multi.query_hard(q, o);
     REQUIRE(r.value.size() == dv);
     REQUIRE(r.heads.size() == (h > 1 ? h : 0));
     CHECK(r.candidates == n);
@@ -155,6 +158,11 @@ TEST_CASE("heads: soft answers equal h single-head collections on the slices and
       for (std::size_t t = 0; t < head.top.size(); ++t) {
         CHECK(head.top[t].id == one.top[t].id);
         CHECK(head.top[t].weight == one.top[t].weight);
+      }
+      if (h > 1) {  // hard: head j's winner and score are those of its slices alone
+        const HardResult hard_one = singles[j].query_hard(slice(q, d, j, dh), o);
+        CHECK(hard.head_ids[j] == hard_one.id);
+        CHECK(hard.head_scores[j] == hard_one.score);
       }
       CHECK(std::fabs(head.lse - ref.heads[j].lse) < 1e-5 * std::max(1.0, std::fabs(ref.heads[j].lse)));
       CHECK(std::fabs(head.max_score - ref.heads[j].max_score) < 1e-5 * std::max(1.0, std::fabs(ref.heads[j].max_score)));

@@ -164,7 +164,7 @@ TEST_CASE("i8 scale: the smallest power of two that fits the largest magnitude i
 }
 
 TEST_CASE("every kernel path at every precision equals the float32 kernel on the stored rows, bit for bit", "[precision][kernels]") {
-  const std::vector<std::size_t> dims = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 127, 128, 129, 300, 768};
+  const std::vector<std::size_t> dims = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 127, 128, 129, 300, 512, 768};
   for (const KernelTable* k : all_paths()) {
     for (const Case& c : kCases) {
       for (std::size_t d : dims) {
@@ -201,7 +201,7 @@ TEST_CASE("every kernel path at every precision equals the float32 kernel on the
         REQUIRE(bits(hc.score) == bits(hf.score));
 
         // Multi-head scans convert in registers too: the same bits as on the widened rows.
-        for (std::size_t heads : {std::size_t{2}, std::size_t{3}}) {
+        for (std::size_t heads : {std::size_t{2}, std::size_t{3}, std::size_t{8}}) {  // d = 128, 512: 8 slices of 16, 64
           if (d % heads != 0 || dv % heads != 0) continue;
           const std::vector<float> hs(heads, scale);
           std::vector<float> hmc(heads, -INFINITY), hsc(heads, 0.0f), hac(dv, 0.0f);

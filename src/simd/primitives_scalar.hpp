@@ -32,6 +32,9 @@ struct ScalarPrimitives {
 
   static float dot(const float* a, const float* b, std::size_t n) { return dot_as<Precision::f32>(a, b, n, 1.0f); }
 
+  // The scans score heads one dot_as at a time on this path (no joint reduction).
+  static constexpr bool kJointHeads = false;
+
   // Every head's blend: head j's columns [j * dvh, (j + 1) * dvh) with weights w + j * stride.
   template <Precision Pr>
   static void blend_heads(float* acc, const float* w, std::size_t stride, std::size_t heads, const void* v,

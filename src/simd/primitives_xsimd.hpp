@@ -181,11 +181,11 @@ struct XsimdPrimitives {
     return _mm_cvtss_f32(x);
   }
 
-  // a . row, the row stored at precision Pr and widened in registers; the same chains and reduction
-  // for every precision, so a compact row scores what its float32 widening scores.
+  // The vector part of a . row over its first n - n % W elements (four chains hide the FMA latency),
+  // the chains added in a fixed order; dot_as reduces it and adds the tail.
   template <Precision Pr>
-  static float dot_as(const float* a, const void* row, std::size_t n, float row_scale) {
-    V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);  // four chains hide the FMA latency
+  [[gnu::always_inline]] static V chains_as(const float* a, const void* row, std::size_t n, float row_scale) {
+    V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
     std::size_t i = 0;
     for (; i + 4 * W <= n; i += 4 * W) {
       s0 = xsimd::fma(load(a + i), load_as<Pr>(row, i, row_scale), s0);
@@ -194,12 +194,93 @@ struct XsimdPrimitives {
       s3 = xsimd::fma(load(a + i + 3 * W), load_as<Pr>(row, i + 3 * W, row_scale), s3);
     }
     for (; i + W <= n; i += W) s0 = xsimd::fma(load(a + i), load_as<Pr>(row, i, row_scale), s0);
-    float s = reduce((s0 + s1) + (s2 + s3));
-    for (; i < n; ++i) s = madd(a[i], element_as_float<Pr>(row, i, row_scale), s);
+    return (s0 + s1) + (s2 + s3);
+  }
+
+  // a . row, the row stored at precision Pr and widened in registers; the same chains and reduction
+  // for every precision, so a compact row scores what its float32 widening scores.
+  template <Precision Pr>
+  static float dot_as(const float* a, const void* row, std::size_t n, float row_scale) {
+    float s = reduce(chains_as<Pr>(a, row, n, row_scale));
+    for (std::size_t i = n - n % W; i < n; ++i) s = madd(a[i], element_as_float<Pr>(row, i, row_scale), s);
     return s;
   }
 
   static float dot(const float* a, const float* b, std::size_t n) { return dot_as<Precision::f32>(a, b, n, 1.0f); }
+
+  // Whether this instruction set has reduce8 and transpose_heads (avx2 and avx512); the scans score
+  // heads one horizontal sum at a time where it has not.
+  static constexpr bool kJointHeads = W == 16 || W == 8;
+
+  // Eight vectors summed lane by lane together, times eight scales: out[j] = scales[j] * reduce(v[j])
+  // bit for bit. The same pairs of lanes are added in the same order as reduce adds them (upper half
+  // onto lower half, then again), but each shuffle and add serves two to eight vectors at once, and
+  // the eight sums leave as one 8-float store.
+  static void reduce8(const V* v, const float* scales, float* out) {
+    __m256 sums;
+    if constexpr (W == 16) {
+#if defined(__AVX512F__)
+      __m512 y[4], x[2];
+      for (int k = 0; k < 4; ++k) {  // lane i + 8 onto lane i: two vectors' 256-bit halves side by side
+        const __m512 a = v[2 * k], b = v[2 * k + 1];
+        y[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+      }
+      for (int k = 0; k < 2; ++k)  // lane i + 4 onto lane i: 128-bit chunk c now holds vector 4k + c
+        x[k] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+      // lane 2 onto 0 and 3 onto 1, then lane 1 onto 0: chunk c ends as [v[c], v[c + 4], ...]
+      const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+      const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(z, z, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(z, z, _MM_SHUFFLE(3, 1, 3, 1)));
+      sums = _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), f));
+#endif
+    } else if constexpr (W == 8) {
+#if defined(__AVX2__)
+      __m256 x[4], z[2];
+      for (int k = 0; k < 4; ++k) {  // lane i + 4 onto lane i: 128-bit chunk c now holds vector 2k + c
+        const __m256 a = v[2 * k], b = v[2 * k + 1];
+        x[k] = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+      }
+      for (int k = 0; k < 2; ++k)  // lane 2 onto 0, 3 onto 1
+        z[k] = _mm256_add_ps(_mm256_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+      // lane 1 onto 0: chunk 0 ends as vectors 0, 2, 4, 6 and chunk 1 as 1, 3, 5, 7
+      const __m256 f = _mm256_add_ps(_mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+      sums = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+#endif
+    }
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_loadu_ps(scales), sums));
+  }
+
+  // Rows x heads scores stored row by row (heads a multiple of 8, row r at in + r * heads) to head by
+  // head (head j's at out + j * stride), 8 x 8 floats at a time.
+  static void transpose_heads(const float* in, std::size_t rows, std::size_t heads, float* out, std::size_t stride) {
+    std::size_t r = 0;
+#if defined(__AVX__)
+    for (; r + 8 <= rows; r += 8)
+      for (std::size_t g = 0; g < heads; g += 8) {
+        __m256 t[8], u[8];
+        for (int i = 0; i < 8; ++i) t[i] = _mm256_loadu_ps(in + (r + i) * heads + g);
+        for (int i = 0; i < 8; i += 2) {
+          u[i] = _mm256_unpacklo_ps(t[i], t[i + 1]);
+          u[i + 1] = _mm256_unpackhi_ps(t[i], t[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4) {
+          t[i] = _mm256_shuffle_ps(u[i], u[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+          t[i + 1] = _mm256_shuffle_ps(u[i], u[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+          t[i + 2] = _mm256_shuffle_ps(u[i + 1], u[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+          t[i + 3] = _mm256_shuffle_ps(u[i + 1], u[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+        }
+        for (int j = 0; j < 4; ++j) {  // t[j] holds head g + j (lanes 0-3) and g + 4 + j (lanes 4-7) of rows r..r+3
+          _mm256_storeu_ps(out + (g + j) * stride + r, _mm256_permute2f128_ps(t[j], t[j + 4], 0x20));
+          _mm256_storeu_ps(out + (g + j + 4) * stride + r, _mm256_permute2f128_ps(t[j], t[j + 4], 0x31));
+        }
+      }
+#endif
+    for (; r < rows; ++r)
+      for (std::size_t j = 0; j < heads; ++j) out[j * stride + r] = in[r * heads + j];
+  }
 
   // Accumulators kept in registers across the rows of a blend: 8 vectors (128 floats on avx512).
   static constexpr std::size_t kBlendVecs = 8;
