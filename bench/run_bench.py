@@ -39,6 +39,8 @@ def parse_softkv_bench(text):
     out["limits"] = tuple(float(x) for x in lim.groups()) if lim else None
     beside = re.search(r"probed just before each \(median of \d+ rounds\): soft (\d+)%, hard (\d+)%", text)
     out["beside"] = (float(beside.group(1)), float(beside.group(2))) if beside else None
+    foreign = re.search(r"^foreign threads while softkv was timed[^:]*:(.*)$", text, re.M)
+    out["foreign"] = max((float(x) for x in re.findall(r" ([\d.]+);", foreign.group(1))), default=0.0) if foreign else None
     return out
 
 
@@ -216,7 +218,21 @@ def main():
     strongest_h = min(x for x in (faiss, npy_h, tch_h) if x)
     checked = [("soft1", "softkv (auto threads)"), ("batch", "softkv batch"), ("hard", "softkv hard"), ("hard", "softkv hard batch (per batch)")]
     drift = {name: s[sec][name][0] / alone[sec][name][0] - 1 for sec, name in checked if name in alone.get(sec, {})}
-    worst = max(drift.items(), key=lambda kv: abs(kv[1])) if drift else None
+    worst_raw = max(drift.items(), key=lambda kv: abs(kv[1])) if drift else None
+    # The self-check compares each call's share of the limit probed in its own run: single queries
+    # against the bandwidth probed just before each (the VM's bandwidth drifts by a third between
+    # minutes, so the suite's and the lone run's milliseconds may come from different bandwidth
+    # phases), batches against the run's sgemm. A baseline's threads stealing softkv's cores would not
+    # cancel out of it: the same run counts the cores foreign threads kept busy while softkv was timed.
+    shares = {}
+    if s.get("beside") and alone.get("beside"):
+        shares["soft 1 query (% of bandwidth beside)"] = s["beside"][0] / alone["beside"][0] - 1
+        shares["hard 1 query (% of bandwidth beside)"] = s["beside"][1] / alone["beside"][1] - 1
+    for sec, name in checked[1::2]:  # the two batches: % of the run's sgemm
+        if name in alone.get(sec, {}):
+            shares[f"{name} (% of sgemm)"] = s[sec][name][4] / alone[sec][name][4] - 1
+    worst = max(shares.items(), key=lambda kv: abs(kv[1])) if shares else None
+    foreign = max(x for x in (s.get("foreign"), alone.get("foreign"), 0.0) if x is not None)
     npy, tch = py[big].get("numpy soft 1 query"), py[big].get("torch soft 1 query")
     npy_b = py[big].get(f"numpy soft batch of 64")
     best_prune = max((float(m.group(3)) for m in re.finditer(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.e+-]+)", prune.split("flat (")[0], re.M)
@@ -238,8 +254,11 @@ def main():
         ("... >= 1.0x the strongest peer (FAISS IndexFlatIP, numpy and PyTorch argmax(K @ q))",
          f"{strongest_h / hard:.2f}x", strongest_h / hard >= 1.0),
         ("hard batch of 64: >= 60% of 2-thread sgemm", f"{hard_batch[4]:.0f}%", hard_batch[4] >= 60),
-        ("bench self-check: each softkv call in the suite within 10% of the same call alone (--only softkv)",
-         f"worst {worst[0]} {100 * worst[1]:+.0f}%" if worst else "n/a", bool(worst) and abs(worst[1]) <= 0.10),
+        ("bench self-check: each softkv call in the suite within 10% of the same call alone (--only softkv), each as a "
+         "share of the limit probed in its run (bandwidth beside it / sgemm), and no foreign thread busy while softkv ran",
+         (f"worst {worst[0]} {100 * worst[1]:+.0f}%" if worst else "n/a") + f"; foreign threads {foreign:.2f} cores"
+         + (f" (milliseconds alone: worst {worst_raw[0]} {100 * worst_raw[1]:+.0f}%)" if worst_raw else ""),
+         bool(worst) and abs(worst[1]) <= 0.10 and foreign <= 0.05),
         ("pruned soft (IVF): >= 50x the exact scan at rel. error <= 1e-2", f"{best_prune:.1f}x", best_prune >= 50),
     ]
     module_goals, module_lines = module_section(parse_module(module_text), npy / one[0] if npy else None,
