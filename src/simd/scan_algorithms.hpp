@@ -137,7 +137,21 @@ template <class P, Precision KP>
   const std::size_t d = span.dim, row_bytes = span.key_row_bytes();
   const char* keys = static_cast<const char*>(span.keys) + start * row_bytes;
   Prefetcher pf(keys, rows * row_bytes);
-  for (std::size_t r = 0; r < rows; ++r) {
+  std::size_t r = 0;
+  if constexpr (P::kJointHeads) {
+    if (d % P::W == 0) {
+      for (; r + 2 <= rows; r += 2) {
+        const float s0 = KP == Precision::i8 ? span.key_scales[start + r] : 1.0f;
+        const float s1 = KP == Precision::i8 ? span.key_scales[start + r + 1] : 1.0f;
+        pf.upto(keys + (r + 2) * row_bytes);
+        typename P::V v0, v1;
+        P::template chains2_as<KP>(q, keys + r * row_bytes, keys + (r + 1) * row_bytes, d, s0, s1, v0, v1);
+        scores[r] = scale * P::reduce(v0);
+        scores[r + 1] = scale * P::reduce(v1);
+      }
+    }
+  }
+  for (; r < rows; ++r) {
     const float row_scale = KP == Precision::i8 ? span.key_scales[start + r] : 1.0f;
     pf.upto(keys + (r + 1) * row_bytes);
     scores[r] = scale * P::template dot_as<KP>(q, keys + r * row_bytes, d, row_scale);
