@@ -93,13 +93,6 @@ class SoftkvTimer {
     foreign_.emplace_back(label, (softkv::bench::foreign_cpu_seconds() - cpu0) / wall);
     return ms;
   }
-  void print() const {
-    std::printf("foreign threads while softkv was timed (cores they kept busy; 0 = softkv had the machine):");
-    for (const auto& [label, cores] : foreign_) std::printf(" %s %.2f;", label.c_str(), cores);
-    std::printf("\n");
-  }
-
- private:
   // Waits (up to 5 s) until the other threads of the process are asleep: OpenBLAS's workers spin for
   // a while after each call, and on a 2-core machine a spinning worker takes a core softkv's scan
   // needs (measured: 0.44 cores busy while the hard query that follows the batch section's sgemm was
@@ -114,7 +107,13 @@ class SoftkvTimer {
       before = now;
     }
   }
+  void print() const {
+    std::printf("foreign threads while softkv was timed (cores they kept busy; 0 = softkv had the machine):");
+    for (const auto& [label, cores] : foreign_) std::printf(" %s %.2f;", label.c_str(), cores);
+    std::printf("\n");
+  }
 
+ private:
   std::vector<std::pair<std::string, double>> foreign_;
 };
 
@@ -246,8 +245,22 @@ int main(int argc, char** argv) {
     std::sort(x.begin(), x.end());
     return x[x.size() / 2];
   };
-  report.text("single queries vs the %u-thread bandwidth probed just before each (median of %d rounds): soft %.0f%%, hard %.0f%%\n\n",
+  report.text("single queries vs the %u-thread bandwidth probed just before each (median of %d rounds): soft %.0f%%, hard %.0f%%\n",
               cores, 2 * reps + 1, 100.0 * median(soft_share), 100.0 * median(hard_share));
+  // The same for the batches against sgemm: the VM's compute drifts too (one vCPU measured 15%
+  // slower than the other for minutes while a neighbour ran), so each round probes OpenBLAS sgemm on
+  // all cores, waits for its workers to sleep, then times one soft and one hard batch.
+  std::vector<double> batch_share, hbatch_share;
+  for (int r = 0; r < 2 * reps + 1; ++r) {
+    const double gf = softkv::bench::sgemm_gflops(2048, static_cast<int>(cores), 1);
+    SoftkvTimer::settle();
+    const double tb = median_ms(1, [&] { br = c.query_soft_batch(qs); });
+    const double thb = median_ms(1, [&] { hb = c.query_hard_batch(qs); });
+    batch_share.push_back(flops * static_cast<double>(nq) / tb / 1e6 / gf);
+    hbatch_share.push_back(kflops * static_cast<double>(nq) / thb / 1e6 / gf);
+  }
+  report.text("batches vs the %u-thread sgemm probed just before each (median of %d rounds): soft batch %.0f%%, hard batch %.0f%%\n\n",
+              cores, 2 * reps + 1, 100.0 * median(batch_share), 100.0 * median(hbatch_share));
 
   if (!baselines) {
     limits.probe(bw_bytes, cores, reps);
