@@ -85,9 +85,8 @@ class Widener {
 
 // Software prefetch of a stream of rows, kAhead bytes ahead of the reads. The hardware prefetchers stop
 // at every 4 KiB page, and a row of d = 512 floats is half a page: without this a scan stalls at the
-// start of every page. Measured on the Zen 5 VM (2 threads, bench/softkv_bench and bench/heads_bench):
-// single soft queries at d = 128 from 87% to 93-96% of the bandwidth probed beside them, hard from 76%
-// to 82-88%; the multi-head key pass (d = 512, h = 8) 20% faster.
+// start of every page. What it gained, and the distances tried, are in bench/analysis.md and
+// bench/results/HEADS.md (measured with the key and value passes prefetching together).
 class Prefetcher {
  public:
   static constexpr std::size_t kAhead = 4096;
@@ -333,13 +332,6 @@ void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, 
   }
 }
 
-// Scratch of heads x kScanBlockRows floats, kept per thread (a masked scan calls per block).
-inline float* head_scratch(std::size_t floats) {
-  thread_local std::vector<float> buffer;
-  if (buffer.size() < floats) buffer.resize(floats);
-  return buffer.data();
-}
-
 // score_heads_rows where heads is a multiple of 8 and a slice is DH floats (whole vectors): each
 // group of eight heads' chains is reduced together (P::reduce8) into a row of heads scores, and the
 // block's rows are transposed to the head-major layout at the end. The same chains and lane pairs as
@@ -402,6 +394,13 @@ void score_heads_block(const float* q, const float* scales, std::size_t heads, c
                        std::size_t rows, float* scores) {
   with_precision(span.key_precision,
                  [&](auto kp) { score_heads_rows<P, decltype(kp)::value>(q, scales, heads, span, start, rows, scores); });
+}
+
+// Scratch of heads x kScanBlockRows floats, kept per thread (a masked scan calls per block).
+inline float* head_scratch(std::size_t floats) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
 }
 
 // Multi-head: per block one key pass scores every head, then each head's max and exponentials, then
