@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   app.add_option("--data", data, "data directory")->capture_default_str();
   app.add_option("--host", config.host, "bind address")->capture_default_str();
   app.add_option("--port", config.port, "port (0: any free port)")->capture_default_str();
+  app.add_option("--port-file", config.port_file,
+                 "once listening, write the bound port to this file (with --port 0: how a script learns the port without a race)");
   app.add_option("--threads", config.io_threads, "I/O threads")->capture_default_str();
   app.add_option("--workers", config.workers, "request threads (0: 64; they mostly wait, the scan pool computes)")->capture_default_str();
   std::string coalesce = "on";

@@ -19,6 +19,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -404,7 +406,20 @@ class Server::Impl {
   std::set<std::shared_ptr<Connection>> connections_set_;
 };
 
-Server::Server(Database& db, ServerConfig config) : impl_(std::make_unique<Impl>(db, std::move(config))) {}
+Server::Server(Database& db, ServerConfig config) : impl_(std::make_unique<Impl>(db, config)) {
+  if (config.port_file.empty()) return;
+  // Written whole under a temporary name and renamed: a reader polling for the file never sees a part.
+  const std::filesystem::path path(config.port_file), temp = path.string() + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << port() << '\n';
+    out.close();
+    if (!out) throw Error(ErrorCode::io_error, "cannot write the port file " + temp.string());
+  }
+  std::error_code ec;
+  std::filesystem::rename(temp, path, ec);
+  if (ec) throw Error(ErrorCode::io_error, "cannot rename " + temp.string() + " to " + path.string() + ": " + ec.message());
+}
 Server::~Server() = default;
 std::uint16_t Server::port() const { return impl_->port(); }
 void Server::run() { impl_->run(); }

@@ -36,13 +36,15 @@ struct ServerConfig {
   std::chrono::milliseconds reply_deadline{30000}; ///< time for a client to take a reply; a non-reader is closed
   std::function<void(std::string_view)> log;       ///< connection-level log lines (may be empty)
   RequestForwarder* forwarder = nullptr;           ///< sharded mode: engine requests go here, not to the Database
+  std::string port_file;  ///< when set, the bound port is written here (decimal, a newline; temp file + rename) once listening
 };
 
 /// Serves one Database over TCP until stop(). Binding happens in the constructor.
 class Server {
  public:
-  /// Binds and listens; throws Error(invalid_argument) for a non-loopback bind without a token
-  /// (unless insecure) and Error(io_error) if the address cannot be bound.
+  /// Binds and listens, then writes config.port_file if set; throws Error(invalid_argument) for a
+  /// non-loopback bind without a token (unless insecure) and Error(io_error) if the address cannot be
+  /// bound or the port file cannot be written.
   Server(Database& db, ServerConfig config);
   ~Server();
   Server(const Server&) = delete;

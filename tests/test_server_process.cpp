@@ -22,7 +22,7 @@
 #include <thread>
 
 #include "errors.hpp"
-#include "free_port.hpp"
+#include "port_file.hpp"
 #include "reference.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
@@ -35,7 +35,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using test::free_port;
+using test::new_port_file;
+using test::read_port_file;
 
 // softkv-server as a child process on a free port; waits until it accepts connections.
 // With nofile > 0 the child runs under RLIMIT_NOFILE nofile:nofile (soft and hard), as `ulimit -n`
@@ -45,8 +46,8 @@ struct ServerProcess {
   std::uint16_t port = 0;
   ServerProcess(const std::filesystem::path& data, std::vector<std::string> extra = {}, rlim_t nofile = 0,
                 const std::filesystem::path& log = "/dev/null") {
-    port = free_port();
-    std::vector<std::string> args = {SOFTKV_SERVER_BIN, "--data", data.string(), "--port", std::to_string(port)};
+    const std::filesystem::path port_file = new_port_file();
+    std::vector<std::string> args = {SOFTKV_SERVER_BIN, "--data", data.string(), "--port", "0", "--port-file", port_file.string()};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -66,12 +67,16 @@ struct ServerProcess {
       ::_exit(127);
     }
     for (int i = 0; i < 1200; ++i) {  // 30 s: under ctest -j2 next to mpirun jobs a start (or a log replay) can take seconds
-      try {
-        Client probe({"127.0.0.1", port});
+      if (const auto p = read_port_file(port_file)) {
+        port = *p;
+        std::filesystem::remove(port_file);
         return;
-      } catch (const Error&) {
-        std::this_thread::sleep_for(25ms);
       }
+      if (::waitpid(pid, nullptr, WNOHANG) == pid) {  // it exited (cannot bind, bad data): fail now
+        pid = 0;
+        FAIL("softkv-server exited before listening");
+      }
+      std::this_thread::sleep_for(25ms);
     }
     ::kill(pid, SIGKILL);  // the destructor will not run after a throwing constructor: leave no server behind
     ::waitpid(pid, nullptr, 0);
@@ -109,6 +114,30 @@ struct ServerProcess {
   }
 };
 
+// Runs softkv-server with `args` (after the binary) to its exit, output to `log`; its wait status
+// (killed after 10 s if it is still running: a start that should have been refused).
+int exit_status_of(const std::vector<std::string>& args, const std::filesystem::path& log) {
+  std::vector<std::string> all = {SOFTKV_SERVER_BIN};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string log_path = log.string();
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int out = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(out, STDOUT_FILENO);
+    ::dup2(out, STDERR_FILENO);
+    ::execve(SOFTKV_SERVER_BIN, argv.data(), environ);
+    ::_exit(127);
+  }
+  int status = 0;
+  for (int i = 0; i < 400 && ::waitpid(pid, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(25ms);
+  if (!WIFEXITED(status)) ::kill(pid, SIGKILL), ::waitpid(pid, &status, 0);
+  return status;
+}
+
 int connect_raw(std::uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -138,6 +167,27 @@ double p99_ping_ms(Client& c, int n) {
 }
 
 }  // namespace
+
+TEST_CASE("--port-file: the port bound with --port 0 is written whole; an unwritable path refuses the start", "[server]") {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.path);
+  {
+    ServerProcess server(dir.path / "data");  // started with --port 0 --port-file: the port read from the file
+    REQUIRE(server.port != 0);
+    Client c(server.client());  // the server this test started listens there (its collection list is empty)
+    CHECK(c.list_collections().empty());
+    c.create_collection("mine", {4, 4, Metric::dot, {}, {}});
+    CHECK(c.list_collections() == std::vector<std::string>{"mine"});
+  }
+  const auto log = dir.path / "refused.log";
+  const int status = exit_status_of({"--data", (dir.path / "data").string(), "--port", "0", "--port-file",
+                                     (dir.path / "no-such-dir" / "port").string()}, log);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) != 0);
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("cannot write the port file") != std::string::npos);
+}
 
 TEST_CASE("kill -9 of the server loses no acknowledged write", "[server][crash]") {
   std::mt19937_64 rng(11);
@@ -551,24 +601,9 @@ TEST_CASE("softkv-server --repair starts past a corrupt log record that otherwis
     f.write(&b, 1);
   }
   // Without --repair the server refuses to start, with a non-zero exit.
-  {
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      const int null = ::open("/dev/null", O_WRONLY);
-      ::dup2(null, STDOUT_FILENO);
-      ::dup2(null, STDERR_FILENO);
-      const std::string data_arg = data.string();
-      const char* argv[] = {SOFTKV_SERVER_BIN, "--data", data_arg.c_str(), "--port", "0", nullptr};
-      ::execve(SOFTKV_SERVER_BIN, const_cast<char**>(argv), environ);
-      ::_exit(127);
-    }
-    int status = 0;
-    for (int i = 0; i < 400 && ::waitpid(pid, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(25ms);
-    if (!WIFEXITED(status)) ::kill(pid, SIGKILL), ::waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 1);
-  }
+  const int status = exit_status_of({"--data", data.string(), "--port", "0"}, "/dev/null");
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
   // With --repair it starts, keeps the records before the damage, and says what it did.
   const auto log = dir.path / "repair.log";
   ServerProcess server(data, {"--repair"}, 0, log);

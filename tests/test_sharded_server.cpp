@@ -22,7 +22,7 @@
 #include <thread>
 
 #include "errors.hpp"
-#include "free_port.hpp"
+#include "port_file.hpp"
 #include "reference.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
@@ -39,7 +39,8 @@ std::size_t test_ranks() {
   return r != nullptr ? static_cast<std::size_t>(std::atoi(r)) : 2;
 }
 
-using test::free_port;
+using test::new_port_file;
+using test::read_port_file;
 
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -56,11 +57,12 @@ struct Job {
   Job(const std::filesystem::path& data, std::size_t ranks, const std::filesystem::path& log_path, bool wait_listening = true,
       const std::string& extra_env = "", const std::vector<std::string>& extra_args = {})
       : log(log_path) {
-    port = free_port();
+    const std::filesystem::path port_file = new_port_file();
     std::vector<std::string> args;
     if (ranks > 0) args = {SOFTKV_MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(ranks)};
     for (std::string a : {std::string(SOFTKV_SERVER_BIN), std::string("--data"), data.string(), std::string("--port"),
-                          std::to_string(port), std::string("--snapshot-after-mb"), std::string("0")})
+                          std::string("0"), std::string("--port-file"), port_file.string(), std::string("--snapshot-after-mb"),
+                          std::string("0")})
       args.push_back(a);
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     std::vector<char*> argv;
@@ -86,17 +88,17 @@ struct Job {
     ::setpgid(pid, pid);
     if (!wait_listening) return;
     for (int i = 0; i < 1200; ++i) {  // mpirun on a loaded 2-core machine: allow 60 s
-      try {
-        Client probe({"127.0.0.1", port});
+      if (const auto p = read_port_file(port_file)) {
+        port = *p;
+        std::filesystem::remove(port_file);
         return;
-      } catch (const Error&) {
-        int status = 0;
-        if (::waitpid(pid, &status, WNOHANG) == pid) {
-          pid = 0;
-          FAIL("the server exited before listening: " << read_file(log));
-        }
-        std::this_thread::sleep_for(50ms);
       }
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = 0;
+        FAIL("the server exited before listening: " << read_file(log));
+      }
+      std::this_thread::sleep_for(50ms);
     }
     kill_group();
     FAIL("the server did not start listening: " << read_file(log));

@@ -9,11 +9,9 @@ softkv command-line tool writing .npy) and against the native module on the same
 import argparse
 import functools
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 import numpy as np
@@ -21,6 +19,7 @@ import numpy as np
 import softkv
 import softkv.client
 from softkv import Error as SoftkvError
+from server_process import start_server
 
 Client = softkv.Client  # held to --protocol in main()
 
@@ -28,12 +27,6 @@ ARGS = None
 PORT = None
 SERVER = None
 WORK = None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def reference_soft(keys, values, q, scale):
@@ -409,16 +402,9 @@ def main():
     Client = functools.partial(softkv.Client, protocol_version=ARGS.protocol)
     with tempfile.TemporaryDirectory() as work:
         WORK = work
-        PORT = free_port()
-        SERVER = subprocess.Popen([ARGS.server, "--data", os.path.join(work, "data"), "--port", str(PORT), "--fsync", "never"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        SERVER, PORT = start_server([ARGS.server, "--data", os.path.join(work, "data"), "--fsync", "never"],
+                                    os.path.join(work, "server.log"))
         try:
-            for _ in range(100):  # wait until it listens
-                try:
-                    socket.create_connection(("127.0.0.1", PORT), timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.05)
             result = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2).result
         finally:
             SERVER.terminate()

@@ -9,43 +9,16 @@ ties across ranks to the smallest id, pruned answers), and both must match a flo
 import argparse
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 import numpy as np
 
 import softkv
+from server_process import start_server
 
 ARGS = None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(cmd, log_path):
-    """Starts a server in its own session (so the whole mpirun job can be killed) and waits for it."""
-    port = free_port()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd + ["--port", str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{cmd[0]} exited with {proc.returncode}: {open(log_path).read()}")
-        try:
-            softkv.Client(port=port).close()
-            return proc, port
-        except OSError:
-            time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    raise AssertionError(f"{cmd[0]} did not start listening: {open(log_path).read()}")
 
 
 def reference_soft(keys, values, q, scale):
@@ -62,9 +35,9 @@ class ShardedClientTest(unittest.TestCase):
         cls.work = tempfile.TemporaryDirectory()
         w = cls.work.name
         cls.procs = []
-        single, cls.single_port = start([ARGS.server, "--data", os.path.join(w, "single")], os.path.join(w, "single.log"))
+        single, cls.single_port = start_server([ARGS.server, "--data", os.path.join(w, "single")], os.path.join(w, "single.log"))
         cls.procs.append(single)
-        sharded, cls.sharded_port = start([ARGS.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ARGS.ranks),
+        sharded, cls.sharded_port = start_server([ARGS.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ARGS.ranks),
                                            ARGS.server, "--data", os.path.join(w, "sharded")], os.path.join(w, "sharded.log"))
         cls.procs.append(sharded)
 
