@@ -133,6 +133,15 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(set(after), {"queries", "passes", "max_batch"})
             self.assertEqual(after["queries"], before["queries"] + 2)
             self.assertGreaterEqual(after["passes"], before["passes"] + 1)
+            # A batch request answered by one batched pass is not counted; one answered query by query
+            # (soft with top_m > 0) counts each of its queries as a single query (PROTOCOL.md).
+            c.query_soft_batch("py", self.queries[:3])
+            c.query_hard_batch("py", self.queries[:3])
+            if ARGS.protocol >= 2:
+                c.query_soft("py", self.queries[0], exclude=[0])  # masked: never waits, not counted
+            self.assertEqual(c.query_stats("py"), after)
+            c.query_soft_batch("py", self.queries[:3], top_m=2)
+            self.assertEqual(c.query_stats("py")["queries"], after["queries"] + 3)
             with self.assertRaises(softkv.UnknownCollection):
                 c.query_stats("no-such-collection")
 
@@ -367,9 +376,13 @@ class HeadsTest(unittest.TestCase):
             it = c.query_soft(self.name, self.q, iterations=5, tolerance=1e-5)
             np.testing.assert_array_equal(it.value, self.local.query_soft(self.q, iterations=5, tolerance=1e-5).value)
             self.assertTrue(1 <= it.iterations_run <= 5)
+            before = c.query_stats(self.name)["queries"]
+            c.query_soft(self.name, self.q, top_m=2)  # multi-head with top_m: never waits, not counted
+            self.assertEqual(c.query_stats(self.name)["queries"], before)
             sb = c.query_soft_batch(self.name, np.stack([self.q, self.q]), iterations=3)
             self.assertEqual(sb.head_lse.shape, (2, self.h))
             self.assertEqual(list(sb.iterations_run), [3, 3])
+            self.assertEqual(c.query_stats(self.name)["queries"], before + 6)  # each iteration counts as a query
             for bad in (dict(iterations=0), dict(iterations=1001), dict(iterations=2, tolerance=float("nan")),
                         dict(iterations=2, tolerance=-1.0)):
                 with self.assertRaises(softkv.InvalidArgument):
