@@ -88,7 +88,8 @@ std::vector<float> heads_blended_value(const KernelTable& k, const float* query,
     walker.walk(rows.runs, [&](const RowSpan& block, const std::size_t*, std::size_t) {
       for (std::size_t r = 0; r < block.rows; ++r) {
         key_row(block, r, key.data());
-        const float s = scales[j] * k.dot(query + j * dh, key.data() + j * dh, dh);
+        float s = scales[j] * k.dot(query + j * dh, key.data() + j * dh, dh);
+        if (!std::isfinite(s)) s = score_in_double(query + j * dh, scales[j], block, r, j * dh, dh);  // as the scan repairs it
         const double w = std::exp(static_cast<double>(s) - static_cast<double>(state.max));
         sum += w;
         value_row(block, r, v.data());

@@ -56,6 +56,25 @@ void merge_argmax(const ArgMax& part, const std::uint64_t* ids, ArgMax& best) {
   }
 }
 
+float score_in_double(const float* q, float scale, const RowSpan& span, std::size_t row, std::size_t first,
+                      std::size_t count) {
+  const char* key = static_cast<const char*>(span.keys) + row * span.key_row_bytes();
+  const float row_scale = span.key_precision == Precision::i8 ? span.key_scales[row] : 1.0f;
+  auto sum = [&](auto element) {
+    double s = 0.0;
+    for (std::size_t i = 0; i < count; ++i) s += static_cast<double>(q[i]) * static_cast<double>(element(first + i));
+    return s;
+  };
+  double dot = 0.0;
+  switch (span.key_precision) {
+    case Precision::f16: dot = sum([&](std::size_t i) { return element_as_float<Precision::f16>(key, i, 1.0f); }); break;
+    case Precision::bf16: dot = sum([&](std::size_t i) { return element_as_float<Precision::bf16>(key, i, 1.0f); }); break;
+    case Precision::i8: dot = sum([&](std::size_t i) { return element_as_float<Precision::i8>(key, i, row_scale); }); break;
+    default: dot = sum([&](std::size_t i) { return element_as_float<Precision::f32>(key, i, 1.0f); }); break;
+  }
+  return static_cast<float>(static_cast<double>(scale) * dot);
+}
+
 float split_scale(std::span<float> query, float scale) {
   float largest = 0.0f;
   for (float x : query) largest = std::max(largest, std::fabs(x));

@@ -392,3 +392,171 @@ TEST_CASE("an allocation failure during a query is resource_exhausted", "[numeri
   CHECK(hard == ErrorCode::resource_exhausted);
   CHECK(to_string(ErrorCode::resource_exhausted) == "resource_exhausted");
 }
+
+// ---- dot products beyond the float range with a representable score (outside probe, 2026-11-24) ----
+
+namespace {
+
+// The double reference of a multi-head soft query (heads = 1: the plain one): head j softmaxes
+// scale * (q_j . k_j) over key slice j and blends value slice j.
+struct HeadsReference {
+  std::vector<double> value;            // dv
+  std::vector<std::vector<double>> scores;  // heads x n
+  std::vector<double> lse;              // heads
+  std::vector<std::uint64_t> best;      // heads: argmax (ties to the smaller id)
+  double slack = 0;                     // the most float rounding may move a score
+};
+
+HeadsReference heads_reference(const float* q, const std::vector<float>& keys, const std::vector<float>& values, std::size_t n,
+                               std::size_t d, std::size_t dv, std::size_t heads, double scale) {
+  const std::size_t dh = d / heads, dvh = dv / heads;
+  HeadsReference ref;
+  ref.value.assign(dv, 0.0);
+  for (std::size_t j = 0; j < heads; ++j) {
+    std::vector<double> s(n);
+    double top = -std::numeric_limits<double>::infinity();
+    std::uint64_t best = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double dot = 0, magnitude = 0;
+      for (std::size_t t = j * dh; t < (j + 1) * dh; ++t) {
+        dot += static_cast<double>(q[t]) * keys[i * d + t];
+        magnitude += std::fabs(static_cast<double>(q[t]) * keys[i * d + t]);
+      }
+      s[i] = scale * dot;
+      // A float sum in any order errs by (dh + 2) u of the sum of |products|; a sum redone in double
+      // errs far less.
+      ref.slack = std::max(ref.slack, scale * magnitude * static_cast<double>(dh + 2) * 0x1p-24);
+      if (s[i] > top) top = s[i], best = i;
+    }
+    double z = 0;
+    for (std::size_t i = 0; i < n; ++i) z += std::exp(s[i] - top);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t c = j * dvh; c < (j + 1) * dvh; ++c) ref.value[c] += std::exp(s[i] - top) / z * values[i * dv + c];
+    ref.lse.push_back(top + std::log(z));
+    ref.best.push_back(best);
+    ref.scores.push_back(std::move(s));
+  }
+  return ref;
+}
+
+}  // namespace
+
+TEST_CASE("dot products that leave the float range are summed again in double: every path answers as the float64 reference",
+          "[numerics]") {
+  const ForcedPath path(any_path());
+  const Precision kp = GENERATE(Precision::f32, Precision::bf16, Precision::i8);
+  const std::size_t heads = GENERATE(std::size_t{1}, std::size_t{2}, std::size_t{8});  // 8 x 32: the joint multi-head path
+  INFO("key precision " << static_cast<int>(kp) << ", heads " << heads);
+  // Keys up to FLT_MAX / 8 with random signs, query elements in [1, 2): most float sums q . k over a
+  // slice leave the float range, upwards, downwards, or into NaN where the two meet; the scale FLT_MIN
+  // brings every true score to within ~20 of 0.
+  const std::size_t n = 48, d = 256, dv = 16;
+  const float scale = std::numeric_limits<float>::min();
+  std::mt19937_64 rng(2026 + heads);
+  std::uniform_real_distribution<float> magnitude(0.25f, 1.0f), query(1.0f, 1.99f);
+  std::bernoulli_distribution negative(0.5);
+  std::vector<float> keys(n * d);
+  for (float& k : keys) k = (negative(rng) ? -1.0f : 1.0f) * magnitude(rng) * (kFloatMax / 8);
+  const std::vector<float> values = test::normal_floats(n * dv, 17);
+  std::vector<float> queries(3 * d);
+  for (float& x : queries) x = (negative(rng) ? -1.0f : 1.0f) * query(rng);
+  CollectionConfig config{d, dv, Metric::dot, scale};
+  config.key_precision = kp;
+  config.heads = heads;
+  Collection c(config);
+  c.add_batch(keys, values);
+  std::vector<float> stored(n * d);  // the keys as stored (rounded to bf16, quantised to i8): the reference's
+  for (std::size_t i = 0; i < n; ++i) std::ranges::copy(c.get(i).key, stored.begin() + static_cast<std::ptrdiff_t>(i * d));
+  std::size_t overflowing = 0;  // float sums that leave the range: the case under test must occur
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = 0; j < heads; ++j) {
+      float sum = 0;
+      for (std::size_t t = j * (d / heads); t < (j + 1) * (d / heads); ++t) sum += queries[t] * stored[i * d + t];
+      overflowing += std::isfinite(sum) ? 0 : 1;
+    }
+  }
+  CHECK(overflowing >= n * heads / 8);
+
+  const SoftBatchResult batch = c.query_soft_batch(queries);
+  const HardBatchResult hard_batch = c.query_hard_batch(queries);
+  for (std::size_t b = 0; b < 3; ++b) {
+    INFO("query " << b);
+    const std::span<const float> q(queries.data() + b * d, d);
+    const HeadsReference ref = heads_reference(q.data(), stored, values, n, d, dv, heads, scale);
+    const double tol = std::expm1(2 * ref.slack) * 3 + 1e-5;  // values are normal: |v| < ~3.5 here
+    INFO("slack " << ref.slack);
+    auto check_value = [&](std::span<const float> value) {
+      REQUIRE(value.size() == dv);
+      for (std::size_t c2 = 0; c2 < dv; ++c2) CHECK(std::fabs(value[c2] - ref.value[c2]) <= tol);
+    };
+    // Soft: single, split over threads, with contributors, in a batch.
+    for (std::size_t threads : {std::size_t{1}, std::size_t{3}}) {
+      const SoftResult s = c.query_soft(q, {.top_m = 4, .threads = threads});
+      check_value(s.value);
+      CHECK(std::fabs(s.lse - ref.lse[0]) <= ref.slack + 1e-5);
+      for (const Contributor& t : s.top) CHECK(std::isfinite(t.score));
+      if (heads == 1) {
+        REQUIRE(s.top.size() == 4);
+        CHECK(std::fabs(s.top[0].score - ref.scores[0][s.top[0].id]) <= ref.slack + 1e-5);
+      } else {
+        REQUIRE(s.heads.size() == heads);
+        for (std::size_t j = 0; j < heads; ++j) CHECK(std::fabs(s.heads[j].lse - ref.lse[j]) <= ref.slack + 1e-5);
+      }
+    }
+    check_value(std::span<const float>(batch.values).subspan(b * dv, dv));
+    CHECK(std::fabs(batch.lse[b] - ref.lse[0]) <= ref.slack + 1e-5);
+    // Hard: the winner's true score within rounding of the best, single and batched.
+    const HardResult h = c.query_hard(q);
+    for (std::size_t j = 0; j < heads; ++j) {
+      const std::uint64_t id = heads == 1 ? h.id : h.head_ids[j];
+      const std::uint64_t in_batch = heads == 1 ? hard_batch.ids[b] : hard_batch.head_ids[b * heads + j];
+      CHECK(ref.scores[j][id] >= ref.scores[j][ref.best[j]] - 2 * ref.slack);
+      CHECK(ref.scores[j][in_batch] >= ref.scores[j][ref.best[j]] - 2 * ref.slack);
+    }
+    // A mask (the masked scans' own walks): the best row of head 0 excluded.
+    const std::uint64_t best = ref.best[0];
+    const HardResult masked_hard = c.query_hard(q, {.exclude_ids = {best}});
+    CHECK((heads == 1 ? masked_hard.id : masked_hard.head_ids[0]) != best);
+    const SoftResult masked = c.query_soft(q, {.top_m = 2, .exclude_ids = {best}});
+    for (const Contributor& t : masked.top) CHECK(t.id != best);
+    CHECK(std::isfinite(masked.lse));
+    CHECK(masked.lse <= ref.lse[0] + ref.slack + 1e-5);
+  }
+  if (heads == 1) {  // the flat index's fused score + top-k pass: every row a candidate
+    CollectionConfig flat = config;
+    flat.index.kind = IndexKind::flat;
+    Collection f(flat);
+    f.add_batch(keys, values);
+    const HeadsReference ref = heads_reference(queries.data(), stored, values, n, d, dv, 1, scale);
+    const SoftResult s = f.query_soft(std::span<const float>(queries.data(), d), {.top_k = n});
+    for (std::size_t c2 = 0; c2 < dv; ++c2) CHECK(std::fabs(s.value[c2] - ref.value[c2]) <= std::expm1(2 * ref.slack) * 3 + 1e-5);
+  }
+}
+
+TEST_CASE("a dot product that overflows downwards where the scale makes the score representable keeps its weight",
+          "[numerics]") {
+  // The outside probe's case: scale 1e-37, rows of 64 x 5.0e36 and 64 x 5.4e36, a query of -1s. Each
+  // float sum passes -FLT_MAX, the scores are -32 and -34.56: weights 0.928 and 0.072, not 1 and 0.
+  const ForcedPath path(any_path());
+  Collection c({64, 1, Metric::dot, 1e-37f});
+  c.add(std::vector<float>(64, 5.0e36f), std::vector<float>{1});
+  c.add(std::vector<float>(64, 5.4e36f), std::vector<float>{0});
+  const std::vector<float> q(64, -1.0f);
+  const double scale = static_cast<double>(1e-37f);
+  const double s0 = -scale * 64 * static_cast<double>(5.0e36f), s1 = -scale * 64 * static_cast<double>(5.4e36f);
+  const double w0 = 1 / (1 + std::exp(s1 - s0));
+  const SoftResult r = c.query_soft(q, {.top_m = 2});
+  CHECK(r.value[0] == Approx(w0).epsilon(1e-5));
+  REQUIRE(r.top.size() == 2);
+  CHECK(r.top[1].id == 1);
+  CHECK(r.top[1].weight == Approx(1 - w0).epsilon(1e-4));
+  CHECK(r.top[1].score == Approx(s1).epsilon(1e-6));
+  CHECK(c.query_soft_batch(q).values[0] == Approx(w0).epsilon(1e-5));
+  CHECK(c.query_hard(q).id == 0);
+  CHECK(c.query_hard(q).score == Approx(s0).epsilon(1e-6));
+  // The other way up the same sums overflow upwards: scores +32 and +34.56, representable as well.
+  const std::vector<float> up(64, 1.0f);
+  CHECK(c.query_hard(up).id == 1);
+  CHECK(c.query_soft(up).value[0] == Approx(1 - w0).epsilon(1e-4));
+  CHECK(c.query_hard_batch(up).ids[0] == 1);
+}

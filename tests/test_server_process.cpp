@@ -168,7 +168,7 @@ double p99_ping_ms(Client& c, int n) {
 
 }  // namespace
 
-TEST_CASE("--port-file: the port bound with --port 0 is written whole; an unwritable path refuses the start", "[server]") {
+TEST_CASE("softkv-server writes the port it bound to --port-file whole, and an unwritable path refuses the start", "[server]") {
   test::TempDir dir;
   std::filesystem::create_directories(dir.path);
   {

@@ -125,6 +125,15 @@ struct KernelTable {
   void (*hard_scan_heads)(const float* query, const float* scales, std::size_t heads, const RowSpan& span, ArgMax* best);
 };
 
+/// scale * (q . k) over key elements [first, first + count) of row `row` of span, the products and
+/// their sum in double, rounded once to float: what every kernel puts in place of a score that came
+/// out non-finite. A float sum q'.k can leave the float range (keys near FLT_MAX / d) where the score
+/// itself, scaled down, is representable; in double it cannot (|q'.k| <= d * FLT_MAX^2 < DBL_MAX), so
+/// the result is +-inf only where the true score is beyond FLT_MAX. Out of line (generic code), so
+/// that every kernel path calls the same instructions.
+float score_in_double(const float* q, float scale, const RowSpan& span, std::size_t row, std::size_t first,
+                      std::size_t count);
+
 /// Tables of the compiled paths; each exists in every build, callable only if the CPU supports it.
 const KernelTable& scalar_kernels();
 const KernelTable& sse2_kernels();

@@ -57,6 +57,13 @@ struct ScalarPrimitives {
     return m;
   }
 
+  // Whether every x[i] is finite.
+  static bool all_finite(const float* x, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (!std::isfinite(x[i])) return false;
+    return true;
+  }
+
   // w[i] = exp(s[i] - shift); returns the sum of w.
   static float exp_shifted(const float* s, std::size_t n, float shift, float* w) {
     float sum = 0.0f;

@@ -409,6 +409,22 @@ struct XsimdPrimitives {
     return m;
   }
 
+  // Whether every x[i] is finite: x * 0 is 0 for a finite x and NaN for an infinite or NaN one, so
+  // fused into two sums they stay 0 exactly when every element is finite (no compare per vector).
+  static bool all_finite(const float* x, std::size_t n) {
+    const V zero(0.0f);
+    V a = zero, b = zero;
+    std::size_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+      a = xsimd::fma(load(x + i), zero, a);
+      b = xsimd::fma(load(x + i + W), zero, b);
+    }
+    if (i + W <= n) a = xsimd::fma(load(x + i), zero, a), i += W;
+    float t = xsimd::hadd(a + b);
+    for (; i < n; ++i) t += x[i] * 0.0f;
+    return t == 0.0f;
+  }
+
   // w[i] = exp(s[i] - shift); returns the sum of w.
   static float exp_shifted(const float* s, std::size_t n, float shift, float* w) {
     const V sh(shift);

@@ -157,9 +157,34 @@ template <class P, Precision KP>
   }
 }
 
+// Puts score_in_double in place of every non-finite score of rows [start, start + rows) (scores[r]),
+// over key elements [first, first + count): a float sum that left the float range (or two
+// overflows that cancelled into NaN) becomes the correctly scaled score, +-inf only where the true
+// score is beyond FLT_MAX. One vector test per block on the hot path; the rows it redoes are rare.
+template <class P>
+void repair_scores(const float* q, float scale, const RowSpan& span, std::size_t start, std::size_t rows, float* scores,
+                   std::size_t first, std::size_t count) {
+  if (P::all_finite(scores, rows)) return;
+  for (std::size_t r = 0; r < rows; ++r)
+    if (!std::isfinite(scores[r])) scores[r] = score_in_double(q, scale, span, start + r, first, count);
+}
+
 template <class P>
 void score_block(const float* q, float scale, const RowSpan& span, std::size_t start, std::size_t rows, float* scores) {
   with_precision(span.key_precision, [&](auto kp) { score_rows<P, decltype(kp)::value>(q, scale, span, start, rows, scores); });
+  repair_scores<P>(q, scale, span, start, rows, scores, 0, span.dim);
+}
+
+// The same for a batch block of rows x lanes scores (lane b: query b of queries, row-major, with
+// factor[b]; lanes from nq on are padding).
+template <class P>
+void repair_batch_scores(const float* queries, std::size_t nq, const float* factor, const RowSpan& span, std::size_t start,
+                         std::size_t rows, std::size_t lanes, float* scores) {
+  if (P::all_finite(scores, rows * lanes)) return;
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t b = 0; b < nq; ++b)
+      if (float& s = scores[r * lanes + b]; !std::isfinite(s))
+        s = score_in_double(queries + b * span.dim, factor[b], span, start + r, 0, span.dim);
 }
 
 // Bytes of values a blend chunk covers: the chunk's rows stay in L1 while every column tile of them
@@ -262,6 +287,7 @@ void soft_scan_batch(const float* queries, std::size_t nq, const float* scales, 
       P::scores_block(qt, lanes, k, n, d, scores + off * lanes);
     });
     P::scale_columns(scores, rows, lanes, factor);
+    repair_batch_scores<P>(queries, nq, factor, span, start, rows, lanes, scores);
     P::column_max(scores, rows, lanes, block);
     for (std::size_t b = 0; b < nq; ++b) {
       raise_max<P>(block[b], max[b], sum[b], acc + b * dv, dv);
@@ -324,6 +350,7 @@ void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, 
       P::scores_block(qt, lanes, k, n, d, scores + off * lanes);
     });
     P::scale_columns(scores, rows, lanes, factor);
+    repair_batch_scores<P>(queries, nq, factor, span, start, rows, lanes, scores);
     P::column_max_sum(scores, rows, lanes, top, total);
     for (std::size_t b = 0; b < nq; ++b) {
       if (std::isfinite(total[b]) && top[b] < best[b].score) continue;
@@ -394,6 +421,9 @@ void score_heads_block(const float* q, const float* scales, std::size_t heads, c
                        std::size_t rows, float* scores) {
   with_precision(span.key_precision,
                  [&](auto kp) { score_heads_rows<P, decltype(kp)::value>(q, scales, heads, span, start, rows, scores); });
+  const std::size_t dh = span.dim / heads;
+  for (std::size_t j = 0; j < heads; ++j)
+    repair_scores<P>(q + j * dh, scales[j], span, start, rows, scores + j * kScanBlockRows, j * dh, dh);
 }
 
 // Scratch of heads x kScanBlockRows floats, kept per thread (a masked scan calls per block).
