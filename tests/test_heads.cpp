@@ -219,6 +219,46 @@ TEST_CASE("heads: every precision against a double reference over the stored row
   CHECK(hard.id == hard.head_ids[0]);
 }
 
+TEST_CASE("heads: compact keys score as single-head float32 collections of their stored slices, bit for bit", "[heads]") {
+  // A compact row scores exactly what its float32 widening scores, on the joint multi-head path too
+  // (slices of 16, 32 and 64 floats in groups of 8 heads: the joint path on avx2 and avx512).
+  const std::string path = any_path();
+  ForcedPath forced(path);
+  const Precision kp = GENERATE(Precision::f16, Precision::bf16, Precision::i8);
+  const auto [d, h] = GENERATE(table<std::size_t, std::size_t>({{128, 8}, {256, 8}, {512, 8}, {48, 3}}));
+  CAPTURE(path, int(kp), d, h);
+  const std::size_t dv = 2 * h, n = 300, dh = d / h;
+  const std::vector<float> keys = test::normal_floats(n * d, 31), values = test::normal_floats(n * dv, 32);
+  Collection multi(config(d, dv, h, Metric::dot, kp));
+  multi.add_batch(keys, values);
+  const Stored s = stored(multi);  // the keys as stored: f16/bf16 rounded, i8 quantised with the row's scale
+  std::vector<Collection> singles;
+  for (std::size_t j = 0; j < h; ++j) {
+    singles.emplace_back(config(dh, 2, 1));
+    singles.back().add_batch(slice(s.keys, d, j, dh), slice(values, dv, j, 2));
+  }
+  for (std::uint64_t seed = 0; seed < 3; ++seed) {
+    const std::vector<float> q = test::normal_floats(d, 200 + seed, 2.0f);
+    QueryOptions o;
+    o.top_m = 2;
+    o.threads = 1;
+    const SoftResult r = multi.query_soft(q, o);
+    const HardResult hard = multi.query_hard(q, o);
+    for (std::size_t j = 0; j < h; ++j) {
+      const SoftResult one = singles[j].query_soft(slice(q, d, j, dh), o);
+      CHECK(r.heads[j].lse == one.lse);
+      CHECK(r.heads[j].max_score == one.max_score);
+      CHECK(r.value[2 * j] == one.value[0]);
+      CHECK(r.value[2 * j + 1] == one.value[1]);
+      REQUIRE(r.heads[j].top.size() == one.top.size());
+      for (std::size_t t = 0; t < one.top.size(); ++t) CHECK(r.heads[j].top[t].id == one.top[t].id);
+      const HardResult hard_one = singles[j].query_hard(slice(q, d, j, dh), o);
+      CHECK(hard.head_ids[j] == hard_one.id);
+      CHECK(hard.head_scores[j] == hard_one.score);
+    }
+  }
+}
+
 TEST_CASE("heads: hard retrieval answers one id per head, ties to the smallest id", "[heads]") {
   Collection c(config(4, 4, 2));
   // Head 0 prefers entry 1, head 1 entry 2; entries 2 and 3 tie on head 1.

@@ -175,17 +175,7 @@ void score_block(const float* q, float scale, const RowSpan& span, std::size_t s
   repair_scores<P>(q, scale, span, start, rows, scores, 0, span.dim);
 }
 
-// The same for a batch block of rows x lanes scores (lane b: query b of queries, row-major, with
-// factor[b]; lanes from nq on are padding).
-template <class P>
-void repair_batch_scores(const float* queries, std::size_t nq, const float* factor, const RowSpan& span, std::size_t start,
-                         std::size_t rows, std::size_t lanes, float* scores) {
-  if (P::all_finite(scores, rows * lanes)) return;
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t b = 0; b < nq; ++b)
-      if (float& s = scores[r * lanes + b]; !std::isfinite(s))
-        s = score_in_double(queries + b * span.dim, factor[b], span, start + r, 0, span.dim);
-}
+
 
 // Bytes of values a blend chunk covers: the chunk's rows stay in L1 while every column tile of them
 // is blended (with one tile, as at dv <= 128 on avx512, the chunking only bounds the loop).
@@ -259,6 +249,23 @@ inline void transpose_queries(const float* q, std::size_t nq, std::size_t d, flo
   }
 }
 
+// The scores of a batch block, rows x lanes (lane b: query b of queries, row-major, transposed into qt,
+// times factor[b]; lanes from nq on are padding): the keys' dot products, scaled per lane afterwards,
+// and any non-finite one redone by score_in_double, as score_block does for a single query.
+template <class P>
+void batch_scores(Widener<P>& widen, const float* qt, const float* queries, std::size_t nq, const float* factor,
+                  const RowSpan& span, std::size_t start, std::size_t rows, std::size_t lanes, float* scores) {
+  const std::size_t d = span.dim;
+  widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+    P::scores_block(qt, lanes, k, n, d, scores + off * lanes);
+  });
+  P::scale_columns(scores, rows, lanes, factor);
+  if (P::all_finite(scores, rows * lanes)) return;
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t b = 0; b < nq; ++b)
+      if (float& s = scores[r * lanes + b]; !std::isfinite(s)) s = score_in_double(queries + b * d, factor[b], span, start + r, 0, d);
+}
+
 // nq queries: each block of keys and values is read once for all of them (compute-bound). The
 // queries sit in lanes, so scores come out as rows x lanes; each lane's scale multiplies its dot
 // products afterwards, as in the single-query scan (folding it into the query could overflow where
@@ -283,11 +290,7 @@ void soft_scan_batch(const float* queries, std::size_t nq, const float* scales, 
   Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
-      P::scores_block(qt, lanes, k, n, d, scores + off * lanes);
-    });
-    P::scale_columns(scores, rows, lanes, factor);
-    repair_batch_scores<P>(queries, nq, factor, span, start, rows, lanes, scores);
+    batch_scores<P>(widen, qt, queries, nq, factor, span, start, rows, lanes, scores);
     P::column_max(scores, rows, lanes, block);
     for (std::size_t b = 0; b < nq; ++b) {
       raise_max<P>(block[b], max[b], sum[b], acc + b * dv, dv);
@@ -346,11 +349,7 @@ void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, 
   Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
-      P::scores_block(qt, lanes, k, n, d, scores + off * lanes);
-    });
-    P::scale_columns(scores, rows, lanes, factor);
-    repair_batch_scores<P>(queries, nq, factor, span, start, rows, lanes, scores);
+    batch_scores<P>(widen, qt, queries, nq, factor, span, start, rows, lanes, scores);
     P::column_max_sum(scores, rows, lanes, top, total);
     for (std::size_t b = 0; b < nq; ++b) {
       if (std::isfinite(total[b]) && top[b] < best[b].score) continue;
