@@ -158,6 +158,19 @@ struct Job {
   [[nodiscard]] ClientOptions client() const { return {"127.0.0.1", port}; }
 };
 
+// A single server and a sharded job of `ranks` ranks on dir/single and dir/sharded (logs named with
+// suffix, so that restarts keep the earlier ones), and a client of each: cs and cp.
+struct Pair {
+  Job single, sharded;
+  Client cs, cp;
+  Pair(const std::filesystem::path& dir, std::size_t ranks, const std::string& suffix = "",
+       const std::vector<std::string>& sharded_args = {})
+      : single(dir / "single", 0, dir / ("single" + suffix + ".log")),
+        sharded(dir / "sharded", ranks, dir / ("sharded" + suffix + ".log"), true, "", sharded_args),
+        cs(single.client()),
+        cp(sharded.client()) {}
+};
+
 // Waits (up to 30 s) until no process holds a shard's lock: the ranks of a killed job may outlive
 // mpirun (the group leader the test waits for) by a moment.
 void wait_unlocked(const std::filesystem::path& dir, std::size_t ranks) {
@@ -338,9 +351,8 @@ TEST_CASE("sharded server answers as a single server and recovers every write af
   std::filesystem::create_directories(dir.path);
   Data data;
   {
-    Job single(dir.path / "single", 0, dir.path / "single.log");
-    Job sharded(dir.path / "sharded", ranks, dir.path / "sharded.log");
-    Client cs(single.client()), cp(sharded.client());
+    Pair pair(dir.path, ranks);
+    auto& [single, sharded, cs, cp] = pair;
     load(cs, cp, data);
     compare(cs, cp, data);
 
@@ -386,16 +398,14 @@ TEST_CASE("sharded server answers as a single server and recovers every write af
   CHECK(read_file(dir.path / "sharded" / "shards") == std::to_string(ranks) + "\n");
   for (std::size_t r = 0; r < ranks; ++r) CHECK(std::filesystem::is_directory(dir.path / "sharded" / ("shard-" + std::to_string(r))));
   {
-    Job single(dir.path / "single", 0, dir.path / "single2.log");
-    Job sharded(dir.path / "sharded", ranks, dir.path / "sharded2.log");
-    Client cs(single.client()), cp(sharded.client());
+    Pair pair(dir.path, ranks, "2");
+    auto& [single, sharded, cs, cp] = pair;
     compare(cs, cp, data);
     CHECK(sharded.stop_rank0() == 0);  // a clean stop: every rank snapshots, mpirun exits 0
   }
   {  // and once more after that clean stop (snapshots only)
-    Job single(dir.path / "single", 0, dir.path / "single3.log");
-    Job sharded(dir.path / "sharded", ranks, dir.path / "sharded3.log");
-    Client cs(single.client()), cp(sharded.client());
+    Pair pair(dir.path, ranks, "3");
+    auto& [single, sharded, cs, cp] = pair;
     compare(cs, cp, data);
   }
   {  // another rank count is refused with a clear message, and so is a plain server on sharded data
@@ -536,9 +546,8 @@ TEST_CASE("sharded server: masked queries and an f16 collection answer as a sing
   const std::size_t ranks = test_ranks();
   test::TempDir dir;
   std::filesystem::create_directories(dir.path);
-  Job single(dir.path / "single", 0, dir.path / "single.log");
-  Job sharded(dir.path / "sharded", ranks, dir.path / "sharded.log");
-  Client cs(single.client()), cp(sharded.client());
+  Pair pair(dir.path, ranks);
+  auto& [single, sharded, cs, cp] = pair;
   const std::size_t d = 6, dv = 5, n = 240;
   CollectionConfig flat{d, dv};
   flat.index.kind = IndexKind::flat;
@@ -802,9 +811,8 @@ TEST_CASE("sharded server coalesces concurrent queries: each client gets its own
   const std::size_t ranks = test_ranks();
   test::TempDir dir;
   std::filesystem::create_directories(dir.path);
-  Job single(dir.path / "single", 0, dir.path / "single.log");
-  Job sharded(dir.path / "sharded", ranks, dir.path / "sharded.log");
-  Client cs(single.client()), cp(sharded.client());
+  Pair pair(dir.path, ranks);
+  auto& [single, sharded, cs, cp] = pair;
   const CoalesceData data = coalesce_data();
   load_coalesce(cs, data);
   load_coalesce(cp, data);
@@ -838,9 +846,8 @@ TEST_CASE("sharded server with --coalesce off runs one query at a time and count
   const std::size_t ranks = test_ranks();
   test::TempDir dir;
   std::filesystem::create_directories(dir.path);
-  Job single(dir.path / "single", 0, dir.path / "single.log");
-  Job sharded(dir.path / "sharded", ranks, dir.path / "sharded.log", true, "", {"--coalesce", "off"});
-  Client cs(single.client()), cp(sharded.client());
+  Pair pair(dir.path, ranks, "", {"--coalesce", "off"});
+  auto& [single, sharded, cs, cp] = pair;
   const CoalesceData data = coalesce_data();
   load_coalesce(cs, data);
   load_coalesce(cp, data);
