@@ -81,8 +81,7 @@ std::vector<float> heads_blended_value(const KernelTable& k, const float* query,
     }
     if (finite || !std::isfinite(state.lse())) continue;
     // Head j's scores as the kernel computes them (scale * dot over the slice), summed in double.
-    std::vector<double> acc(dvh, 0.0);
-    double sum = 0.0;
+    DoubleBlend blend(dvh);
     std::vector<float> key(d), v(dv);
     BlockWalker walker(span);
     walker.walk(rows.runs, [&](const RowSpan& block, const std::size_t*, std::size_t) {
@@ -90,13 +89,12 @@ std::vector<float> heads_blended_value(const KernelTable& k, const float* query,
         key_row(block, r, key.data());
         float s = scales[j] * k.dot(query + j * dh, key.data() + j * dh, dh);
         if (!std::isfinite(s)) s = score_in_double(query + j * dh, scales[j], block, r, j * dh, dh);  // as the scan repairs it
-        const double w = std::exp(static_cast<double>(s) - static_cast<double>(state.max));
-        sum += w;
         value_row(block, r, v.data());
-        for (std::size_t i = 0; i < dvh; ++i) acc[i] += w * static_cast<double>(v[j * dvh + i]);
+        blend.add(s, v.data() + j * dvh);
       }
     });
-    for (std::size_t i = 0; i < dvh; ++i) value[j * dvh + i] = static_cast<float>(acc[i] / sum);
+    const std::vector<float> head = blend.value();
+    std::copy(head.begin(), head.end(), value.begin() + static_cast<std::ptrdiff_t>(j * dvh));
   }
   return value;
 }

@@ -248,25 +248,20 @@ std::vector<float> masked_blended_value(const KernelTable& k, const float* query
   if (finite || !std::isfinite(state.lse())) return value;
   // As blended_value: the same scores, weighted and summed in double (reading eligible rows only).
   const std::size_t dv = span.value_dim;
-  std::vector<double> acc(dv, 0.0);
-  double sum = 0.0;
-  std::vector<float> scores(kScanBlockRows);
+  DoubleBlend blend(dv);
+  std::vector<float> scores(kScanBlockRows), v(dv);
   BlockWalker walker(span);
   walker.walk(rows.runs, [&](const RowSpan& block, const std::size_t*, std::size_t) {
     for (std::size_t start = 0; start < block.rows; start += kScanBlockRows) {
       const RowSpan piece = block.sub(start, std::min(kScanBlockRows, block.rows - start));
       k.scores(query, scale, piece, scores.data());
-      std::vector<float> v(dv);
       for (std::size_t r = 0; r < piece.rows; ++r) {
-        const double w = std::exp(static_cast<double>(scores[r]) - static_cast<double>(state.max));
-        sum += w;
         value_row(block, start + r, v.data());
-        for (std::size_t i = 0; i < dv; ++i) acc[i] += w * static_cast<double>(v[i]);
+        blend.add(scores[r], v.data());
       }
     }
   });
-  for (std::size_t i = 0; i < dv; ++i) value[i] = static_cast<float>(acc[i] / sum);
-  return value;
+  return blend.value();
 }
 
 ArgMax masked_hard_scan(const KernelTable& k, const float* query, float scale, const RowSpan& span,

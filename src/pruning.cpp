@@ -13,7 +13,10 @@ namespace softkv::detail {
 // The flat index ranks by the very scores used here, so no omitted score exceeds the k-th and the
 // bound holds without the slack; it covers the float rounding of lse_k, and for the approximate
 // indexes (whose bound is an estimate anyway) their own rounding of the ranking.
-double with_rounding_slack(double score) { return score + 1e-5 * std::max(1.0, std::fabs(score)); }
+double with_rounding_slack(double score) {
+  if (std::isinf(score)) return score;  // -inf: every omitted score is -inf too (weight 0), and inf - inf would be NaN
+  return score + 1e-5 * std::max(1.0, std::fabs(score));
+}
 
 double tail_bound(std::size_t n, std::size_t k, double kth_score, double lse_k) {
   if (k >= n) return 0.0;

@@ -56,6 +56,26 @@ void merge_argmax(const ArgMax& part, const std::uint64_t* ids, ArgMax& best) {
   }
 }
 
+void DoubleBlend::add(float s, const float* value) {
+  if (s == -std::numeric_limits<float>::infinity()) return;
+  const double x = s;
+  if (x > max_) {  // rescale what is folded so far (nothing the first time: exp(-inf) = 0)
+    const double f = std::exp(max_ - x);
+    for (double& a : acc_) a *= f;
+    sum_ *= f;
+    max_ = x;
+  }
+  const double w = std::exp(x - max_);
+  sum_ += w;
+  for (std::size_t i = 0; i < acc_.size(); ++i) acc_[i] += w * static_cast<double>(value[i]);
+}
+
+std::vector<float> DoubleBlend::value() const {
+  std::vector<float> out(acc_.size());
+  for (std::size_t i = 0; i < acc_.size(); ++i) out[i] = static_cast<float>(acc_[i] / sum_);
+  return out;
+}
+
 float score_in_double(const float* q, float scale, const RowSpan& span, std::size_t row, std::size_t first,
                       std::size_t count) {
   const char* key = static_cast<const char*>(span.keys) + row * span.key_row_bytes();
@@ -120,25 +140,21 @@ std::vector<float> blended_value(const KernelTable& k, const float* query, float
   const float inv = 1.0f / state.sum;
   for (std::size_t i = 0; i < value.size(); ++i) value[i] = state.acc[i] * inv;
   if (all_finite(value) || !std::isfinite(state.lse())) return value;
-  // The same scores as the scan (the kernel's own routine), weighted and summed in double, whose
-  // range holds N * FLT_MAX for any N.
+  // The single-query kernel's scores, weighted and summed in double, whose range holds N * FLT_MAX
+  // for any N (with their own max: a batch kernel's state rounds differently).
   const std::size_t dv = span.value_dim;
-  std::vector<double> acc(dv, 0.0);
-  double sum = 0.0;
+  DoubleBlend blend(dv);
   std::vector<float> scores(std::min(span.rows, kScanBlockRows));
   std::vector<float> v(dv);
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const RowSpan block = span.sub(start, std::min(kScanBlockRows, span.rows - start));
     k.scores(query, scale, block, scores.data());
     for (std::size_t r = 0; r < block.rows; ++r) {
-      const double w = std::exp(static_cast<double>(scores[r]) - static_cast<double>(state.max));
-      sum += w;
       value_row(span, start + r, v.data());
-      for (std::size_t i = 0; i < dv; ++i) acc[i] += w * static_cast<double>(v[i]);
+      blend.add(scores[r], v.data());
     }
   }
-  for (std::size_t i = 0; i < dv; ++i) value[i] = static_cast<float>(acc[i] / sum);
-  return value;
+  return blend.value();
 }
 
 ArgMax hard_scan_split(const KernelTable& k, const float* query, float scale, const RowSpan& span, std::size_t parts) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -18,6 +19,24 @@ void value_row(const RowSpan& span, std::size_t r, float* out);
 /// Value row r of span as a vector of value_dim floats.
 std::vector<float> value_vector(const RowSpan& span, std::size_t r);
 
+/// A softmax-weighted sum of value rows in double, folded one (score, value) at a time in any order
+/// with its own running max: the slow path of a blend whose float accumulator overflowed. It keeps its
+/// own max (not the scan's) because the scores it is given may round differently from those the scan
+/// saw (a batch kernel sums in another order), and exp(s - max) of a max from elsewhere can be 0 or inf.
+class DoubleBlend {
+ public:
+  explicit DoubleBlend(std::size_t n) : acc_(n, 0.0) {}
+  /// Folds in value (n floats) with score s; a score of -inf has weight 0.
+  void add(float s, const float* value);
+  /// acc / sum as floats (within the values' range: a convex combination of them).
+  [[nodiscard]] std::vector<float> value() const;
+
+ private:
+  double max_ = -std::numeric_limits<double>::infinity();
+  double sum_ = 0.0;
+  std::vector<double> acc_;
+};
+
 /// How many parts a scan of rows x floats_per_row should use: requested if non-zero, otherwise
 /// enough that each part streams at least ~1 MiB, at most max_parts; never more than rows.
 std::size_t choose_parts(std::size_t rows, std::size_t floats_per_row, std::size_t requested,
@@ -26,10 +45,10 @@ std::size_t choose_parts(std::size_t rows, std::size_t floats_per_row, std::size
 /// The one rule for how a score s = scale * (q . k) is computed on every path (single, batch, hard,
 /// top-k): the query is multiplied in place by a power of two 2^-e chosen so that its largest |q_i|
 /// is near 1, and the returned factor is scale * 2^e, a normal float; every kernel then computes
-/// s = factor * (q' . k). Both multiplications by 2^e are exact, so s equals the correctly rounded
-/// scale * (q . k) wherever that product has no intermediate overflow; neither q . k (huge keys and
-/// queries, tiny scale) nor scale * q (huge scale and query) can overflow on the way. e is clamped
-/// so that factor stays a normal float.
+/// s = factor * (q' . k). Both multiplications by 2^e are exact, so s carries only the rounding of the
+/// float sum q' . k (relative to sum |q'_i k_i|) and of the last product; neither q . k (huge keys and
+/// queries, tiny scale) nor scale * q (huge scale and query) can overflow on the way, and a sum q' . k
+/// that does is redone in double (score_in_double). e is clamped so that factor stays a normal float.
 float split_scale(std::span<float> query, float scale);
 
 /// The merged softmax over span, its blended value and, if top_m > 0, its top_m rows (best first).

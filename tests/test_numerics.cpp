@@ -560,3 +560,81 @@ TEST_CASE("a dot product that overflows downwards where the scale makes the scor
   CHECK(c.query_soft(up).value[0] == Approx(1 - w0).epsilon(1e-4));
   CHECK(c.query_hard_batch(up).ids[0] == 1);
 }
+
+TEST_CASE("blocks, thread parts and masked runs whose every score is below -FLT_MAX weigh 0, not NaN", "[numerics]") {
+  // 256 rows (a whole block) scoring -6e38 before the one row scoring 3e38: the soft answer is that
+  // row's value, on every path; the outside probe found numeric_overflow here (exp(-inf - -inf)).
+  const ForcedPath path(any_path());
+  Collection c({1, 1, Metric::dot, 3e38f});
+  std::vector<float> keys(257, -2.0f), values(257, 0.0f);
+  keys[256] = 1.0f, values[256] = 1.0f;
+  c.add_batch(keys, values);
+  const std::vector<float> q{1.0f};
+  for (std::size_t threads : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
+    INFO("threads " << threads);
+    const SoftResult r = c.query_soft(q, {.top_m = 2, .threads = threads});
+    CHECK(r.value[0] == 1.0f);
+    CHECK(r.lse == Approx(3e38).epsilon(1e-6));
+    REQUIRE(r.top.size() == 2);
+    CHECK(r.top[0].id == 256);
+    CHECK(r.top[1].weight == 0.0f);
+    CHECK(r.top[1].score == -std::numeric_limits<float>::infinity());
+  }
+  CHECK(c.query_soft(q, {.exclude_ids = {3}}).value[0] == 1.0f);  // the masked walk
+  const SoftBatchResult b = c.query_soft_batch(std::vector<float>{1.0f, 1.0f});
+  CHECK(b.values[0] == 1.0f);
+  CHECK(b.values[1] == 1.0f);
+  // Two rows, two parts: the second part holds only the row below -FLT_MAX.
+  Collection two({1, 1, Metric::dot, 3e38f});
+  two.add_batch(std::vector<float>{1.0f, -2.0f}, std::vector<float>{1.0f, 2.0f});
+  CHECK(two.query_soft(q, {.threads = 2}).value[0] == 1.0f);
+  // Multi-head: head 1's first block is all below -FLT_MAX, head 0's is not.
+  CollectionConfig heads{2, 2, Metric::dot, 3e38f};
+  heads.heads = 2;
+  Collection h(heads);
+  std::vector<float> hk(2 * 257), hv(2 * 257, 0.0f);
+  for (std::size_t i = 0; i < 257; ++i) hk[2 * i] = 1.0f, hk[2 * i + 1] = i < 256 ? -2.0f : 1.0f;
+  hv[2 * 256 + 1] = 1.0f;
+  h.add_batch(hk, hv);
+  const SoftResult hr = h.query_soft(std::vector<float>{1.0f, 1.0f});
+  CHECK(hr.value[0] == 0.0f);
+  CHECK(hr.value[1] == 1.0f);
+  CHECK(h.query_soft_batch(std::vector<float>{1.0f, 1.0f}).values[1] == 1.0f);
+}
+
+TEST_CASE("a batch whose float blend overflows is blended again in double with its own max, not NaN", "[numerics]") {
+  // Values near FLT_MAX and scores near 1e30: the batch kernel's scores round differently from the
+  // single-query kernel's that the double pass uses, so the batch's max cannot shift those (the outside
+  // probe found NaN values on the batch and coalesced paths).
+  const ForcedPath path(any_path());
+  const std::size_t d = 64;
+  const auto k = test::normal_floats(d, 41);
+  auto q = test::normal_floats(d, 42);
+  double dot = 0;
+  for (std::size_t i = 0; i < d; ++i) dot += double(q[i]) * k[i];
+  if (dot < 0)
+    for (float& x : q) x = -x, dot = -dot;
+  const float scale = static_cast<float>(1e30 / std::fabs(dot));
+  Collection c({d, 1, Metric::dot, scale});
+  std::vector<float> keys(3 * d), values{0.9f * kFloatMax, 0.9f * kFloatMax, -0.5f * kFloatMax};
+  for (std::size_t r = 0; r < 2; ++r) std::copy(k.begin(), k.end(), keys.begin() + static_cast<std::ptrdiff_t>(r * d));
+  for (std::size_t i = 0; i < d; ++i) keys[2 * d + i] = -k[i];  // scores -1e30: weight 0
+  c.add_batch(keys, values);
+  std::vector<float> two(q);
+  two.insert(two.end(), q.begin(), q.end());
+  CHECK(c.query_soft(q).value[0] == Approx(0.9f * kFloatMax).epsilon(1e-6));
+  const SoftBatchResult b = c.query_soft_batch(two);
+  CHECK(b.values[0] == Approx(0.9f * kFloatMax).epsilon(1e-6));
+  CHECK(b.values[1] == Approx(0.9f * kFloatMax).epsilon(1e-6));
+  const SoftBatchResult masked = c.query_soft_batch(two, {.exclude_ids = {2}});
+  CHECK(masked.values[0] == Approx(0.9f * kFloatMax).epsilon(1e-6));
+}
+
+TEST_CASE("the flat tail bound is 0, not NaN, when the k-th candidate scores below -FLT_MAX", "[numerics][pruning]") {
+  const ForcedPath path(any_path());
+  Collection c(with_index(IndexKind::flat, 1, 1));
+  c.add_batch(std::vector<float>{1, -2, -3, -4}, std::vector<float>{1, 2, 3, 4});
+  const SoftResult r = c.query_soft(std::vector<float>{1.0f}, {.scale = 3e38f, .top_k = 3});
+  CHECK(r.tail_bound == 0.0);
+  CHECK(r.value[0] == 1.0f);
+}

@@ -31,6 +31,11 @@ inline void raise_max(float new_max, float& max, float& sum, float* acc, std::si
   max = new_max;
 }
 
+// The shift of a block's exponentials: the running max, or 0 while it is -inf (every score so far,
+// this block's included, is below -FLT_MAX: exp(-inf - 0) = 0 weights them all 0, where exp(-inf -
+// -inf) would be NaN).
+inline float exp_shift(float max) { return max == -std::numeric_limits<float>::infinity() ? 0.0f : max; }
+
 // Floats of scratch a kernel widens compact rows into: 16 KiB, so the widened rows stay in L1 between
 // the conversion and the float32 loop (a whole 256-row block, 128 KiB, spilled to L2 and ran slower).
 inline constexpr std::size_t kWidenFloats = 4096;
@@ -223,7 +228,7 @@ void soft_scan(const float* q, float scale, const RowSpan& span, float& max, flo
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
     score_block<P>(q, scale, span, start, rows, scores);
     raise_max<P>(P::max(scores, rows), max, sum, acc, dv);
-    sum += P::exp_shifted(scores, rows, max, weights);
+    sum += P::exp_shifted(scores, rows, exp_shift(max), weights);
     if (sink != nullptr) sink->offer(scores, start, rows);
     blend_block<P>(acc, weights, 0, 1, span, start, rows);
   }
@@ -294,7 +299,7 @@ void soft_scan_batch(const float* queries, std::size_t nq, const float* scales, 
     P::column_max(scores, rows, lanes, block);
     for (std::size_t b = 0; b < nq; ++b) {
       raise_max<P>(block[b], max[b], sum[b], acc + b * dv, dv);
-      shift[b] = max[b];
+      shift[b] = exp_shift(max[b]);
     }
     P::exp_columns(scores, rows, lanes, shift, block);
     for (std::size_t b = 0; b < nq; ++b) sum[b] += block[b];
@@ -446,7 +451,7 @@ void soft_scan_heads(const float* q, const float* scales, std::size_t heads, con
     for (std::size_t j = 0; j < heads; ++j) {
       float* s = scores + j * kScanBlockRows;
       raise_max<P>(P::max(s, rows), max[j], sum[j], acc + j * dvh, dvh);
-      sum[j] += P::exp_shifted(s, rows, max[j], weights + j * kScanBlockRows);
+      sum[j] += P::exp_shifted(s, rows, exp_shift(max[j]), weights + j * kScanBlockRows);
       if (sinks != nullptr && sinks[j] != nullptr) sinks[j]->offer(s, start, rows);
     }
     blend_block<P>(acc, weights, kScanBlockRows, heads, span, start, rows);
