@@ -17,6 +17,7 @@
 #include "reference.hpp"
 #include "kernel_paths.hpp"
 #include "softkv/softkv.hpp"
+#include "temp_dir.hpp"
 
 using namespace softkv;
 
@@ -637,4 +638,57 @@ TEST_CASE("the flat tail bound is 0, not NaN, when the k-th candidate scores bel
   const SoftResult r = c.query_soft(std::vector<float>{1.0f}, {.scale = 3e38f, .top_k = 3});
   CHECK(r.tail_bound == 0.0);
   CHECK(r.value[0] == 1.0f);
+}
+
+TEST_CASE("hnsw and ivf over keys near FLT_MAX build, search and persist without overflow", "[numerics][pruning]") {
+  // FAISS sums in float: on keys of 1e37 its k-means aborted the process (outside probe) and HNSW's
+  // inner products overflowed. It now gets the keys times a power of two; the answers must be those
+  // of the exact scan when the search visits everything.
+  const std::size_t n = 600, d = 8;
+  std::mt19937_64 rng(77);
+  std::uniform_real_distribution<float> magnitude(0.25f, 1.0f);
+  std::bernoulli_distribution negative(0.5);
+  std::vector<float> keys(n * d), values(n);
+  for (float& k : keys) k = (negative(rng) ? -1.0f : 1.0f) * magnitude(rng) * 4e37f;
+  for (std::size_t i = 0; i < n; ++i) values[i] = static_cast<float>(i);
+  std::vector<float> q(keys.begin() + 123 * d, keys.begin() + 124 * d);  // row 123's own direction
+  for (float& x : q) x /= 4e37f;
+  std::size_t best = 0;
+  double top = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < n; ++i) {
+    double s = 0;
+    for (std::size_t j = 0; j < d; ++j) s += double(q[j]) * keys[i * d + j];
+    if (s > top) top = s, best = i;
+  }
+  const float scale = static_cast<float>(20.0 / top);  // the best score is 20
+  for (IndexKind kind : {IndexKind::ivf, IndexKind::hnsw}) {
+    INFO("index " << static_cast<int>(kind));
+    test::TempDir dir;
+    CollectionConfig config = with_index(kind, d, 1);
+    config.scale = scale;
+    {
+      Database db(dir.path);
+      db.create_collection("c", config);
+      db.add("c", keys, values);
+      const auto c = db.collection("c");
+      c->wait_until_indexed();
+      const QueryOptions wide{.top_k = 20, .ef_search = n, .nprobe = 8};
+      const SoftResult pruned = c->query_soft(q, wide);
+      CHECK(pruned.searched_with == kind);
+      CHECK(pruned.top.empty());
+      const SoftResult exact = c->query_soft(q, {.top_m = 20});
+      std::set<std::uint64_t> want;
+      for (const Contributor& t : exact.top) want.insert(t.id);
+      const SoftResult listed = c->query_soft(q, {.top_m = 20, .top_k = 20, .ef_search = n, .nprobe = 8});
+      std::set<std::uint64_t> got;
+      for (const Contributor& t : listed.top) got.insert(t.id);
+      CHECK(got == want);  // the index found the exact top 20
+      CHECK(c->query_hard(q, {.ef_search = n, .nprobe = 8}).id == best);
+      db.snapshot();
+    }
+    Database again(dir.path);  // the index (and the scaling FAISS holds it at) loads from the snapshot
+    const auto c = again.collection("c");
+    CHECK(c->query_hard(q, {.ef_search = n, .nprobe = 8}).id == best);
+    CHECK(c->query_soft(q, {.top_k = 20, .ef_search = n, .nprobe = 8}).searched_with == kind);
+  }
 }

@@ -36,9 +36,33 @@ const int kBuildThreads = std::max(1, omp_get_max_threads());
 
 int build_threads() { return kBuildThreads; }
 
+// FAISS sums squares and inner products in float: keys near FLT_MAX overflow them, and its k-means
+// then aborts the process (an assertion, not an exception). So FAISS gets each key times 2^-shift,
+// shift chosen at build time so that the largest training element is below 2^kFaissExponent, and
+// clamped to +-2^kFaissExponent: with d <= 2^24, every inner product and squared distance stays below
+// 2^(2 * 40 + 26), far inside float. A power of two keeps the ranking of inner products; a clamped
+// element (a key far larger than every key trained on) only makes that row's candidacy approximate,
+// and softkv rescores every candidate with its own kernel anyway.
+constexpr int kFaissExponent = 40;
+
+int faiss_shift(const float* keys, std::size_t count) {
+  float largest = 0.0f;
+  for (std::size_t i = 0; i < count; ++i) largest = std::max(largest, std::fabs(keys[i]));
+  return largest == 0.0f ? 0 : std::max(0, std::ilogb(largest) + 1 - kFaissExponent);
+}
+
+// keys (n rows, count floats) as FAISS gets them under shift.
+std::vector<float> faiss_copy(const float* keys, std::size_t count, int shift) {
+  const float limit = std::ldexp(1.0f, kFaissExponent);
+  std::vector<float> out(count);
+  for (std::size_t i = 0; i < count; ++i) out[i] = std::clamp(std::ldexp(keys[i], -shift), -limit, limit);
+  return out;
+}
+
 // A FAISS index and the bookkeeping that maps its positions to entry ids.
 struct Built {
   std::unique_ptr<faiss::Index> index;
+  int shift = 0;                                             // FAISS holds keys times 2^-shift (faiss_copy)
   std::vector<std::uint64_t> id_at;                          // FAISS label -> entry id
   std::vector<bool> dead_at;                                 // FAISS label -> removed or replaced
   std::unordered_map<std::uint64_t, std::size_t> position_of;  // live entry id -> FAISS label
@@ -54,7 +78,8 @@ struct Built {
 
   void append(const std::uint64_t* ids, const float* keys, std::size_t n) {
     OmpThreads threads(build_threads());
-    index->add(static_cast<Label>(n), keys);
+    const std::vector<float> safe = faiss_copy(keys, n * static_cast<std::size_t>(index->d), shift);
+    index->add(static_cast<Label>(n), safe.data());
     for (std::size_t i = 0; i < n; ++i) {
       kill(ids[i]);  // a replaced entry (or an id repeated within the batch) keeps only its newest key
       position_of[ids[i]] = id_at.size();
@@ -154,6 +179,7 @@ class PositionalIndex final : public PruningIndex {
     if (n < train_threshold()) return b;
     OmpThreads threads(build_threads());
     const int d = static_cast<int>(dim);
+    b.shift = faiss_shift(keys, n * dim);
     if (is_hnsw()) {
       auto hnsw = std::make_unique<faiss::IndexHNSWFlat>(d, static_cast<int>(config_.index.hnsw_m), faiss::METRIC_INNER_PRODUCT);
       hnsw->hnsw.efConstruction = static_cast<int>(config_.index.hnsw_ef_construction);
@@ -169,7 +195,7 @@ class PositionalIndex final : public PruningIndex {
       std::vector<float> train(sample * dim);
       for (std::size_t i = 0; i < sample; ++i)
         std::copy_n(keys + (i * n / sample) * dim, dim, train.begin() + static_cast<std::ptrdiff_t>(i * dim));
-      ivf->train(static_cast<Label>(sample), train.data());
+      ivf->train(static_cast<Label>(sample), faiss_copy(train.data(), train.size(), b.shift).data());
       b.index = std::move(ivf);
     }
     b.append(ids, keys, n);
@@ -188,6 +214,7 @@ class PositionalIndex final : public PruningIndex {
     faiss::write_index(current_.index.get(), &blob);
     w.put(std::uint64_t{blob.data.size()});
     w.put_array(std::span<const std::uint8_t>(blob.data));
+    w.put(std::int32_t{current_.shift});  // absent in snapshots written before it existed: 0
     return std::move(w.bytes());
   }
 
@@ -201,6 +228,8 @@ class PositionalIndex final : public PruningIndex {
       const auto dead = to_vector<std::uint8_t>(r.take_array<std::uint8_t>(n, "dead map"));
       const auto blob_size = r.get<std::uint64_t>("index size");
       const auto blob = r.take_array<std::uint8_t>(blob_size, "index");
+      if (r.remaining() > 0) b.shift = r.get<std::int32_t>("index key shift");
+      if (b.shift < 0 || b.shift > 255) return false;
       // The live positions must be exactly the collection's rows, each once.
       for (std::size_t i = 0; i < n; ++i) {
         if (dead[i] != 0) {
@@ -242,8 +271,16 @@ class PositionalIndex final : public PruningIndex {
     for (std::size_t i = 0; i < n; ++i) pending[i] = i;
     while (!pending.empty()) {
       std::vector<float> batch(pending.size() * all.dim);
-      for (std::size_t j = 0; j < pending.size(); ++j)
-        std::copy_n(queries + pending[j] * all.dim, all.dim, batch.begin() + static_cast<std::ptrdiff_t>(j * all.dim));
+      for (std::size_t j = 0; j < pending.size(); ++j) {
+        float* row = batch.data() + j * all.dim;
+        std::copy_n(queries + pending[j] * all.dim, all.dim, row);
+        // A power of two brings the largest |q_i| to [1, 2): the same ranking, and inner products with
+        // the keys as FAISS holds them (below 2^kFaissExponent) cannot overflow.
+        float largest = 0.0f;
+        for (std::size_t i = 0; i < all.dim; ++i) largest = std::max(largest, std::fabs(row[i]));
+        if (largest > 0.0f)
+          for (std::size_t i = 0; i < all.dim; ++i) row[i] = std::ldexp(row[i], -std::ilogb(largest));
+      }
       std::vector<float> scores(pending.size() * ask);
       std::vector<Label> labels(pending.size() * ask);
       run_search(batch.data(), pending.size(), ask, p, scores.data(), labels.data());
