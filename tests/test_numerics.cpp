@@ -691,4 +691,20 @@ TEST_CASE("hnsw and ivf over keys near FLT_MAX build, search and persist without
     CHECK(c->query_hard(q, {.ef_search = n, .nprobe = 8}).id == best);
     CHECK(c->query_soft(q, {.top_k = 20, .ef_search = n, .nprobe = 8}).searched_with == kind);
   }
+  // IVF built on keys of ~1e30, then rows 1000 times larger added: still inside what FAISS is given
+  // unclamped (2^20 times the largest element built on), so a search of every list finds the exact top 20.
+  CollectionConfig config = with_index(IndexKind::ivf, d, 1);
+  config.scale = 1e-30f;
+  Collection c(config);
+  std::vector<float> small(keys), large(keys.begin(), keys.begin() + 300 * d);
+  for (float& x : small) x *= 1e30f / 4e37f;
+  for (float& x : large) x *= 1e33f / 4e37f * 0.999f;
+  c.add_batch(small, values);
+  c.wait_until_indexed();
+  c.add_batch(large, std::vector<float>(300, -1.0f));
+  const SoftResult exact = c.query_soft(q, {.top_m = 20});
+  const SoftResult listed = c.query_soft(q, {.top_m = 20, .top_k = 20, .nprobe = 8});
+  CHECK(listed.searched_with == IndexKind::ivf);
+  REQUIRE(listed.top.size() == 20);
+  for (std::size_t i = 0; i < 20; ++i) CHECK(listed.top[i].id == exact.top[i].id);
 }

@@ -38,22 +38,24 @@ int build_threads() { return kBuildThreads; }
 
 // FAISS sums squares and inner products in float: keys near FLT_MAX overflow them, and its k-means
 // then aborts the process (an assertion, not an exception). So FAISS gets each key times 2^-shift,
-// shift chosen at build time so that the largest training element is below 2^kFaissExponent, and
-// clamped to +-2^kFaissExponent: with d <= 2^24, every inner product and squared distance stays below
-// 2^(2 * 40 + 26), far inside float. A power of two keeps the ranking of inner products; a clamped
-// element (a key far larger than every key trained on) only makes that row's candidacy approximate,
-// and softkv rescores every candidate with its own kernel anyway.
-constexpr int kFaissExponent = 40;
+// shift chosen at build time so that the largest element built on is below 2^kFaissBuiltExponent,
+// and clamped to +-2^kFaissClampExponent: keys added later may be up to 2^20 times larger than any
+// built on before they are clamped, and with d <= 2^24 an inner product of two clamped keys stays
+// below 2^(2 * 50 + 24) = 2^124, inside float. A power of two keeps the ranking of inner products; a
+// clamped element only makes that row's candidacy approximate, and softkv rescores every candidate
+// with its own kernel anyway.
+constexpr int kFaissBuiltExponent = 30;
+constexpr int kFaissClampExponent = 50;
 
 int faiss_shift(const float* keys, std::size_t count) {
   float largest = 0.0f;
   for (std::size_t i = 0; i < count; ++i) largest = std::max(largest, std::fabs(keys[i]));
-  return largest == 0.0f ? 0 : std::max(0, std::ilogb(largest) + 1 - kFaissExponent);
+  return largest == 0.0f ? 0 : std::max(0, std::ilogb(largest) + 1 - kFaissBuiltExponent);
 }
 
 // keys (n rows, count floats) as FAISS gets them under shift.
 std::vector<float> faiss_copy(const float* keys, std::size_t count, int shift) {
-  const float limit = std::ldexp(1.0f, kFaissExponent);
+  const float limit = std::ldexp(1.0f, kFaissClampExponent);
   std::vector<float> out(count);
   for (std::size_t i = 0; i < count; ++i) out[i] = std::clamp(std::ldexp(keys[i], -shift), -limit, limit);
   return out;
@@ -275,7 +277,7 @@ class PositionalIndex final : public PruningIndex {
         float* row = batch.data() + j * all.dim;
         std::copy_n(queries + pending[j] * all.dim, all.dim, row);
         // A power of two brings the largest |q_i| to [1, 2): the same ranking, and inner products with
-        // the keys as FAISS holds them (below 2^kFaissExponent) cannot overflow.
+        // the keys as FAISS holds them (at most 2^kFaissClampExponent) cannot overflow.
         float largest = 0.0f;
         for (std::size_t i = 0; i < all.dim; ++i) largest = std::max(largest, std::fabs(row[i]));
         if (largest > 0.0f)
