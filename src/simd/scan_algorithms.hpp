@@ -164,8 +164,8 @@ template <class P, Precision KP>
 
 // Puts score_in_double in place of every non-finite score of rows [start, start + rows) (scores[r]),
 // over key elements [first, first + count): a float sum that left the float range (or two
-// overflows that cancelled into NaN) becomes the correctly scaled score, +-inf only where the true
-// score is beyond FLT_MAX. One vector test per block on the hot path; the rows it redoes are rare.
+// overflows that cancelled into NaN) becomes the score summed in double, +-inf only where the score
+// is beyond FLT_MAX. One vector test per block on the hot path; the rows it redoes are rare.
 template <class P>
 void repair_scores(const float* q, float scale, const RowSpan& span, std::size_t start, std::size_t rows, float* scores,
                    std::size_t first, std::size_t count) {
@@ -179,8 +179,6 @@ void score_block(const float* q, float scale, const RowSpan& span, std::size_t s
   with_precision(span.key_precision, [&](auto kp) { score_rows<P, decltype(kp)::value>(q, scale, span, start, rows, scores); });
   repair_scores<P>(q, scale, span, start, rows, scores, 0, span.dim);
 }
-
-
 
 // Bytes of values a blend chunk covers: the chunk's rows stay in L1 while every column tile of them
 // is blended (with one tile, as at dv <= 128 on avx512, the chunking only bounds the loop).
