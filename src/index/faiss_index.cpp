@@ -53,7 +53,7 @@ int faiss_shift(const float* keys, std::size_t count) {
   return largest == 0.0f ? 0 : std::max(0, std::ilogb(largest) + 1 - kFaissBuiltExponent);
 }
 
-// keys (n rows, count floats) as FAISS gets them under shift.
+// count floats of keys as FAISS gets them under shift (times 2^-shift, clamped).
 std::vector<float> faiss_copy(const float* keys, std::size_t count, int shift) {
   const float limit = std::ldexp(1.0f, kFaissClampExponent);
   std::vector<float> out(count);
@@ -276,12 +276,10 @@ class PositionalIndex final : public PruningIndex {
       for (std::size_t j = 0; j < pending.size(); ++j) {
         float* row = batch.data() + j * all.dim;
         std::copy_n(queries + pending[j] * all.dim, all.dim, row);
-        // A power of two brings the largest |q_i| to [1, 2): the same ranking, and inner products with
-        // the keys as FAISS holds them (at most 2^kFaissClampExponent) cannot overflow.
-        float largest = 0.0f;
-        for (std::size_t i = 0; i < all.dim; ++i) largest = std::max(largest, std::fabs(row[i]));
-        if (largest > 0.0f)
-          for (std::size_t i = 0; i < all.dim; ++i) row[i] = std::ldexp(row[i], -std::ilogb(largest));
+        // split_scale with scale 1 brings the largest |q_i| to [1, 2) by a power of two (a caller's split
+        // may have been clamped short of that): the same ranking, and inner products with the keys as
+        // FAISS holds them (at most 2^kFaissClampExponent) cannot overflow.
+        (void)split_scale(std::span<float>(row, all.dim), 1.0f);
       }
       std::vector<float> scores(pending.size() * ask);
       std::vector<Label> labels(pending.size() * ask);
