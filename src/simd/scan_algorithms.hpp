@@ -88,26 +88,56 @@ class Widener {
   std::vector<float> buffer_;
 };
 
-// Software prefetch of a stream of rows, kAhead bytes ahead of the reads. The hardware prefetchers stop
-// at every 4 KiB page, and a row of d = 512 floats is half a page: without this a scan stalls at the
-// start of every page. What it gained, and the distances tried, are in bench/analysis.md and
-// bench/results/HEADS.md (measured with the key and value passes prefetching together).
+// Software prefetch of a stream of rows, kAhead bytes ahead of the reads and up to the end of the part
+// being scanned (not of the block: the next block's first rows are on their way when it starts). The
+// hardware prefetchers stop at every 4 KiB page, and a row of d = 512 floats is half a page: without
+// help a scan stalls at the start of every page. Two strides: kLine prefetches every line of the
+// stream; kPage one line per 4 KiB, which starts the hardware prefetcher on each page before the reads
+// reach it at 1/64 of the instructions. What each gained where: bench/analysis.md.
 class Prefetcher {
  public:
   static constexpr std::size_t kAhead = 4096;
-  Prefetcher(const void* begin, std::size_t bytes)
-      : next_(static_cast<const char*>(begin)), end_(static_cast<const char*>(begin) + bytes) {}
-  // Prefetches every line of the stream up to kAhead bytes past p.
+  static constexpr std::size_t kLine = 64;
+  static constexpr std::size_t kPage = 4096;
+  // The stream [begin, end), prefetched stride bytes apart.
+  Prefetcher(const void* begin, const void* end, std::size_t stride)
+      : next_(static_cast<const char*>(begin)), end_(static_cast<const char*>(end)), stride_(stride) {}
+  // Prefetches the stream up to kAhead bytes past p.
   void upto(const void* p) {
     const char* target = static_cast<const char*>(p) + kAhead;
     if (target > end_) target = end_;
-    for (; next_ < target; next_ += 64) __builtin_prefetch(next_, 0, 3);
+    for (; next_ < target; next_ += stride_) __builtin_prefetch(next_, 0, 3);
   }
 
  private:
   const char* next_;
   const char* end_;
+  std::size_t stride_;
 };
+
+// Key rows from this size on are prefetched a page apart: from memory that kept the key stream at the
+// read bandwidth (a hard scan at d = 128 on Zen 5 went from ~80% to ~100% of it) where every-line
+// prefetching spent the instructions; below it (d = 32) every line, which kept soft scans at the
+// bandwidth where page strides did not. Value passes always prefetch every line (on AVX2 a page
+// stride there cost ~10%).
+inline constexpr std::size_t kPageStrideKeyRowBytes = 256;
+
+// Key rows are scored two per load of the query (P::chains2_as) when a row is at most
+// kPairedKeyRowBytes or the part's keys at most kPairedSpanBytes; otherwise one at a time, in address
+// order. A pair interleaves the reads of two rows: in cache that saves a quarter of the loads (~10% a
+// row at d = 128), but from memory (or L3) the hardware prefetchers lose a fifth of the bandwidth when
+// the reads step back by 512 bytes and more at 1 KiB. A pair of rows up to 256 bytes spans at most
+// eight lines and keeps the gain everywhere; a part of keys this small is likely in L2.
+inline constexpr std::size_t kPairedKeyRowBytes = 256;
+inline constexpr std::size_t kPairedSpanBytes = std::size_t{512} << 10;
+
+// The key stream of rows [start, span.rows) of span, with the stride its row size takes.
+inline Prefetcher key_prefetcher(const RowSpan& span, std::size_t start) {
+  const std::size_t row_bytes = span.key_row_bytes();
+  const char* keys = static_cast<const char*>(span.keys);
+  return Prefetcher(keys + start * row_bytes, keys + span.rows * row_bytes,
+                    row_bytes >= kPageStrideKeyRowBytes ? Prefetcher::kPage : Prefetcher::kLine);
+}
 
 // Calls fn with p as a compile-time constant (std::integral_constant<Precision, p>).
 template <class Fn>
@@ -140,10 +170,10 @@ template <class P, Precision KP>
                                   float* scores) {
   const std::size_t d = span.dim, row_bytes = span.key_row_bytes();
   const char* keys = static_cast<const char*>(span.keys) + start * row_bytes;
-  Prefetcher pf(keys, rows * row_bytes);
+  Prefetcher pf = key_prefetcher(span, start);
   std::size_t r = 0;
   if constexpr (P::kJointHeads) {
-    if (d % P::W == 0) {
+    if (d % P::W == 0 && (row_bytes <= kPairedKeyRowBytes || span.rows * row_bytes <= kPairedSpanBytes)) {
       for (; r + 2 <= rows; r += 2) {
         const float s0 = KP == Precision::i8 ? span.key_scales[start + r] : 1.0f;
         const float s1 = KP == Precision::i8 ? span.key_scales[start + r + 1] : 1.0f;
@@ -197,7 +227,7 @@ void blend_block(float* acc, const float* weights, std::size_t stride, std::size
   with_value_precision(span.value_precision, [&](auto vp) {
     constexpr Precision VP = decltype(vp)::value;
     const char* values = static_cast<const char*>(span.values) + start * row_bytes;
-    Prefetcher pf(values, rows * row_bytes);
+    Prefetcher pf(values, static_cast<const char*>(span.values) + span.rows * row_bytes, Prefetcher::kLine);
     for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
       const std::size_t n = rows - r0 < chunk ? rows - r0 : chunk;
       pf.upto(values + (r0 + n) * row_bytes);  // the chunk's rows are read column tile by column tile
@@ -371,7 +401,7 @@ void score_heads_joint(const float* q, const float* scales, std::size_t heads, c
   constexpr std::size_t bytes = RowSpan::bytes_of(KP);
   const std::size_t row_bytes = span.key_row_bytes();
   const char* keys = static_cast<const char*>(span.keys) + start * row_bytes;
-  Prefetcher pf(keys, rows * row_bytes);
+  Prefetcher pf = key_prefetcher(span, start);
   thread_local std::vector<float> by_row;  // rows x heads, row-major
   if (by_row.size() < rows * heads) by_row.resize(rows * heads);
   for (std::size_t r = 0; r < rows; ++r) {
@@ -408,7 +438,7 @@ template <class P, Precision KP>
     }
   }
   const char* keys = static_cast<const char*>(span.keys) + start * row_bytes;
-  Prefetcher pf(keys, rows * row_bytes);
+  Prefetcher pf = key_prefetcher(span, start);
   for (std::size_t r = 0; r < rows; ++r) {
     const float row_scale = KP == Precision::i8 ? span.key_scales[start + r] : 1.0f;
     const char* k = keys + r * row_bytes;
