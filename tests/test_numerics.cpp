@@ -640,17 +640,28 @@ TEST_CASE("the flat tail bound is 0, not NaN, when the k-th candidate scores bel
   CHECK(r.value[0] == 1.0f);
 }
 
+namespace {
+
+// n floats of random sign and magnitude in [1e37, 4e37]: keys whose products overflow float sums.
+std::vector<float> keys_near_flt_max(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> magnitude(0.25f, 1.0f);
+  std::bernoulli_distribution negative(0.5);
+  std::vector<float> keys(n);
+  for (float& k : keys) k = (negative(rng) ? -1.0f : 1.0f) * magnitude(rng) * 4e37f;
+  return keys;
+}
+
+}  // namespace
+
 TEST_CASE("hnsw and ivf over keys near FLT_MAX build, search and persist without overflow", "[numerics][pruning]") {
   // FAISS sums in float: on keys of 1e37 its k-means aborted the process (outside probe) and HNSW's
   // inner products overflowed. It now gets the keys times a power of two; the answers must be those
   // of the exact scan when the search visits everything.
   const std::size_t n = 600, d = 8;
-  std::mt19937_64 rng(77);
-  std::uniform_real_distribution<float> magnitude(0.25f, 1.0f);
-  std::bernoulli_distribution negative(0.5);
-  std::vector<float> keys(n * d), values(n);
-  for (float& k : keys) k = (negative(rng) ? -1.0f : 1.0f) * magnitude(rng) * 4e37f;
-  for (std::size_t i = 0; i < n; ++i) values[i] = static_cast<float>(i);
+  const std::vector<float> keys = keys_near_flt_max(n * d, 77);
+  std::vector<float> values(n);
+  std::iota(values.begin(), values.end(), 0.0f);
   std::vector<float> q(keys.begin() + 123 * d, keys.begin() + 124 * d);  // row 123's own direction
   for (float& x : q) x /= 4e37f;
   std::size_t best = 0;
@@ -707,4 +718,43 @@ TEST_CASE("hnsw and ivf over keys near FLT_MAX build, search and persist without
   CHECK(listed.searched_with == IndexKind::ivf);
   REQUIRE(listed.top.size() == 20);
   for (std::size_t i = 0; i < 20; ++i) CHECK(listed.top[i].id == exact.top[i].id);
+}
+
+TEST_CASE("a pruned query whose scale and elements are both tiny reaches hnsw and ivf far from unit size and still finds the exact top 20", "[numerics][pruning]") {
+  // scale 1e-30 and query elements near 1e-30: the split that keeps the scale factor normal stops at
+  // 2^26 times the query, so the query the index gets is ~1e-22, not in [1, 2); keys near 4e37 keep
+  // the scores (~1e-22) finite and distinct. A search that visits everything must find the exact top 20.
+  const std::size_t n = 600, d = 8;
+  const std::vector<float> keys = keys_near_flt_max(n * d, 91);
+  std::vector<float> values(n);
+  std::iota(values.begin(), values.end(), 0.0f);
+  std::vector<float> q(keys.begin() + 321 * d, keys.begin() + 322 * d);
+  for (float& x : q) x = x / 4e37f * 1e-30f;  // (1e-30f / 4e37f would underflow to 0)
+  std::vector<std::pair<double, std::uint64_t>> by_score;  // the double reference ranking
+  for (std::size_t i = 0; i < n; ++i) {
+    double s = 0;
+    for (std::size_t j = 0; j < d; ++j) s += double(q[j]) * keys[i * d + j];
+    by_score.emplace_back(s, i);
+  }
+  std::sort(by_score.begin(), by_score.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::set<std::uint64_t> want;
+  for (std::size_t i = 0; i < 20; ++i) want.insert(by_score[i].second);
+  for (IndexKind kind : {IndexKind::ivf, IndexKind::hnsw}) {
+    INFO("index " << static_cast<int>(kind));
+    CollectionConfig config = with_index(kind, d, 1);
+    config.scale = 1e-30f;
+    Collection c(config);
+    c.add_batch(keys, values);
+    c.wait_until_indexed();
+    const SoftResult exact = c.query_soft(q, {.top_m = 20});
+    REQUIRE(std::isfinite(exact.lse));
+    REQUIRE(exact.max_score > 0.0f);
+    REQUIRE(exact.max_score < 1e-15f);  // the scores really are tiny
+    const SoftResult listed = c.query_soft(q, {.top_m = 20, .top_k = 20, .ef_search = n, .nprobe = 8});
+    CHECK(listed.searched_with == kind);
+    std::set<std::uint64_t> got;
+    for (const Contributor& t : listed.top) got.insert(t.id);
+    CHECK(got == want);
+    CHECK(c.query_hard(q, {.ef_search = n, .nprobe = 8}).id == by_score[0].second);
+  }
 }
