@@ -131,12 +131,18 @@ inline constexpr std::size_t kPageStrideKeyRowBytes = 256;
 inline constexpr std::size_t kPairedKeyRowBytes = 256;
 inline constexpr std::size_t kPairedSpanBytes = std::size_t{512} << 10;
 
-// The key stream of rows [start, span.rows) of span, with the stride its row size takes.
+// The stream of rows [start, span.rows) of rows (row_bytes each), stride bytes apart.
+inline Prefetcher row_prefetcher(const void* rows, std::size_t row_bytes, const RowSpan& span, std::size_t start,
+                                 std::size_t stride) {
+  const char* base = static_cast<const char*>(rows);
+  return Prefetcher(base + start * row_bytes, base + span.rows * row_bytes, stride);
+}
+
+// The key stream from row start of span, with the stride its row size takes.
 inline Prefetcher key_prefetcher(const RowSpan& span, std::size_t start) {
   const std::size_t row_bytes = span.key_row_bytes();
-  const char* keys = static_cast<const char*>(span.keys);
-  return Prefetcher(keys + start * row_bytes, keys + span.rows * row_bytes,
-                    row_bytes >= kPageStrideKeyRowBytes ? Prefetcher::kPage : Prefetcher::kLine);
+  return row_prefetcher(span.keys, row_bytes, span, start,
+                        row_bytes >= kPageStrideKeyRowBytes ? Prefetcher::kPage : Prefetcher::kLine);
 }
 
 // Calls fn with p as a compile-time constant (std::integral_constant<Precision, p>).
@@ -227,7 +233,7 @@ void blend_block(float* acc, const float* weights, std::size_t stride, std::size
   with_value_precision(span.value_precision, [&](auto vp) {
     constexpr Precision VP = decltype(vp)::value;
     const char* values = static_cast<const char*>(span.values) + start * row_bytes;
-    Prefetcher pf(values, static_cast<const char*>(span.values) + span.rows * row_bytes, Prefetcher::kLine);
+    Prefetcher pf = row_prefetcher(span.values, row_bytes, span, start, Prefetcher::kLine);
     for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
       const std::size_t n = rows - r0 < chunk ? rows - r0 : chunk;
       pf.upto(values + (r0 + n) * row_bytes);  // the chunk's rows are read column tile by column tile
