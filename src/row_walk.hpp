@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -39,10 +40,10 @@ inline std::vector<std::vector<RowRun>> split_runs(const EligibleRows& rows, std
 
 // Visits the rows of runs in order as RowSpans: long runs in place (rows == nullptr, absolute row =
 // first + r), short runs gathered into one block (absolute row = rows[r]). Values are copied only when
-// span has them. The gather block (up to 1 MiB at d = dv = 512) is allocated on the first short run:
-// a walk of long runs only (every unmasked multi-head scan) allocates nothing. Allocated up front it
-// was zeroed for every part of every query, and where its pages were faulted in afresh that took
-// 1.4-2.1 ms a query (heads_bench at 256 rows).
+// span has them. The gather block (up to 1 MiB at d = dv = 512) is allocated on the first short run,
+// and not zeroed: a walk of long runs only (every unmasked multi-head scan) allocates nothing, and a
+// few short runs touch only the pages they fill. Allocated and zeroed up front it cost every part of
+// every query 1.4-2.1 ms where its pages were faulted in afresh (heads_bench at 256 rows).
 class BlockWalker {
  public:
   explicit BlockWalker(const RowSpan& span) : span_(span) {}
@@ -58,8 +59,8 @@ class BlockWalker {
     auto flush = [&] {
       if (filled == 0) return;
       RowSpan block = span_;
-      block.keys = keys_.data();
-      block.values = span_.values != nullptr ? values_.data() : nullptr;
+      block.keys = keys_.get();
+      block.values = values_.get();
       block.key_scales = span_.key_scales != nullptr ? scales_.data() : nullptr;
       block.ids = ids_.data();
       block.rows = filled;
@@ -74,8 +75,8 @@ class BlockWalker {
       }
       if (ids_.empty()) allocate();
       for (std::size_t r = run.begin; r < run.begin + run.count; ++r) {
-        std::copy_n(keys + r * kb, kb, keys_.begin() + static_cast<std::ptrdiff_t>(filled * kb));
-        if (values != nullptr) std::copy_n(values + r * vb, vb, values_.begin() + static_cast<std::ptrdiff_t>(filled * vb));
+        std::copy_n(keys + r * kb, kb, keys_.get() + filled * kb);
+        if (values != nullptr) std::copy_n(values + r * vb, vb, values_.get() + filled * vb);
         if (span_.key_scales != nullptr) scales_[filled] = span_.key_scales[r];
         ids_[filled] = span_.ids[r];
         rows_[filled] = r;
@@ -86,16 +87,17 @@ class BlockWalker {
   }
 
  private:
+  // Rows are written before a kernel reads them, so the block is left uninitialised.
   void allocate() {
-    keys_.resize(kScanBlockRows * span_.key_row_bytes());
-    if (span_.values != nullptr) values_.resize(kScanBlockRows * span_.value_row_bytes());
+    keys_ = std::make_unique_for_overwrite<std::byte[]>(kScanBlockRows * span_.key_row_bytes());
+    if (span_.values != nullptr) values_ = std::make_unique_for_overwrite<std::byte[]>(kScanBlockRows * span_.value_row_bytes());
     if (span_.key_scales != nullptr) scales_.resize(kScanBlockRows);
     ids_.resize(kScanBlockRows);
     rows_.resize(kScanBlockRows);
   }
 
   RowSpan span_;
-  std::vector<std::byte> keys_, values_;
+  std::unique_ptr<std::byte[]> keys_, values_;
   std::vector<float> scales_;
   std::vector<std::uint64_t> ids_;
   std::vector<std::size_t> rows_;

@@ -101,18 +101,22 @@ class Prefetcher {
   static constexpr std::size_t kPage = 4096;
   // The stream [begin, end), prefetched stride bytes apart.
   Prefetcher(const void* begin, const void* end, std::size_t stride)
-      : next_(static_cast<const char*>(begin)), end_(static_cast<const char*>(end)), stride_(stride) {}
-  // Prefetches the stream up to kAhead bytes past p.
+      : base_(static_cast<const char*>(begin)),
+        size_(static_cast<std::size_t>(static_cast<const char*>(end) - base_)),
+        stride_(stride) {}
+  // Prefetches the stream up to kAhead bytes past p (p within the stream or at its end).
   void upto(const void* p) {
-    const char* target = static_cast<const char*>(p) + kAhead;
-    if (target > end_) target = end_;
-    for (; next_ < target; next_ += stride_) __builtin_prefetch(next_, 0, 3);
+    std::size_t target = static_cast<std::size_t>(static_cast<const char*>(p) - base_) + kAhead;
+    if (target > size_) target = size_;
+    // The offset may step past the end; a pointer is formed only inside the stream.
+    for (; next_ < target; next_ += stride_) __builtin_prefetch(base_ + next_, 0, 3);
   }
 
  private:
-  const char* next_;
-  const char* end_;
+  const char* base_;
+  std::size_t size_;
   std::size_t stride_;
+  std::size_t next_ = 0;
 };
 
 // Key rows from this size on are prefetched a page apart: from memory that kept the key stream at the
