@@ -14,6 +14,7 @@
 #include "collection_impl.hpp"
 #include "mask.hpp"
 #include "scan.hpp"
+#include "score_range.hpp"
 #include "softkv/error.hpp"
 #include "thread_pool.hpp"
 #include "validate.hpp"
@@ -358,6 +359,7 @@ std::vector<std::size_t> Collection::Impl::index_rows(const float* query, float 
 }
 
 void Collection::Impl::check_lse(double lse) {
+  if (lse == -std::numeric_limits<double>::infinity()) throw detail::EveryScoreBelowRange();  // no row weighs anything
   if (!std::isfinite(lse))
     throw Error(ErrorCode::numeric_overflow, "scores left the float range; use a smaller scale or a larger temperature");
 }

@@ -152,7 +152,7 @@ class Collection::Impl {
   /// Rows of the index's candidates for a query split by split_scale into (query, scale) (live entries only).
   [[nodiscard]] std::vector<std::size_t> index_rows(const float* query, float scale, std::size_t k,
                                                     const QueryOptions& options) const;
-  /// Error(numeric_overflow) unless lse is finite.
+  /// Error(numeric_overflow) unless lse is finite: detail::EveryScoreBelowRange for -inf (no row weighs anything).
   static void check_lse(double lse);
 
  private:

@@ -12,6 +12,7 @@
 #include "mask.hpp"
 #include "pruning.hpp"
 #include "scan.hpp"
+#include "score_range.hpp"
 #include "simd/kernel_table.hpp"
 #include "softkv/collection.hpp"
 #include "softkv/error.hpp"
@@ -29,8 +30,7 @@ constexpr std::size_t kHardCandidates = 64;
 void check_best(const detail::ArgMax& best) {
   if (best.overflow)
     throw Error(ErrorCode::numeric_overflow, "a score left the float range; use a smaller scale or a larger temperature");
-  if (best.row == detail::ArgMax::kNoRow)
-    throw Error(ErrorCode::numeric_overflow, "every score is below -FLT_MAX; use a smaller scale or a larger temperature");
+  if (best.row == detail::ArgMax::kNoRow) throw detail::EveryScoreBelowRange();
 }
 
 // Runs a query body; an allocation failure (a huge batch, top_m or top_k) becomes a typed error.

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <new>
 #include <optional>
 #include <stdexcept>
@@ -10,6 +11,7 @@
 #include "mpi/sharded_impl.hpp"
 #include "mask.hpp"
 #include "pruning.hpp"
+#include "score_range.hpp"
 #include "validate.hpp"
 
 namespace softkv {
@@ -169,9 +171,37 @@ bool all_finite(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
 
+// This shard's answers to the n row-major queries. A query for which every row here scores below
+// -FLT_MAX is answered by nothing from this shard (sits_out[b] = 1, an empty placeholder answer): one
+// collection holding every row would answer it from the other shards' rows, where those hold
+// representable scores. The batch runs in one pass; only when that pass fails so does it go query by query.
+QueryResults shard_answers(const Collection& shard, const std::vector<float>& queries, std::size_t n, Retrieval kind,
+                           const QueryOptions& options, std::vector<std::uint8_t>& sits_out) {
+  sits_out.assign(n, 0);
+  try {
+    return shard.query(queries, kind, options);
+  } catch (const detail::EveryScoreBelowRange&) {
+  }
+  const std::size_t d = queries.size() / n;
+  QueryResults r;
+  for (std::size_t b = 0; b < n; ++b) {
+    const std::span<const float> one(queries.data() + b * d, d);
+    try {
+      if (kind == Retrieval::soft) r.soft.push_back(shard.query_soft(one, options));
+      else r.hard.push_back(shard.query_hard(one, options));
+    } catch (const detail::EveryScoreBelowRange&) {
+      sits_out[b] = 1;
+      if (kind == Retrieval::soft) r.soft.emplace_back();
+      else r.hard.emplace_back();
+    }
+  }
+  return r;
+}
+
 // The soft answer of a merged record: value = acc / l, contributors weighted by exp(s - lse).
 SoftResult soft_answer(PartialRecords& records, std::size_t i) {
   const SoftmaxState s = records.state(i);
+  if (s.sum == 0.0f) throw detail::EveryScoreBelowRange();  // every shard sat out (or held no eligible row)
   SoftResult r;
   r.value.resize(s.acc.size());
   for (std::size_t j = 0; j < s.acc.size(); ++j) r.value[j] = s.acc[j] / s.sum;
@@ -204,14 +234,16 @@ QueryResults detail::ShardScan::exact(const std::vector<float>& queries, std::si
   PartialRecords records = allocate_records(n, kind == Retrieval::soft ? RecordKind::soft : RecordKind::hard, dv, top_m, comm);
   if (failure.code != 0) records.set_error(failure.code);
   QueryResults r;  // this shard's own answers (kept for the overflow fallback of soft values)
+  std::vector<std::uint8_t> sits_out(n, 1);  // queries this shard contributes nothing to
   if (local_rows > 0 && failure.code == 0) {
     failure.run([&] {
       QueryOptions local = options;
       local.top_k.reset();
       local.epsilon.reset();
-      r = shard.query(queries, kind, local);
+      r = shard_answers(shard, queries, n, kind, local, sits_out);
       for (std::size_t b = 0; b < n; ++b) {
         records.header(b).rows = local_rows;
+        if (sits_out[b] != 0) continue;  // the empty record: the merge's identity
         if (kind == Retrieval::soft) {
           records.set_state(b, state_of(r.soft[b]));
           fill_top(records, b, r.soft[b].top);
@@ -236,13 +268,14 @@ QueryResults detail::ShardScan::exact(const std::vector<float>& queries, std::si
       SoftResult& a = out.soft.back();
       if (!all_finite(a.value)) {  // acc = value * l overflowed: blend the shards' values instead
         std::vector<double> mine(dv, 0.0);
-        if (!r.soft.empty()) {
+        if (sits_out[b] == 0) {
           const double w = std::exp(r.soft[b].lse - a.lse);
           for (std::size_t j = 0; j < dv; ++j) mine[j] = w * static_cast<double>(r.soft[b].value[j]);
         }
         a.value = sum_in_double(std::move(mine));
       }
     } else {
+      if (records.header(b).has_best == 0) throw detail::EveryScoreBelowRange();
       const std::span<float> v = records.vector(b);
       out.hard.push_back({records.header(b).best_id, records.header(b).max, {v.begin(), v.end()},
                             static_cast<IndexKind>(records.header(b).searched_with), {}, {}});
@@ -265,7 +298,12 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
       at_k.epsilon.reset();
       at_k.top_k = k;
       at_k.top_m = k;
-      const SoftResult r = shard.query_soft(query, at_k);
+      SoftResult r;
+      try {
+        r = shard.query_soft(query, at_k);
+      } catch (const detail::EveryScoreBelowRange&) {
+        return;  // no candidate of this shard weighs anything: it offers none
+      }
       fill_top(top, 0, r.top);
       top.header(0).guaranteed = r.tail_bound_guaranteed ? 1 : 0;
       top.header(0).searched_with = static_cast<std::uint32_t>(r.searched_with);
@@ -276,6 +314,7 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
   reduce(top);
   failure.rethrow(top.header(0).error);
   const std::size_t chosen = top.header(0).top_count;
+  if (chosen == 0) throw detail::EveryScoreBelowRange();  // every shard's candidates scored below -FLT_MAX
   const double kth = top.top_scores(0)[chosen - 1];
 
   // Round 2: the softmax over the chosen rows, each folded in by its owner with the library's merge.
@@ -291,7 +330,8 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
       row.max = top.top_scores(0)[j];
       row.sum = 1.0f;
       row.acc = shard.get(id).value;
-      state.merge(row);
+      // A score below -FLT_MAX weighs 0 (two such rows would merge into NaN): listed, not folded in.
+      if (row.max != -std::numeric_limits<float>::infinity()) state.merge(row);
       mine.push_back({id, 0.0f, row.max});
       mine_values.push_back(row.acc);
     }

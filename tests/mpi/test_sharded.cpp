@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <tuple>
@@ -311,6 +312,97 @@ TEST_CASE("sharded: a rank with an empty shard contributes nothing and breaks no
   o.top_k = 8;
   const std::vector<float> one(q.begin(), q.begin() + kD);
   check_soft_equal(p.sharded.query_soft(at_root(one), o), p.whole.query_soft(one, o));
+}
+
+namespace {
+
+// Rows whose keys are -3e37 everywhere score below -FLT_MAX against a query of elements in [1, 2) at
+// scale 1 (16 x -3e37 x q_i < -4.8e38); the rest score ordinary values.
+Data with_rows_below_range(std::size_t n, std::uint64_t seed, const std::function<bool(std::uint64_t)>& below) {
+  Data data = sharded_data(n, seed);
+  for (std::size_t i = 0; i < n; ++i)
+    if (below(data.ids[i])) std::fill_n(data.keys.begin() + static_cast<std::ptrdiff_t>(i * kD), kD, -3e37f);
+  return data;
+}
+
+std::vector<float> queries_in_one_to_two(std::size_t n) {
+  std::vector<float> q(n * kD);
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = 1.0f + 0.09f * static_cast<float>((i * 7) % 11);
+  return q;
+}
+
+}  // namespace
+
+TEST_CASE("sharded: a rank whose every row scores below -FLT_MAX sits the query out and the answer equals one collection's", "[mpi]") {
+  const std::size_t P = world_size();
+  // Every row rank 0 owns (with one rank: the first half of the rows) scores below -FLT_MAX.
+  const Data data = with_rows_below_range(48, 151, [&](std::uint64_t id) { return P > 1 ? id % P == 0 : id < 27; });
+  Pair p(config(IndexKind::flat), data);
+  if (P > 1 && world_rank() == 0) REQUIRE(p.sharded.shard().size() > 0);
+  const std::vector<float> q = queries_in_one_to_two(3);
+  const std::vector<float> one(q.begin(), q.begin() + kD);
+  QueryOptions o;
+  o.scale = 1.0f;
+  for (std::size_t top_m : {std::size_t{0}, std::size_t{3}}) {
+    o.top_m = top_m;
+    INFO("top_m = " << top_m);
+    check_soft_equal(p.sharded.query_soft(at_root(one), o), p.whole.query_soft(one, o));
+    const QueryResults got = p.sharded.query(at_root(q), Retrieval::soft, o);
+    const QueryResults want = p.whole.query(q, Retrieval::soft, o);
+    REQUIRE(got.soft.size() == 3);
+    for (std::size_t b = 0; b < 3; ++b) check_soft_equal(got.soft[b], want.soft[b]);
+  }
+  o.top_m = 0;
+  const QueryResults hard = p.sharded.query(at_root(q), Retrieval::hard, o);
+  const QueryResults hard_want = p.whole.query(q, Retrieval::hard, o);
+  for (std::size_t b = 0; b < 3; ++b) {
+    CHECK(hard.hard[b].id == hard_want.hard[b].id);
+    CHECK(hard.hard[b].score == hard_want.hard[b].score);
+    CHECK(hard.hard[b].value == hard_want.hard[b].value);
+  }
+  CHECK(p.sharded.query_hard(at_root(one), o).id == p.whole.query_hard(one, o).id);
+  for (int pruned = 0; pruned < 2; ++pruned) {  // top_k, then epsilon: the sitting-out rank offers no candidate
+    QueryOptions k = o;
+    if (pruned == 0) k.top_k = 4;
+    else k.epsilon = 1e-3f;
+    k.top_m = 2;
+    check_soft_equal(p.sharded.query_soft(at_root(one), k), p.whole.query_soft(one, k));
+  }
+  // Contributors beyond the representable rows: one collection lists the rows below -FLT_MAX with
+  // score -inf and weight 0; a rank that sat out lists none of its own (README, sharding).
+  o.top_m = 48;
+  const SoftResult all = p.sharded.query_soft(at_root(one), o);
+  const SoftResult all_want = p.whole.query_soft(one, o);
+  CHECK(max_abs_diff(all.value, all_want.value) <= 2e-6 * std::max(1.0, softkv::test::max_abs(all_want.value)));
+  std::vector<Contributor> finite;
+  for (const Contributor& c : all_want.top)
+    if (std::isfinite(c.score)) finite.push_back(c);
+  REQUIRE(all.top.size() == (P > 1 ? finite.size() : all_want.top.size()));  // with one rank nobody sat out
+  for (std::size_t i = 0; i < all.top.size(); ++i) {
+    CHECK(all.top[i].id == all_want.top[i].id);
+    CHECK(all.top[i].score == all_want.top[i].score);
+  }
+}
+
+TEST_CASE("sharded: a query whose every row on every rank scores below -FLT_MAX is numeric_overflow, as on one collection", "[mpi]") {
+  const Data data = with_rows_below_range(30, 161, [](std::uint64_t) { return true; });
+  Pair p(config(IndexKind::flat), data);
+  const std::vector<float> q = queries_in_one_to_two(2);
+  const std::vector<float> one(q.begin(), q.begin() + kD);
+  QueryOptions o;
+  o.scale = 1.0f;
+  QueryOptions k = o;
+  k.top_k = 4;
+  CHECK(error_of([&] { (void)p.whole.query_soft(one, o); }) == ErrorCode::numeric_overflow);
+  CHECK(error_of([&] { (void)p.whole.query_hard(one, o); }) == ErrorCode::numeric_overflow);
+  CHECK(error_of([&] { (void)p.sharded.query_soft(at_root(one), o); }) == ErrorCode::numeric_overflow);
+  CHECK(error_of([&] { (void)p.sharded.query_hard(at_root(one), o); }) == ErrorCode::numeric_overflow);
+  CHECK(error_of([&] { (void)p.sharded.query(at_root(q), Retrieval::soft, o); }) == ErrorCode::numeric_overflow);
+  CHECK(error_of([&] { (void)p.sharded.query(at_root(q), Retrieval::hard, o); }) == ErrorCode::numeric_overflow);
+  CHECK(error_of([&] { (void)p.sharded.query_soft(at_root(one), k); }) == ErrorCode::numeric_overflow);
+  // The collective stayed in step: an ordinary query answers like one collection.
+  const std::vector<float> ordinary = softkv::test::normal_floats(kD, 162);
+  CHECK(p.sharded.query_hard(at_root(ordinary)).id == p.whole.query_hard(ordinary).id);
 }
 
 TEST_CASE("sharded: add_batch numbers rows like one collection, remove_batch is all or nothing", "[mpi]") {
