@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <new>
 #include <optional>
 #include <stdexcept>
@@ -330,8 +329,7 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
       row.max = top.top_scores(0)[j];
       row.sum = 1.0f;
       row.acc = shard.get(id).value;
-      // A score below -FLT_MAX weighs 0 (two such rows would merge into NaN): listed, not folded in.
-      if (row.max != -std::numeric_limits<float>::infinity()) state.merge(row);
+      state.merge(row);  // best first: a rank's first chosen row is finite (it answered round 1), so -inf rows weigh 0
       mine.push_back({id, 0.0f, row.max});
       mine_values.push_back(row.acc);
     }

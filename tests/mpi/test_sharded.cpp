@@ -384,6 +384,34 @@ TEST_CASE("sharded: a rank whose every row scores below -FLT_MAX sits the query 
   }
 }
 
+TEST_CASE("sharded: a pruned query whose candidates include rows below -FLT_MAX on several ranks weighs them 0", "[mpi]") {
+  const std::size_t P = world_size();
+  // Rank 0's rows (with one rank: the first ten) and rows 40-47 wherever they live score below -FLT_MAX:
+  // top_k = 30 over 48 rows takes some of them as candidates, two or more on every rank that answers.
+  const Data data = with_rows_below_range(48, 171, [&](std::uint64_t id) { return id >= 40 || (P > 1 ? id % P == 0 : id < 10); });
+  Pair p(config(IndexKind::flat), data);
+  const std::vector<float> one = queries_in_one_to_two(1);
+  QueryOptions o;
+  o.scale = 1.0f;
+  o.top_k = 30;
+  o.top_m = 10;
+  const SoftResult want = p.whole.query_soft(one, o);
+  const SoftResult got = p.sharded.query_soft(at_root(one), o);
+  REQUIRE(want.candidates == 30);
+  if (P == 1) {
+    check_soft_equal(got, want);
+  } else {  // the value, lse and contributors of weight > 0 agree; the rank that sat out offered no row of weight 0
+    CHECK(max_abs_diff(got.value, want.value) <= 2e-6 * std::max(1.0, softkv::test::max_abs(want.value)));
+    CHECK(got.lse == Approx(want.lse).epsilon(1e-6));
+    CHECK(got.max_score == want.max_score);
+    CHECK(got.candidates <= want.candidates);  // 24 of 30 with two ranks
+    CHECK(got.tail_bound == 0.0);
+    CHECK(want.tail_bound == 0.0);
+    REQUIRE(got.top.size() == want.top.size());
+    for (std::size_t i = 0; i < got.top.size(); ++i) CHECK(got.top[i].id == want.top[i].id);  // all ten weigh > 0
+  }
+}
+
 TEST_CASE("sharded: a query whose every row on every rank scores below -FLT_MAX is numeric_overflow, as on one collection", "[mpi]") {
   const Data data = with_rows_below_range(30, 161, [](std::uint64_t) { return true; });
   Pair p(config(IndexKind::flat), data);
