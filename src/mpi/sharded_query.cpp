@@ -304,6 +304,7 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
         return;  // no candidate of this shard weighs anything: it offers none
       }
       fill_top(top, 0, r.top);
+      top.header(0).rows = local;  // summed: the eligible rows of the ranks that answered
       top.header(0).guaranteed = r.tail_bound_guaranteed ? 1 : 0;
       top.header(0).searched_with = static_cast<std::uint32_t>(r.searched_with);
       top.header(0).filtered_after = r.mask_filtered_after_search ? 1 : 0;
@@ -315,6 +316,11 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
   const std::size_t chosen = top.header(0).top_count;
   if (chosen == 0) throw detail::EveryScoreBelowRange();  // every shard's candidates scored below -FLT_MAX
   const double kth = top.top_scores(0)[chosen - 1];
+  // Fewer than k candidates because a rank sat out (its rows all score below -FLT_MAX): one collection
+  // would fill its k with such rows (weight 0), count k candidates and bound the tail by the answering
+  // ranks' rows alone (with flat: 0). The same here, so that the answer equals one collection's.
+  const std::size_t answered = top.header(0).rows;
+  const bool short_of_k = chosen < k && answered < total;
 
   // Round 2: the softmax over the chosen rows, each folded in by its owner with the library's merge.
   PartialRecords soft(1, RecordKind::soft, dv, std::min(options.top_m, chosen));  // only chosen rows contribute
@@ -340,7 +346,7 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
   if (failure.code != 0) soft.set_error(failure.code);
   reduce(soft);
   failure.rethrow(soft.header(0).error);
-  soft.header(0).rows = chosen;
+  soft.header(0).rows = short_of_k ? k : chosen;
   SoftResult r = soft_answer(soft, 0);
   if (!all_finite(r.value)) {  // the float accumulator overflowed: the same blend in double
     std::vector<double> blend(dv, 0.0);
@@ -350,7 +356,7 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
     }
     r.value = sum_in_double(std::move(blend));
   }
-  r.tail_bound = detail::tail_bound(total, chosen, detail::with_rounding_slack(kth), r.lse);
+  r.tail_bound = detail::tail_bound(short_of_k ? answered : total, chosen, detail::with_rounding_slack(kth), r.lse);
   r.tail_bound_guaranteed = top.header(0).guaranteed != 0;
   r.mask_filtered_after_search = top.header(0).filtered_after != 0;  // any shard's index filtered after its search
   // Not every entry took part: the shards' index chose them, even where a small shard scanned all of its own.
