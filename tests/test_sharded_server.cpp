@@ -129,7 +129,9 @@ struct Job {
       const std::string name = e.path().filename().string();
       if (name.find_first_not_of("0123456789") != std::string::npos) continue;
       const std::string stat = read_file(e.path() / "stat");
-      std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // after "pid (comm) "
+      const std::size_t comm_end = stat.rfind(')');
+      if (comm_end == std::string::npos || comm_end + 2 > stat.size()) continue;  // the process ended as we looked
+      std::istringstream fields(stat.substr(comm_end + 2));  // after "pid (comm) "
       std::string state;
       pid_t ppid = 0;
       fields >> state >> ppid;
