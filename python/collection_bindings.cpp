@@ -199,7 +199,7 @@ void def_query(Class& cls, const char* name, Query query, const char* input, con
       },
       py::arg(input), py::kw_only(), py::arg("temperature") = py::none(), py::arg("scale") = py::none(), py::arg("top_m") = 0,
       py::arg("threads") = 0, py::arg("top_k") = py::none(), py::arg("epsilon") = py::none(), py::arg("ef_search") = 64,
-      py::arg("nprobe") = 16, py::arg("check_sample") = 0, py::arg("exact") = false, py::arg("tags_any") = py::none(),
+      py::arg("nprobe") = 16, py::arg("check_sample") = QueryOptions{}.check_sample, py::arg("exact") = false, py::arg("tags_any") = py::none(),
       py::arg("tag_range") = py::none(), py::arg("exclude") = py::none(), py::arg("iterations") = 1, py::arg("tolerance") = 0.0,
       doc);
 }
@@ -208,7 +208,7 @@ template <class Class>
 void def_queries(Class& cls) {
   def_query(cls, "query_soft", query_soft, "query",
             "query_soft(query, *, temperature=None, scale=None, top_m=0, threads=0, top_k=None, epsilon=None, ef_search=64, "
-            "nprobe=16, check_sample=0, exact=False, tags_any=None, tag_range=None, exclude=None, iterations=1, tolerance=0.0) "
+            "nprobe=16, check_sample=256, exact=False, tags_any=None, tag_range=None, exclude=None, iterations=1, tolerance=0.0) "
             "-> SoftResult\n\nSoft retrieval "
             "for one (d,) query: softmax(s) . V over "
             "every entry, or over the top_k (or epsilon-adaptive) candidates of the pruning index. scale = 1 / (sqrt(d) * "

@@ -130,11 +130,15 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
   const std::size_t parts = impl.parts_for(options, impl.dim() + impl.value_dim());
   const detail::KernelTable& kernels = detail::kernels();
   const bool prune = (options.top_k || options.epsilon) && impl.use_index(options);
+  const detail::PruningIndex* index = impl.index();
+  // The planner's budget: what a pruned path may spend before the exact scan costs less (pruning.hpp).
+  const std::size_t budget = detail::prune_budget(span.rows, impl.row_bytes());
+  auto exact = [&] { return detail::exact_soft(kernels, q, f, span, options.top_m, parts); };
   // flat with epsilon: every search reads all keys, so after a first cheap try (k = 16) one pass
-  // fetches everything the doubling could still ask for (a quarter of the rows, best first) and
-  // later k take its prefixes, which are exactly the top-k of a fresh pass (ties ordered by id).
+  // fetches everything the doubling could still ask for (up to a quarter of the rows or the budget,
+  // best first) and later k take its prefixes, which are exactly the top-k of a fresh pass.
   std::vector<std::size_t> best_first;
-  const bool reuse = prune && options.epsilon && impl.index()->exact_top_k();
+  const bool reuse = prune && options.epsilon && index->exact_top_k() && index->lists() == nullptr;
   // A mask: the scans visit eligible rows only (scope.exact); candidates come from masked_candidates.
   std::optional<detail::EligibleRows> mask;
   std::vector<std::uint8_t> flags;
@@ -147,27 +151,54 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
       r.value = detail::masked_blended_value(kernels, q, f, span, *mask, r.scan.state);
       return r;
     };
-    if (prune && !impl.index()->exact_top_k()) {
+    if (prune && !index->exact_top_k()) {
       flags = detail::eligible_flags(*mask, span.rows);
       scope.flags = &flags;
     }
   }
   const detail::CandidateFinder index_find = [&](std::size_t k) {
     if (!reuse) return impl.index_rows(q, f, k, options);
-    if (best_first.size() < k) best_first = impl.index_rows(q, f, best_first.empty() ? k : std::max(k, span.rows / 4), options);
+    if (best_first.size() < k)
+      best_first = impl.index_rows(q, f, best_first.empty() ? k : std::max(k, std::min(span.rows / 4, budget)), options);
     return std::vector<std::size_t>(best_first.begin(), best_first.begin() + static_cast<std::ptrdiff_t>(std::min(k, best_first.size())));
   };
-  const bool filter_after = prune && mask && !impl.index()->exact_top_k();
+  const bool filter_after = prune && mask && !index->exact_top_k();
   const detail::CandidateFinder masked_find = [&](std::size_t k) {
     return masked_candidates(impl, kernels, q, f, *mask, flags, k, parts, options, filter_after);
   };
   const detail::CandidateFinder& find = mask ? masked_find : index_find;
   const detail::PruneScope* in_scope = mask ? &scope : nullptr;
-  const std::size_t check = prune && !impl.index()->exact_top_k() ? options.check_sample : 0;
-  detail::PrunedSoft pruned =
-      !prune          ? (mask ? scope.exact() : detail::exact_soft(kernels, q, f, span, options.top_m, parts))
-      : options.top_k ? detail::pruned_soft(kernels, q, f, span, *options.top_k, options.top_m, parts, find, check, in_scope)
-                      : detail::adaptive_soft(kernels, q, f, span, *options.epsilon, options.top_m, parts, find, check, in_scope);
+  const std::size_t check = prune && !index->exact_top_k() ? options.check_sample : 0;
+  // What a round of the pruned path costs in row-equivalents (pruning.hpp): the keys it reads (flat: all
+  // of them, hnsw: ef x M graph nodes), and the candidates and sampled rows it gathers out of order.
+  const double key_share = static_cast<double>(impl.key_row_bytes()) / static_cast<double>(impl.row_bytes());
+  const detail::RoundCost cost{[&](std::size_t k) -> std::size_t {
+                                 const std::size_t gathered = (k + check) * detail::kRandomRowCost;
+                                 if (index->exact_top_k()) return static_cast<std::size_t>(key_share * static_cast<double>(span.rows)) + gathered;
+                                 const double nodes = static_cast<double>(std::max(options.ef_search, k) * impl.config().index.hnsw_m);
+                                 return static_cast<std::size_t>(nodes * key_share * detail::kRandomRowCost) + gathered;
+                               },
+                               budget};
+  auto plan = [&]() -> detail::PrunedSoft {
+    if (!prune) return mask ? scope.exact() : exact();
+    if (!mask && index->lists() != nullptr) {  // certified lists: the walk keeps to the budget itself
+      const detail::ListTarget target{options.top_k.value_or(0), options.epsilon.value_or(0.0f), budget};
+      std::optional<detail::PrunedSoft> walked;
+      if (!options.top_k || *options.top_k < span.rows)
+        walked = detail::certified_soft(kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); },
+                                        target, options.top_m);
+      return walked ? std::move(*walked) : exact();
+    }
+    if (options.top_k) {
+      // A single round: when it alone costs more than the exact scan would, the scan answers.
+      const bool small = budget == std::numeric_limits<std::size_t>::max();
+      if (!mask && !small && cost(*options.top_k) >= span.rows) return exact();
+      return detail::pruned_soft(kernels, q, f, span, *options.top_k, options.top_m, parts, find, check, in_scope);
+    }
+    return detail::adaptive_soft(kernels, q, f, span, *options.epsilon, options.top_m, parts, find, check, in_scope,
+                                 mask ? detail::RoundCost{} : cost);
+  };
+  detail::PrunedSoft pruned = plan();
   detail::SoftScan& scan = pruned.scan;
 
   SoftResult result;
@@ -177,9 +208,9 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
   result.candidates = pruned.k;
   result.tail_bound = pruned.tail_bound;
   const bool scanned_all = pruned.k == (mask ? mask->count : span.rows);
-  result.searched_with = scanned_all ? IndexKind::exact : impl.index()->kind();
+  result.searched_with = scanned_all ? IndexKind::exact : index->kind();
   result.mask_filtered_after_search = filter_after && !scanned_all;
-  result.tail_bound_guaranteed = scanned_all || impl.index()->exact_top_k();
+  result.tail_bound_guaranteed = scanned_all || index->exact_top_k();
   result.value = std::move(pruned.value);
   result.top.reserve(scan.top.size());
   for (const auto& item : scan.top)
@@ -263,9 +294,9 @@ HardResult hard_one(const Impl& impl, const float* q, float f, const QueryOption
   std::vector<std::uint8_t> flags;
   if (detail::has_mask(options)) mask = impl.eligible(options);
   if (index_kind == IndexKind::hnsw || index_kind == IndexKind::ivf) {
-    // The index's best candidates, rescored with our kernel (ties to the smallest id); flat would
+    // The index's best candidates (hnsw: approximate; ivf: the exact top 1), rescored with our kernel (ties to the smallest id); flat would
     // read every key like the scan below, so it gains nothing here. A mask over-fetches and filters.
-    std::size_t ask = kHardCandidates;
+    std::size_t ask = impl.index()->exact_top_k() ? 1 : kHardCandidates;  // certified lists: the true best
     if (mask) {
       flags = detail::eligible_flags(*mask, span.rows);
       ask = std::max(ask, ask * span.rows / mask->count);

@@ -30,6 +30,8 @@ namespace {
 
 // log(e^a + e^b) without overflow.
 double log_add(double a, double b) {
+  if (a == -std::numeric_limits<double>::infinity()) return b;
+  if (b == -std::numeric_limits<double>::infinity()) return a;
   const double m = std::max(a, b);
   return m + std::log(std::exp(a - m) + std::exp(b - m));
 }
@@ -115,14 +117,8 @@ PrunedSoft exact_soft(const KernelTable& kernels, const float* query, float scal
   return result;
 }
 
-PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                       std::size_t k, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
-                       std::size_t check_sample, const PruneScope* scope) {
-  const std::size_t n = scope != nullptr ? scope->n : span.rows;
-  auto exact = [&] { return scope != nullptr ? scope->exact() : exact_soft(kernels, query, scale, span, top_m, exact_parts); };
-  if (k >= n) return exact();
-  const std::vector<std::size_t> rows = find(k);
-  if (rows.empty()) return exact();
+PrunedSoft soft_over_rows(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                          const std::vector<std::size_t>& rows, std::size_t top_m, std::vector<float>* scores) {
   // Gather the candidates into one small contiguous span and run the same kernel as the exact path;
   // compact rows are widened exactly, so their scores are the bits the exact scan computes.
   const std::size_t d = span.dim, dv = span.value_dim;
@@ -134,13 +130,28 @@ PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float sca
     ids[i] = span.ids[rows[i]];
   }
   const RowSpan candidates{keys.data(), values.data(), ids.data(), rows.size(), d, dv};
-  // The candidates' scores come from the kernel's one scoring routine, bit-identical to the exact
-  // scan's and (flat) to the top-k pass that chose them: the k-th of them bounds every omitted score.
-  std::vector<float> scores(rows.size());
-  kernels.scores(query, scale, candidates, scores.data());
-  const double kth = *std::min_element(scores.begin(), scores.end());
+  if (scores != nullptr) {
+    scores->resize(rows.size());
+    kernels.scores(query, scale, candidates, scores->data());
+  }
   PrunedSoft result{soft_scan_split(kernels, query, scale, candidates, 1, top_m), {}, rows.size(), 0.0};
   result.value = blended_value(kernels, query, scale, candidates, result.scan.state);
+  return result;
+}
+
+PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                       std::size_t k, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
+                       std::size_t check_sample, const PruneScope* scope) {
+  const std::size_t n = scope != nullptr ? scope->n : span.rows;
+  auto exact = [&] { return scope != nullptr ? scope->exact() : exact_soft(kernels, query, scale, span, top_m, exact_parts); };
+  if (k >= n) return exact();
+  const std::vector<std::size_t> rows = find(k);
+  if (rows.empty()) return exact();
+  // The candidates' scores come from the kernel's one scoring routine, bit-identical to the exact
+  // scan's and (flat) to the top-k pass that chose them: the k-th of them bounds every omitted score.
+  std::vector<float> scores;
+  PrunedSoft result = soft_over_rows(kernels, query, scale, span, rows, top_m, &scores);
+  const double kth = *std::min_element(scores.begin(), scores.end());
   result.tail_bound = tail_bound(n, rows.size(), with_rounding_slack(kth), result.scan.state.lse());
   if (check_sample > 0) {
     std::vector<std::size_t> sorted = rows;
@@ -151,15 +162,111 @@ PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float sca
   return result;
 }
 
+std::size_t prune_budget(std::size_t rows, std::size_t row_bytes) {
+  if (rows * row_bytes < kPlannerMinBytes) return std::numeric_limits<std::size_t>::max();
+  return rows / kBudgetDivisor;
+}
+
 PrunedSoft adaptive_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                          double epsilon, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
-                         std::size_t check_sample, const PruneScope* scope) {
+                         std::size_t check_sample, const PruneScope* scope, const RoundCost& cost) {
   const std::size_t n = scope != nullptr ? scope->n : span.rows;
+  std::size_t spent = 0;
   for (std::size_t k = 16;; k *= 2) {
-    if (k > n / 4) return scope != nullptr ? scope->exact() : exact_soft(kernels, query, scale, span, top_m, exact_parts);
+    // A round that would take the work past the budget (or k past a quarter of the rows) is not run:
+    // the exact scan answers, having cost at most the budget more than it alone.
+    const std::size_t round = cost ? cost(k) : 0;
+    if (k > n / 4 || (cost && spent + round > cost.budget))
+      return scope != nullptr ? scope->exact() : exact_soft(kernels, query, scale, span, top_m, exact_parts);
+    spent += round;
     PrunedSoft r = pruned_soft(kernels, query, scale, span, k, top_m, exact_parts, find, check_sample, scope);
     if (r.tail_bound <= epsilon) return r;
   }
+}
+
+}  // namespace softkv::detail
+
+namespace softkv::detail {
+
+namespace {
+
+// Running log sum of e^s over scores, in double.
+struct LogSum {
+  double max = -std::numeric_limits<double>::infinity();
+  double sum = 0;
+  void add(double s) {
+    if (s == -std::numeric_limits<double>::infinity()) return;
+    if (s > max) {
+      sum = sum * std::exp(max - s) + 1;
+      max = s;
+    } else {
+      sum += std::exp(s - max);
+    }
+  }
+  [[nodiscard]] double log() const { return sum > 0 ? max + std::log(sum) : -std::numeric_limits<double>::infinity(); }
+};
+
+// rest / (visited + rest) from their logs; 1 when nothing was visited.
+double share_of_rest(double log_rest, double log_visited) {
+  if (log_rest == -std::numeric_limits<double>::infinity()) return 0.0;
+  if (log_visited == -std::numeric_limits<double>::infinity() || std::isinf(log_rest)) return 1.0;
+  return std::exp(log_rest - log_add(log_rest, log_visited));
+}
+
+// A float log-sum-exp lowered by its rounding (the visited mass is the denominator of the bound).
+double lowered(double lse) { return std::isinf(lse) ? lse : lse - 1e-5 * std::max(1.0, std::fabs(lse)); }
+
+}  // namespace
+
+std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const CertifiedLists& lists, const float* query, float scale,
+                                         const RowSpan& span, const std::function<std::size_t(std::uint64_t)>& row_of,
+                                         const ListTarget& target, std::size_t top_m) {
+  ListWalk walk(lists, query, scale);
+  std::vector<std::uint64_t> ids;
+  std::vector<float> scores;
+  TopScores best(target.top_k, nullptr);
+  LogSum visited;
+  auto finished = [&] {
+    if (ids.empty()) return false;
+    if (target.top_k > 0) return best.full() && static_cast<double>(best.worst().score) > walk.next_bound();
+    // Lowered twice: the reported bound uses the candidates' float lse lowered once, which may differ
+    // from this double sum by the float rounding of a log-sum-exp.
+    return share_of_rest(walk.log_rest(), lowered(lowered(visited.log()))) <= target.epsilon;
+  };
+  while (!walk.done() && !finished()) {
+    if (ids.size() > target.budget_rows) return std::nullopt;  // the exact scan is cheaper from here
+    const std::size_t first = ids.size();
+    lists.score_list(walk.next(), query, scale, ids, scores);
+    best.offer_ids(scores.data() + first, ids.data() + first, ids.size() - first);
+    for (std::size_t i = first; i < ids.size(); ++i) visited.add(scores[i]);
+  }
+  if (ids.empty()) return std::nullopt;
+  std::vector<std::uint64_t> chosen;
+  if (target.top_k > 0) {
+    for (const TopScores::Item& item : best.sorted()) chosen.push_back(item.id);
+  } else {
+    chosen = std::move(ids);
+  }
+  std::vector<std::size_t> rows(chosen.size());
+  std::transform(chosen.begin(), chosen.end(), rows.begin(), row_of);
+  std::vector<float> chosen_scores;
+  PrunedSoft result = soft_over_rows(kernels, query, scale, span, rows, top_m, &chosen_scores);
+  const double lse = lowered(result.scan.state.lse());
+  double log_omitted = walk.log_rest();  // the unvisited lists
+  if (target.top_k > 0) {
+    // Plus the visited rows that are not candidates, each at its own score; and never above the
+    // classic bound from the k-th score (every omitted score is at most it: the top-k is exact).
+    std::sort(chosen.begin(), chosen.end());
+    LogSum others;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if (!std::binary_search(chosen.begin(), chosen.end(), ids[i])) others.add(with_rounding_slack(scores[i]));
+    log_omitted = log_add(log_omitted, others.log());
+    const double kth = *std::min_element(chosen_scores.begin(), chosen_scores.end());
+    result.tail_bound = std::min(share_of_rest(log_omitted, lse), tail_bound(span.rows, rows.size(), with_rounding_slack(kth), lse));
+  } else {
+    result.tail_bound = share_of_rest(log_omitted, lse);
+  }
+  return result;
 }
 
 }  // namespace softkv::detail

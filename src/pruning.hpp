@@ -3,8 +3,10 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <vector>
 
+#include "index/certified_lists.hpp"
 #include "scan.hpp"
 
 namespace softkv::detail {
@@ -30,6 +32,12 @@ struct PrunedSoft {
 /// The exact scan over all of span, as a PrunedSoft with nothing omitted.
 PrunedSoft exact_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                       std::size_t top_m, std::size_t parts);
+
+/// The softmax over the given rows of span (gathered, scored by the kernels as the exact scan scores
+/// them), their blended value and top_m rows; k = rows.size(), tail_bound 0. scores, when given,
+/// receives the rows' scores in the order of rows.
+PrunedSoft soft_over_rows(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                          const std::vector<std::size_t>& rows, std::size_t top_m, std::vector<float>* scores = nullptr);
 
 /// The rows a masked pruned query may see. Without one, every row of the span is eligible.
 struct PruneScope {
@@ -59,9 +67,50 @@ PrunedSoft pruned_soft(const KernelTable& kernels, const float* query, float sca
                        std::size_t k, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
                        std::size_t check_sample = 0, const PruneScope* scope = nullptr);
 
-/// k = 16, 32, ... until tail_bound <= epsilon; the exact scan once k would pass a quarter of the rows.
+// ---- the planner's cost rule (docs/PRUNING.md, "The planner") ----
+// Work is counted in row-equivalents: one row of the exact scan, read in order. The exact scan of a
+// collection costs its rows; a pruned path may spend a budget of rows / kBudgetDivisor before it gives
+// up and runs the exact scan, so a pruned query never costs much more than the scan alone.
+
+/// The pruned path's share of the exact scan's work: 1/16.
+inline constexpr std::size_t kBudgetDivisor = 16;
+/// A row read out of storage order (a gathered candidate, a list member, a graph node) counts as this
+/// many rows read in order: a cache miss each, where the scan streams at full bandwidth.
+inline constexpr std::size_t kRandomRowCost = 4;
+/// Below this many bytes a collection is scanned in microseconds: pruned queries there run as asked.
+inline constexpr std::size_t kPlannerMinBytes = std::size_t{1} << 20;
+/// Row-equivalents a pruned query may spend on a collection of rows rows of row_bytes bytes
+/// (unbounded below kPlannerMinBytes).
+std::size_t prune_budget(std::size_t rows, std::size_t row_bytes);
+
+/// The cost of one adaptive round (finding k candidates, rescoring and checking them) and the budget.
+struct RoundCost {
+  std::function<std::size_t(std::size_t k)> of;  ///< row-equivalents of the round for k candidates
+  std::size_t budget = 0;                        ///< the most all rounds may spend together
+  [[nodiscard]] explicit operator bool() const { return static_cast<bool>(of); }
+  std::size_t operator()(std::size_t k) const { return of(k); }
+};
+
+/// k = 16, 32, ... until tail_bound <= epsilon; the exact scan once k would pass a quarter of the rows
+/// or, with cost, once the next round would take the rounds' work past cost.budget.
 PrunedSoft adaptive_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                          double epsilon, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
-                         std::size_t check_sample = 0, const PruneScope* scope = nullptr);
+                         std::size_t check_sample = 0, const PruneScope* scope = nullptr, const RoundCost& cost = {});
+
+/// What a pruned query asks of certified lists.
+struct ListTarget {
+  std::size_t top_k = 0;        ///< > 0: the exact top_k rows are the candidates
+  double epsilon = 0;           ///< top_k == 0: visit lists until the guaranteed tail bound is <= epsilon
+  std::size_t budget_rows = 0;  ///< most rows to score before giving up (the exact scan costs less from there)
+};
+
+/// Pruned soft retrieval over certified lists (docs/PRUNING.md): visits lists by decreasing upper bound
+/// until target is met; the candidates are the exact top_k, or every visited row (epsilon). The tail
+/// bound is a guarantee: the unvisited lists' bounded mass (plus, for top_k, the visited non-candidates)
+/// relative to the candidates'. row_of maps a live id to its row of span. nullopt when more than
+/// budget_rows rows would be scored: the caller runs the exact scan.
+std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const CertifiedLists& lists, const float* query, float scale,
+                                         const RowSpan& span, const std::function<std::size_t(std::uint64_t)>& row_of,
+                                         const ListTarget& target, std::size_t top_m);
 
 }  // namespace softkv::detail

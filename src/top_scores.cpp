@@ -31,13 +31,17 @@ void TopScores::push(Item item) {
 }
 
 void TopScores::offer(const float* scores, std::size_t first_row, std::size_t count) {
+  offer_ids(scores, ids_ + first_row, count);
+}
+
+void TopScores::offer_ids(const float* scores, const std::uint64_t* ids, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
     // Cheap reject before touching ids: most rows of a large scan lose to the current worst.
     const float s = scores[i];
     if (heap_.size() == m_ && m_ > 0 && s < heap_.front().score) continue;
     // A NaN score (it left the float range) ranks first, like +inf, so the query that gets this row
     // as a candidate fails with numeric_overflow instead of silently ranking around it.
-    push({s != s ? std::numeric_limits<float>::infinity() : s, ids_[first_row + i]});
+    push({s != s ? std::numeric_limits<float>::infinity() : s, ids[i]});
   }
 }
 

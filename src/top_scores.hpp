@@ -23,6 +23,14 @@ class TopScores final : public ScoreSink {
 
   void offer(const float* scores, std::size_t first_row, std::size_t count) override;
 
+  /// Offers count scores of rows whose ids are ids[0 .. count) (rows not in one scanned span).
+  void offer_ids(const float* scores, const std::uint64_t* ids, std::size_t count);
+
+  /// Whether m items are kept.
+  [[nodiscard]] bool full() const noexcept { return heap_.size() >= m_; }
+  /// The worst kept item; requires at least one.
+  [[nodiscard]] const Item& worst() const noexcept { return heap_.front(); }
+
   /// Adds other's items (for merging the parts of a split scan).
   void absorb(const TopScores& other);
 

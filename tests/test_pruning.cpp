@@ -250,20 +250,20 @@ TEST_CASE("the sampled check is exact when every omitted row fits in the sample"
 TEST_CASE("an approximate index with the sampled check reports a bound at least its estimate", "[pruning][check]") {
   const std::size_t n = 3000, d = 16, dv = 2;
   const auto keys = make_keys(n, d, 30, 51);
-  CollectionConfig config{d, dv, Metric::dot, {}, {.kind = IndexKind::ivf, .ivf_nlist = 16, .ivf_train_size = 1000}};
+  CollectionConfig config{d, dv, Metric::dot, {}, {.kind = IndexKind::hnsw, .hnsw_m = 8}};
   Collection c(config);
   c.add_batch(keys, test::normal_floats(n * dv, 52));
   c.wait_until_indexed();
   for (std::uint64_t seed = 0; seed < 10; ++seed) {
     const auto q = test::normal_floats(d, 60 + seed);
-    const SoftResult plain = c.query_soft(q, {.top_k = 32, .nprobe = 1});
-    const SoftResult checked = c.query_soft(q, {.top_k = 32, .nprobe = 1, .check_sample = 256});
-    REQUIRE(plain.searched_with == IndexKind::ivf);
+    const SoftResult plain = c.query_soft(q, {.top_k = 32, .ef_search = 32, .check_sample = 0});
+    const SoftResult checked = c.query_soft(q, {.top_k = 32, .ef_search = 32, .check_sample = 256});
+    REQUIRE(plain.searched_with == IndexKind::hnsw);
     CHECK_FALSE(checked.tail_bound_guaranteed);
     CHECK(checked.tail_bound >= plain.tail_bound);
     CHECK(checked.value == plain.value);  // the check changes the bound, never the answer
     // With epsilon, the checked bound is what must meet it (or the exact scan answers).
-    const SoftResult adaptive = c.query_soft(q, {.epsilon = 0.05f, .nprobe = 1, .check_sample = 256});
+    const SoftResult adaptive = c.query_soft(q, {.epsilon = 0.05f, .ef_search = 32, .check_sample = 256});
     CHECK((adaptive.tail_bound <= 0.05 || adaptive.candidates == n));
   }
   CollectionConfig flat_config{d, dv, Metric::dot, {}, {.kind = IndexKind::flat}};

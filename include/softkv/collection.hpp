@@ -104,7 +104,7 @@ struct QueryOptions {
   /// HNSW/IVF pruning: rows sampled outside the candidates and scored exactly to check the tail
   /// estimate (README, "Sampled check"); with epsilon, k grows until the checked value meets it.
   /// 0: no check. Ignored for flat, whose bound is already a guarantee.
-  std::size_t check_sample = 0;
+  std::size_t check_sample = 256;
   /// Hard retrieval: scan every key even when the collection has an index.
   bool exact = false;
 

@@ -1,13 +1,12 @@
-// HNSW and IVF pruning indexes over FAISS, kept in step with writes through tombstones and rebuilds.
+// The HNSW pruning index over FAISS, kept in step with writes through tombstones and rebuilds.
 //
 // FAISS numbers vectors by insertion position (labels 0, 1, ...). HNSW in FAISS 1.7.3 cannot remove,
-// so every index here is append-only: a removed or replaced entry's position is marked dead and
-// filtered out of results. Training (IVF) and rebuilding (once dead positions pass rebuild_fraction of
+// so the index is append-only: a removed or replaced entry's position is marked dead and
+// filtered out of results. Rebuilding (once dead positions pass rebuild_fraction of
 // the live ones) run in the background on a copy of the rows; writes that land meanwhile go to the
 // old index, which keeps serving, and to a journal replayed into the new one before it is swapped in.
 #include <faiss/IndexFlat.h>
 #include <faiss/IndexHNSW.h>
-#include <faiss/IndexIVFFlat.h>
 #include <faiss/impl/FaissException.h>
 #include <faiss/impl/io.h>
 #include <faiss/index_io.h>
@@ -18,6 +17,7 @@
 #include <limits>
 #include <unordered_map>
 
+#include "index/certified_lists.hpp"
 #include "index/pruning_index.hpp"
 #include "codec/bytes.hpp"
 #include "scan.hpp"  // key_row
@@ -36,6 +36,8 @@ const int kBuildThreads = std::max(1, omp_get_max_threads());
 
 int build_threads() { return kBuildThreads; }
 
+}  // namespace
+
 // FAISS sums squares and inner products in float: keys near FLT_MAX overflow them, and its k-means
 // then aborts the process (an assertion, not an exception). So FAISS gets each key times 2^-shift,
 // shift chosen at build time so that the largest element built on is below 2^kFaissBuiltExponent,
@@ -46,6 +48,8 @@ int build_threads() { return kBuildThreads; }
 // with its own kernel anyway.
 constexpr int kFaissBuiltExponent = 30;
 constexpr int kFaissClampExponent = 50;
+
+int index_build_threads() { return kBuildThreads; }
 
 int faiss_shift(const float* keys, std::size_t count) {
   float largest = 0.0f;
@@ -60,6 +64,8 @@ std::vector<float> faiss_copy(const float* keys, std::size_t count, int shift) {
   for (std::size_t i = 0; i < count; ++i) out[i] = std::clamp(std::ldexp(keys[i], -shift), -limit, limit);
   return out;
 }
+
+namespace {
 
 // A FAISS index and the bookkeeping that maps its positions to entry ids.
 struct Built {
@@ -117,10 +123,7 @@ class PositionalIndex final : public PruningIndex {
  public:
   explicit PositionalIndex(const CollectionConfig& config) : config_(config) {}
 
-  [[nodiscard]] IndexKind kind() const override {
-    if (!ready()) return IndexKind::exact;
-    return config_.index.kind == IndexKind::automatic ? IndexKind::ivf : config_.index.kind;
-  }
+  [[nodiscard]] IndexKind kind() const override { return ready() ? IndexKind::hnsw : IndexKind::exact; }
   [[nodiscard]] bool ready() const override { return current_.index != nullptr; }
   [[nodiscard]] bool exact_top_k() const override { return false; }
 
@@ -175,31 +178,16 @@ class PositionalIndex final : public PruningIndex {
     if (b.built.index) current_ = std::move(b.built);
   }
 
-  // Creates (and for IVF trains) a fresh index over the given rows; null index while too few rows.
+  // Creates a fresh index over the given rows.
   [[nodiscard]] Built build(const std::uint64_t* ids, const float* keys, std::size_t n, std::size_t dim) const {
     Built b;
     if (n < train_threshold()) return b;
     OmpThreads threads(build_threads());
     const int d = static_cast<int>(dim);
     b.shift = faiss_shift(keys, n * dim);
-    if (is_hnsw()) {
-      auto hnsw = std::make_unique<faiss::IndexHNSWFlat>(d, static_cast<int>(config_.index.hnsw_m), faiss::METRIC_INNER_PRODUCT);
-      hnsw->hnsw.efConstruction = static_cast<int>(config_.index.hnsw_ef_construction);
-      b.index = std::move(hnsw);
-    } else {
-      const std::size_t nlist = nlist_for(n);
-      auto ivf = std::make_unique<faiss::IndexIVFFlat>(new faiss::IndexFlatIP(d), dim, nlist, faiss::METRIC_INNER_PRODUCT);
-      ivf->own_fields = true;  // the IVF index deletes its quantizer
-      ivf->cp.verbose = false;
-      // 64 points per centroid train well (FAISS asks for >= 39 and caps at 256) at a quarter of
-      // the k-means cost of 256; pass an evenly strided sample of that size.
-      const std::size_t sample = std::min(n, 64 * nlist);
-      std::vector<float> train(sample * dim);
-      for (std::size_t i = 0; i < sample; ++i)
-        std::copy_n(keys + (i * n / sample) * dim, dim, train.begin() + static_cast<std::ptrdiff_t>(i * dim));
-      ivf->train(static_cast<Label>(sample), faiss_copy(train.data(), train.size(), b.shift).data());
-      b.index = std::move(ivf);
-    }
+    auto hnsw = std::make_unique<faiss::IndexHNSWFlat>(d, static_cast<int>(config_.index.hnsw_m), faiss::METRIC_INNER_PRODUCT);
+    hnsw->hnsw.efConstruction = static_cast<int>(config_.index.hnsw_ef_construction);
+    b.index = std::move(hnsw);
     b.append(ids, keys, n);
     return b;
   }
@@ -302,39 +290,17 @@ class PositionalIndex final : public PruningIndex {
   }
 
  private:
-  [[nodiscard]] bool is_hnsw() const { return config_.index.kind == IndexKind::hnsw; }
+  // Entries needed before the index is built: one.
+  [[nodiscard]] static std::size_t train_threshold() { return 1; }
 
-  // Entries needed before the index is built (HNSW: one; IVF: enough to train).
-  [[nodiscard]] std::size_t train_threshold() const {
-    if (is_hnsw()) return 1;
-    std::size_t n = config_.index.ivf_train_size > 0 ? config_.index.ivf_train_size
-                                                     : 39 * std::max<std::size_t>(config_.index.ivf_nlist, 16);
-    if (config_.index.kind == IndexKind::automatic) n = std::max(n, config_.index.auto_threshold);
-    return std::max<std::size_t>(n, 1);
-  }
-
-  [[nodiscard]] std::size_t nlist_for(std::size_t n) const {
-    if (config_.index.ivf_nlist > 0) return config_.index.ivf_nlist;
-    // ~4 sqrt(n) lists, but never fewer than the 39 training points per list FAISS's k-means asks for.
-    const auto by_size = static_cast<std::size_t>(4.0 * std::sqrt(static_cast<double>(n)));
-    return std::max<std::size_t>(1, std::min(by_size, n / 39));
-  }
-
-  // FAISS takes int efSearch and size_t nprobe: ef_search is clamped to [k, positions] (a longer
-  // list than the graph has nodes visits nothing more, and anything past INT_MAX would wrap), nprobe
-  // to [1, nlist].
+  // FAISS takes int efSearch: ef_search is clamped to [k, positions] (a longer list than the graph has
+  // nodes visits nothing more, and anything past INT_MAX would wrap).
   void run_search(const float* queries, std::size_t n, std::size_t k, const IndexSearch& p, float* scores, Label* labels) const {
     const auto total = static_cast<std::size_t>(current_.index->ntotal);
-    if (is_hnsw()) {
-      faiss::SearchParametersHNSW params;  // its efSearch default (16) would override the index's: always set it
-      const std::size_t ef = std::clamp(p.ef_search, k, std::max(k, total));
-      params.efSearch = static_cast<int>(std::min<std::size_t>(ef, std::numeric_limits<int>::max()));
-      current_.index->search(static_cast<Label>(n), queries, static_cast<Label>(k), scores, labels, &params);
-    } else {
-      faiss::SearchParametersIVF params;
-      params.nprobe = std::clamp<std::size_t>(p.nprobe, 1, static_cast<const faiss::IndexIVF&>(*current_.index).nlist);
-      current_.index->search(static_cast<Label>(n), queries, static_cast<Label>(k), scores, labels, &params);
-    }
+    faiss::SearchParametersHNSW params;  // its efSearch default (16) would override the index's: always set it
+    const std::size_t ef = std::clamp(p.ef_search, k, std::max(k, total));
+    params.efSearch = static_cast<int>(std::min<std::size_t>(ef, std::numeric_limits<int>::max()));
+    current_.index->search(static_cast<Label>(n), queries, static_cast<Label>(k), scores, labels, &params);
   }
 
   CollectionConfig config_;
@@ -361,9 +327,9 @@ std::unique_ptr<PruningIndex> make_pruning_index(const CollectionConfig& config)
   switch (config.index.kind) {
     case IndexKind::exact: return nullptr;
     case IndexKind::flat: return make_flat_index();
-    case IndexKind::hnsw:
+    case IndexKind::hnsw: return std::make_unique<PositionalIndex>(config);
     case IndexKind::ivf:
-    case IndexKind::automatic: return std::make_unique<PositionalIndex>(config);
+    case IndexKind::automatic: return make_certified_index(config);
   }
   return nullptr;
 }

@@ -12,6 +12,8 @@
 
 namespace softkv::detail {
 
+class CertifiedLists;
+
 /// Per-query search effort.
 struct IndexSearch {
   std::size_t k = 0;          ///< candidates wanted per query
@@ -41,6 +43,8 @@ class PruningIndex {
   [[nodiscard]] virtual bool ready() const = 0;
   /// Whether search() returns the true top-k (so the tail bound is a guarantee).
   [[nodiscard]] virtual bool exact_top_k() const = 0;
+  /// The certified lists when this index has them and is ready (IndexKind::ivf, automatic), else null.
+  [[nodiscard]] virtual const CertifiedLists* lists() const { return nullptr; }
 
   /// Rows inserted or replaced: ids[i] now holds keys[i * d ..] (as stored). all is the whole
   /// collection after the write (for training or rebuilding).
@@ -77,6 +81,15 @@ class PruningIndex {
 
 /// The index for a collection's configuration; null for IndexKind::exact.
 std::unique_ptr<PruningIndex> make_pruning_index(const CollectionConfig& config);
+
+/// Threads for index builds: OpenMP's default as the process started (all cores, or OMP_NUM_THREADS).
+int index_build_threads();
+
+/// FAISS sums in float: keys near FLT_MAX overflow it (its k-means then aborts the process). A build
+/// hands FAISS every key times 2^-shift, shift = faiss_shift(keys built on), clamped (faiss_copy).
+int faiss_shift(const float* keys, std::size_t count);
+/// count floats of keys as FAISS gets them under shift (times 2^-shift, clamped to +-2^50).
+std::vector<float> faiss_copy(const float* keys, std::size_t count, int shift);
 
 /// Sets FAISS's OpenMP thread count on this thread for a scope, then restores it.
 class OmpThreads {

@@ -1,0 +1,548 @@
+// Certified inverted lists: centroids from FAISS k-means; lists, bounds and search are softkv's.
+//
+// Each list keeps its members' keys contiguously (float32 copies of the keys as stored) and a radius r_c
+// with ||k - mu_c|| <= r_c for every member ever added to it (writes only widen it until a rebuild), so
+//   q.k <= q.mu_c + ||q|| r_c
+// for every member; with the float rounding of both dot products added, ub_c bounds the kernel's score of
+// every member. Visiting lists by decreasing ub_c, a query knows the best score any unvisited key can
+// reach and the most mass the unvisited lists can hold: the exact top-k and a guaranteed tail bound.
+#include "index/certified_lists.hpp"
+
+#include <faiss/Clustering.h>
+#include <faiss/IndexFlat.h>
+#include <faiss/impl/FaissException.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+#include "codec/bytes.hpp"
+#include "precision.hpp"
+#include "scan.hpp"
+#include "top_scores.hpp"
+#include "softkv/error.hpp"
+
+namespace softkv::detail {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kUnit = 1.0 / 16777216.0;  // float's unit roundoff, 2^-24
+
+// Rows per list when ivf_nlist is 0: small lists keep the radii tight (a list that mixes two clusters
+// has a radius of half their distance, which bounds nothing), and the centroid pass stays 1/8 of the
+// bytes of the keys at d floats per centroid in f16.
+constexpr std::size_t kRowsPerList = 16;
+
+// ||a - b|| in double, rounded up a little so that it is an upper bound despite its own rounding.
+double distance_up(const float* a, const float* b, std::size_t d) {
+  double s = 0;
+  for (std::size_t j = 0; j < d; ++j) {
+    const double x = static_cast<double>(a[j]) - static_cast<double>(b[j]);
+    s += x * x;
+  }
+  return std::sqrt(s) * (1 + 1e-12);
+}
+
+double norm_up(const float* a, std::size_t d) {
+  double s = 0;
+  for (std::size_t j = 0; j < d; ++j) s += static_cast<double>(a[j]) * a[j];
+  return std::sqrt(s) * (1 + 1e-12);
+}
+
+// k-means centroids (L2) of n points, k <= n, on FAISS's copies under shift; returned at the keys' scale.
+std::vector<float> kmeans(const float* x, std::size_t n, std::size_t k, std::size_t d, int shift) {
+  if (k >= n) {
+    std::vector<float> out(x, x + n * d);
+    return out;
+  }
+  faiss::ClusteringParameters cp;
+  cp.niter = 12;
+  cp.verbose = false;
+  cp.min_points_per_centroid = 1;   // small lists are the point; FAISS would warn on stderr otherwise
+  cp.max_points_per_centroid = 64;  // a sample of 64 points per centroid trains well
+  faiss::Clustering clustering(static_cast<int>(d), k, cp);
+  faiss::IndexFlatL2 assign(static_cast<faiss::Index::idx_t>(d));
+  const std::vector<float> safe = faiss_copy(x, n * d, shift);
+  clustering.train(static_cast<faiss::Index::idx_t>(n), safe.data(), assign);
+  std::vector<float> out(clustering.centroids.begin(), clustering.centroids.end());
+  for (float& v : out) v = std::ldexp(v, shift);
+  return out;
+}
+
+// The nearest of the centroids (given as FAISS holds them) for each of n keys; FAISS copies under shift.
+std::vector<std::uint32_t> nearest(const faiss::IndexFlatL2& centroids, const float* keys, std::size_t n, std::size_t d, int shift) {
+  std::vector<std::uint32_t> out(n, 0);
+  if (n == 0 || centroids.ntotal == 0) return out;
+  const std::vector<float> safe = faiss_copy(keys, n * d, shift);
+  std::vector<float> dist(n);
+  std::vector<faiss::Index::idx_t> label(n);
+  centroids.search(static_cast<faiss::Index::idx_t>(n), safe.data(), 1, dist.data(), label.data());
+  // A key whose distances overflow gets no label: any list is correct (its radius grows to cover it).
+  for (std::size_t i = 0; i < n; ++i) out[i] = label[i] < 0 ? 0 : static_cast<std::uint32_t>(label[i]);
+  return out;
+}
+
+// One list: its members in insertion order (dead ones stay until a rebuild), their keys, its radius.
+struct List {
+  std::vector<std::uint64_t> ids;
+  std::vector<float> keys;
+  std::vector<std::uint8_t> dead;
+  std::uint32_t live = 0;
+  double radius = 0;  // >= ||k - centroid|| for every member added since the build
+};
+
+// Where a live id sits.
+struct Slot {
+  std::uint32_t list;
+  std::uint32_t position;
+};
+
+// A built index: centroids, lists and the id -> slot map.
+struct Lists {
+  std::size_t dim = 0;
+  int shift = 0;                              // FAISS's copies are keys times 2^-shift
+  std::size_t trained_rows = 0;               // rows at the build (a rebuild is due at 4x)
+  std::size_t trained_lists = 0;              // lists at the build (lists of one far key are added up to 2x)
+  std::vector<float> centroids;               // L x d, the rounded centroids the bounds are stated for
+  Precision centroid_precision = Precision::f16;
+  std::vector<std::byte> centroid_bytes;      // the same at centroid_precision, as the kernels score them
+  std::vector<double> centroid_norm;          // ||mu_c||, rounded up
+  std::vector<List> lists;
+  std::unordered_map<std::uint64_t, Slot> slot_of;
+  std::unique_ptr<faiss::IndexFlatL2> quantizer;  // the centroids under shift, to assign new keys
+  std::size_t dead = 0;
+
+  [[nodiscard]] bool ready() const { return !lists.empty(); }
+
+  // Rounds the centroids to the precision they are scored at (f16 where they fit, else f32) and sets up
+  // the quantizer; the bounds are then stated for the rounded centroids, so the rounding costs nothing.
+  void set_centroids(std::vector<float> c) {
+    const std::size_t count = c.size() / dim;
+    float largest = 0;
+    for (float v : c) largest = std::max(largest, std::fabs(v));
+    centroid_precision = std::isfinite(largest) && largest < 60000.0f ? Precision::f16 : Precision::f32;
+    const std::size_t row = dim * RowSpan::bytes_of(centroid_precision);
+    centroid_bytes.assign(count * row, std::byte{0});
+    for (std::size_t i = 0; i < count; ++i) {
+      encode_row(centroid_precision, c.data() + i * dim, dim, 1.0f, centroid_bytes.data() + i * row);
+      decode_row(centroid_precision, centroid_bytes.data() + i * row, dim, 1.0f, c.data() + i * dim);
+    }
+    centroids = std::move(c);
+    centroid_norm.resize(count);
+    for (std::size_t i = 0; i < count; ++i) centroid_norm[i] = norm_up(centroids.data() + i * dim, dim);
+    lists.assign(count, List{});
+    trained_lists = count;
+    quantizer = std::make_unique<faiss::IndexFlatL2>(static_cast<faiss::Index::idx_t>(dim));
+    const std::vector<float> safe = faiss_copy(centroids.data(), centroids.size(), shift);
+    quantizer->add(static_cast<faiss::Index::idx_t>(count), safe.data());
+  }
+
+  void kill(std::uint64_t id) {
+    const auto it = slot_of.find(id);
+    if (it == slot_of.end()) return;
+    List& l = lists[it->second.list];
+    l.dead[it->second.position] = 1;
+    --l.live;
+    ++dead;
+    slot_of.erase(it);
+  }
+
+  // A list of its own for a key far outside every list (its centroid is the key, rounded); false when
+  // the key does not fit the centroids' precision.
+  bool add_list(const float* key) {
+    const std::size_t row = dim * RowSpan::bytes_of(centroid_precision), c = lists.size();
+    for (std::size_t j = 0; j < dim; ++j)
+      if (!(std::fabs(key[j]) < (centroid_precision == Precision::f16 ? 60000.0f : std::numeric_limits<float>::max()))) return false;
+    centroid_bytes.resize((c + 1) * row);
+    centroids.resize((c + 1) * dim);
+    encode_row(centroid_precision, key, dim, 1.0f, centroid_bytes.data() + c * row);
+    decode_row(centroid_precision, centroid_bytes.data() + c * row, dim, 1.0f, centroids.data() + c * dim);
+    centroid_norm.push_back(norm_up(centroids.data() + c * dim, dim));
+    lists.emplace_back();
+    const std::vector<float> safe = faiss_copy(centroids.data() + c * dim, dim, shift);
+    quantizer->add(1, safe.data());
+    return true;
+  }
+
+  // Appends n keys (ids[i] at keys + i * dim) to the lists of their nearest centroids. After the build
+  // (grow), a key more than twice its list's radius away from its centroid (one added far from the data
+  // the lists were trained on) starts a list of its own instead of widening that list's bound for every query.
+  void append(const std::uint64_t* ids, const float* keys, std::size_t n, bool grow = true) {
+    std::vector<std::uint32_t> to = nearest(*quantizer, keys, n, dim, shift);
+    for (std::size_t i = 0; i < n; ++i) {
+      kill(ids[i]);  // a replaced entry (or an id repeated in the batch) keeps only its newest key
+      const float* key = keys + i * dim;
+      double distance = distance_up(key, centroids.data() + to[i] * dim, dim);
+      if (grow && lists[to[i]].live > 0 && distance > 2 * lists[to[i]].radius && lists.size() < 2 * trained_lists && add_list(key)) {
+        to[i] = static_cast<std::uint32_t>(lists.size() - 1);
+        distance = distance_up(key, centroids.data() + to[i] * dim, dim);
+      }
+      List& l = lists[to[i]];
+      l.radius = std::max(l.radius, distance);
+      slot_of[ids[i]] = {to[i], static_cast<std::uint32_t>(l.ids.size())};
+      l.ids.push_back(ids[i]);
+      l.keys.insert(l.keys.end(), key, key + dim);
+      l.dead.push_back(0);
+      ++l.live;
+    }
+  }
+};
+
+// Trains centroids for n keys: one k-means for a few hundred lists; for more, a coarse k-means and a
+// fine one inside each coarse cell (FAISS's k-means costs n x lists x d per iteration: 1M keys into
+// 62,500 lists at once would take an hour on two cores, in two levels it takes seconds).
+std::vector<float> train(const float* keys, std::size_t n, std::size_t d, std::size_t nlist, int shift) {
+  if (nlist <= 256) {
+    const std::size_t sample = std::min(n, 64 * nlist);
+    std::vector<float> x(sample * d);
+    for (std::size_t i = 0; i < sample; ++i) std::copy_n(keys + (i * n / sample) * d, d, x.begin() + static_cast<std::ptrdiff_t>(i * d));
+    return kmeans(x.data(), sample, nlist, d, shift);
+  }
+  const auto coarse_count = static_cast<std::size_t>(std::ceil(std::sqrt(static_cast<double>(nlist))));
+  const std::vector<float> coarse = train(keys, n, d, coarse_count, shift);
+  faiss::IndexFlatL2 coarse_index(static_cast<faiss::Index::idx_t>(d));
+  const std::vector<float> safe = faiss_copy(coarse.data(), coarse.size(), shift);
+  coarse_index.add(static_cast<faiss::Index::idx_t>(coarse.size() / d), safe.data());
+  const std::vector<std::uint32_t> cell = nearest(coarse_index, keys, n, d, shift);
+  std::vector<std::vector<std::size_t>> members(coarse.size() / d);
+  for (std::size_t i = 0; i < n; ++i) members[cell[i]].push_back(i);
+  std::vector<float> out;
+  std::vector<float> x;
+  for (const auto& m : members) {
+    if (m.empty()) continue;
+    const std::size_t k = std::clamp<std::size_t>((nlist * m.size() + n / 2) / n, 1, m.size());
+    x.resize(m.size() * d);
+    for (std::size_t i = 0; i < m.size(); ++i) std::copy_n(keys + m[i] * d, d, x.begin() + static_cast<std::ptrdiff_t>(i * d));
+    const std::vector<float> fine = kmeans(x.data(), m.size(), k, d, shift);
+    out.insert(out.end(), fine.begin(), fine.end());
+  }
+  return out;
+}
+
+// One write made while a build ran.
+struct JournalEntry {
+  std::uint64_t id;
+  std::vector<float> key;  // empty: a removal
+};
+
+class CertifiedIndex;
+
+// The rows copied for a build and the lists built from them without the collection's lock.
+class ListsBuild final : public IndexBuild {
+ public:
+  ListsBuild(const CertifiedIndex& owner, const RowSpan& all)
+      : owner_(owner), ids_(all.ids, all.ids + all.rows), keys_(all.rows * all.dim), dim_(all.dim) {
+    for (std::size_t r = 0; r < all.rows; ++r) key_row(all, r, keys_.data() + r * all.dim);
+  }
+  void run() override;
+  Lists built;
+
+ private:
+  const CertifiedIndex& owner_;
+  std::vector<std::uint64_t> ids_;
+  std::vector<float> keys_;
+  std::size_t dim_;
+};
+
+// "CIVF" and format 1: certified lists (the FAISS IVF bytes of older snapshots fail it and are rebuilt).
+constexpr std::uint64_t kHeader = std::uint64_t{0x46564943} << 32 | 1;
+
+class CertifiedIndex final : public PruningIndex, public CertifiedLists {
+ public:
+  explicit CertifiedIndex(const CollectionConfig& config) : config_(config) {}
+
+  [[nodiscard]] IndexKind kind() const override { return ready() ? IndexKind::ivf : IndexKind::exact; }
+  [[nodiscard]] bool ready() const override { return current_.ready(); }
+  [[nodiscard]] bool exact_top_k() const override { return true; }
+  [[nodiscard]] const CertifiedLists* lists() const override { return ready() ? this : nullptr; }
+
+  void put(std::span<const std::uint64_t> ids, const float* keys, const RowSpan& all) override {
+    if (journaling_)
+      for (std::size_t i = 0; i < ids.size(); ++i) journal_.push_back({ids[i], std::vector<float>(keys + i * all.dim, keys + (i + 1) * all.dim)});
+    if (current_.ready()) {
+      OmpThreads threads(ids.size() >= 4096 ? index_build_threads() : 1);
+      current_.append(ids.data(), keys, ids.size());
+    }
+    rows_ = all.rows;
+  }
+
+  void erase(std::uint64_t id, const RowSpan& all) override {
+    if (journaling_) journal_.push_back({id, {}});
+    current_.kill(id);
+    rows_ = all.rows;
+  }
+
+  [[nodiscard]] bool build_due() const override {
+    if (journaling_) return false;  // one build at a time
+    if (!current_.ready()) return rows_ >= train_threshold();
+    if (config_.index.ivf_nlist == 0 && rows_ >= 4 * std::max<std::size_t>(1, current_.trained_rows)) return true;  // lists grew 4x
+    if (current_.lists.size() >= 2 * current_.trained_lists) return true;  // many keys came far from the trained lists
+    return static_cast<double>(current_.dead) > config_.index.rebuild_fraction * static_cast<double>(std::max<std::size_t>(1, rows_));
+  }
+
+  std::unique_ptr<IndexBuild> start_build(const RowSpan& all) override {
+    rows_ = all.rows;
+    if (!build_due()) return nullptr;
+    journaling_ = true;
+    journal_.clear();
+    return std::make_unique<ListsBuild>(*this, all);
+  }
+
+  void finish_build(std::unique_ptr<IndexBuild> build) override {
+    if (build) {
+      auto& b = static_cast<ListsBuild&>(*build);
+      if (b.built.ready()) {
+        OmpThreads threads(1);
+        for (const JournalEntry& e : journal_) {
+          if (e.key.empty()) b.built.kill(e.id);
+          else b.built.append(&e.id, e.key.data(), 1);
+        }
+        current_ = std::move(b.built);
+      }
+    }
+    journal_.clear();
+    journaling_ = false;
+  }
+
+  void build_now(const RowSpan& all) override {
+    rows_ = all.rows;
+    if (!build_due()) return;
+    ListsBuild b(*this, all);
+    b.run();
+    if (b.built.ready()) current_ = std::move(b.built);
+  }
+
+  // Builds lists over n keys; empty while there are too few rows.
+  [[nodiscard]] Lists build(const std::uint64_t* ids, const float* keys, std::size_t n, std::size_t d) const {
+    Lists b;
+    if (n < train_threshold() || n == 0) return b;
+    OmpThreads threads(index_build_threads());
+    b.dim = d;
+    b.shift = faiss_shift(keys, n * d);
+    b.trained_rows = n;
+    b.set_centroids(train(keys, n, d, nlist_for(n), b.shift));
+    b.append(ids, keys, n, false);
+    return b;
+  }
+
+  // ---- CertifiedLists ----
+  [[nodiscard]] std::size_t list_count() const override { return current_.lists.size(); }
+
+  void bounds(const float* query, float factor, std::vector<double>& ub, std::vector<std::uint32_t>& live) const override {
+    const std::size_t count = current_.lists.size(), d = current_.dim;
+    std::vector<float> score(count);
+    const RowSpan centroids{current_.centroid_bytes.data(), nullptr, nullptr, count, d, 0, current_.centroid_precision};
+    kernels().scores(query, factor, centroids, score.data());
+    // The kernel's score of a member k is f * fl(q.k) rounded once more; fl(q.k) <= fl(q.mu) + ||q|| r
+    // + gamma ||q|| (2 ||mu|| + r), with gamma = (d + 2) u covering any order of summation (and FMA).
+    const double f = factor, qn = norm_up(query, d), gamma = (static_cast<double>(d) + 2) * kUnit * 1.01;
+    ub.resize(count);
+    live.resize(count);
+    for (std::size_t c = 0; c < count; ++c) {
+      const List& l = current_.lists[c];
+      live[c] = l.live;
+      if (l.live == 0) {
+        ub[c] = -kInf;
+        continue;
+      }
+      const double s = score[c];  // f * fl(q.mu), rounded: within 2u |s| of it
+      const double spread = f * qn * (l.radius + gamma * (2 * current_.centroid_norm[c] + l.radius));
+      const double b = s + 2 * kUnit * std::fabs(s) + spread * (1 + 4 * kUnit);
+      ub[c] = std::isfinite(b) ? b + 2 * kUnit * std::fabs(b) : kInf;
+    }
+  }
+
+  void score_list(std::size_t c, const float* query, float factor, std::vector<std::uint64_t>& ids,
+                  std::vector<float>& scores) const override {
+    const List& l = current_.lists[c];
+    const std::size_t d = current_.dim, first = scores.size();
+    scores.resize(first + l.ids.size());
+    const RowSpan rows{l.keys.data(), nullptr, l.ids.data(), l.ids.size(), d, 0};
+    kernels().scores(query, factor, rows, scores.data() + first);
+    std::size_t kept = first;  // drop the dead members in place
+    for (std::size_t i = 0; i < l.ids.size(); ++i) {
+      if (l.dead[i] != 0) continue;
+      scores[kept++] = scores[first + i];
+      ids.push_back(l.ids[i]);
+    }
+    scores.resize(kept);
+  }
+
+  // ---- search: the exact top-k, best first (higher score, then smaller id) ----
+  [[nodiscard]] std::vector<std::vector<std::uint64_t>> search(const float* queries, const float* scales, std::size_t n,
+                                                               const RowSpan& all, const IndexSearch& p) const override {
+    std::vector<std::vector<std::uint64_t>> out(n);
+    if (!ready() || p.k == 0) return out;
+    std::vector<std::uint64_t> ids;
+    std::vector<float> scores;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float* q = queries + i * all.dim;
+      ListWalk walk(*this, q, scales[i]);
+      TopScores best(p.k, nullptr);
+      // Stop once the k-th score beats every unvisited bound strictly: no unvisited key can tie it.
+      while (!walk.done() && !(best.full() && static_cast<double>(best.worst().score) > walk.next_bound())) {
+        ids.clear();
+        scores.clear();
+        score_list(walk.next(), q, scales[i], ids, scores);
+        best.offer_ids(scores.data(), ids.data(), ids.size());
+      }
+      for (const TopScores::Item& item : best.sorted()) out[i].push_back(item.id);
+    }
+    return out;
+  }
+
+  // ---- persistence: centroids and membership; keys and radii are taken from the rows on load ----
+  [[nodiscard]] std::vector<std::byte> save() const override {
+    if (!ready()) return {};
+    ByteWriter w;
+    w.put(kHeader);
+    w.put(std::uint64_t{current_.dim});
+    w.put(static_cast<std::uint64_t>(current_.shift));
+    w.put(std::uint64_t{current_.trained_rows});
+    w.put(std::uint64_t{current_.lists.size()});
+    w.put_array(std::span<const float>(current_.centroids));
+    for (const List& l : current_.lists) {
+      std::vector<std::uint64_t> live;
+      for (std::size_t i = 0; i < l.ids.size(); ++i)
+        if (l.dead[i] == 0) live.push_back(l.ids[i]);
+      w.put(std::uint64_t{live.size()});
+      w.put_array(std::span<const std::uint64_t>(live));
+    }
+    return std::move(w.bytes());
+  }
+
+  bool load(std::span<const std::byte> bytes, const RowSpan& all) override {
+    try {
+      ByteReader r(bytes);
+      if (r.get<std::uint64_t>("index header") != kHeader) return false;
+      Lists b;
+      b.dim = r.get<std::uint64_t>("index dimension");
+      const auto shift = r.get<std::uint64_t>("index key shift");
+      if (shift > 255) return false;
+      b.shift = static_cast<int>(shift);
+      b.trained_rows = r.get<std::uint64_t>("index trained rows");
+      const auto count = r.get<std::uint64_t>("list count");
+      if (b.dim != all.dim || count == 0 || count > all.rows + 1) return false;
+      b.set_centroids(to_vector<float>(r.take_array<float>(count * b.dim, "centroids")));
+      std::unordered_map<std::uint64_t, std::size_t> row_of;
+      row_of.reserve(all.rows);
+      for (std::size_t i = 0; i < all.rows; ++i) row_of.emplace(all.ids[i], i);
+      std::vector<float> key(all.dim);
+      std::size_t members = 0;
+      for (std::size_t c = 0; c < count; ++c) {
+        const auto n = r.get<std::uint64_t>("list size");
+        const auto ids = to_vector<std::uint64_t>(r.take_array<std::uint64_t>(n, "list members"));
+        List& l = b.lists[c];
+        for (std::uint64_t id : ids) {
+          const auto it = row_of.find(id);
+          if (it == row_of.end() || b.slot_of.contains(id)) return false;  // the members must be exactly the rows
+          key_row(all, it->second, key.data());
+          l.radius = std::max(l.radius, distance_up(key.data(), b.centroids.data() + c * b.dim, b.dim));
+          b.slot_of[id] = {static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(l.ids.size())};
+          l.ids.push_back(id);
+          l.keys.insert(l.keys.end(), key.begin(), key.end());
+          l.dead.push_back(0);
+          ++l.live;
+          ++members;
+        }
+      }
+      if (r.remaining() > 0 || members != all.rows) return false;
+      current_ = std::move(b);
+      rows_ = all.rows;
+      return true;
+    } catch (const Error&) {
+      return false;
+    } catch (const faiss::FaissException&) {
+      return false;
+    }
+  }
+
+ private:
+  [[nodiscard]] std::size_t train_threshold() const {
+    std::size_t n = config_.index.ivf_train_size > 0 ? config_.index.ivf_train_size
+                                                     : 39 * std::max<std::size_t>(config_.index.ivf_nlist, 16);
+    if (config_.index.kind == IndexKind::automatic) n = std::max(n, config_.index.auto_threshold);
+    return std::max<std::size_t>(n, 1);
+  }
+
+  [[nodiscard]] std::size_t nlist_for(std::size_t n) const {
+    const std::size_t wanted = config_.index.ivf_nlist > 0 ? config_.index.ivf_nlist : n / kRowsPerList;
+    return std::clamp<std::size_t>(wanted, 1, n);
+  }
+
+  friend class ListsBuild;
+  CollectionConfig config_;
+  Lists current_;
+  std::size_t rows_ = 0;
+  bool journaling_ = false;
+  std::vector<JournalEntry> journal_;
+};
+
+void ListsBuild::run() {
+  try {
+    built = owner_.build(ids_.data(), keys_.data(), ids_.size(), dim_);
+  } catch (const faiss::FaissException& e) {
+    built = Lists{};  // the current index keeps serving (or the exact scan before the first build)
+  }
+}
+
+}  // namespace
+
+ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor) {
+  lists.bounds(query, factor, ub_, live_);
+  heap_.reserve(ub_.size());
+  top_ = -kInf;
+  for (std::size_t c = 0; c < ub_.size(); ++c) {
+    if (live_[c] == 0) continue;
+    heap_.emplace_back(ub_[c], static_cast<std::uint32_t>(c));
+    rows_left_ += live_[c];
+    if (std::isinf(ub_[c])) infinite_ = true;
+    else top_ = std::max(top_, ub_[c] + std::log(static_cast<double>(live_[c])));
+  }
+  std::make_heap(heap_.begin(), heap_.end());
+  recount();
+  total_ = rest_;
+}
+
+void ListWalk::recount() {
+  rest_ = 0;
+  infinite_ = false;
+  for (const auto& [ub, c] : heap_) {
+    if (std::isinf(ub)) infinite_ = true;
+    else rest_ += static_cast<double>(live_[c]) * std::exp(ub - top_);
+  }
+}
+
+std::size_t ListWalk::next() {
+  std::pop_heap(heap_.begin(), heap_.end());
+  const auto [ub, c] = heap_.back();
+  heap_.pop_back();
+  rows_left_ -= live_[c];
+  if (std::isinf(ub)) {
+    recount();
+  } else {
+    rest_ -= static_cast<double>(live_[c]) * std::exp(ub - top_);
+    // The running difference loses digits once it falls far below the total: count it afresh then.
+    if (!(rest_ > 1e-9 * total_)) {
+      recount();
+      total_ = rest_;
+    }
+  }
+  return c;
+}
+
+double ListWalk::next_bound() const noexcept { return heap_.empty() ? -kInf : heap_.front().first; }
+
+double ListWalk::log_rest() {
+  if (heap_.empty()) return -kInf;
+  if (infinite_) return kInf;
+  return rest_ > 0 ? top_ + std::log(rest_ * (1 + 1e-12)) : -kInf;
+}
+
+std::unique_ptr<PruningIndex> make_certified_index(const CollectionConfig& config) {
+  return std::make_unique<CertifiedIndex>(config);
+}
+
+}  // namespace softkv::detail

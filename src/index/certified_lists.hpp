@@ -1,0 +1,61 @@
+// Certified inverted lists (softkv's IVF): lists of keys with an upper bound on q.k for every member,
+// so a query stops visiting lists with a proof (docs/PRUNING.md, "Certified IVF").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "index/pruning_index.hpp"
+
+namespace softkv::detail {
+
+/// What a query needs from certified lists beyond PruningIndex. Read under the collection's shared lock.
+class CertifiedLists {
+ public:
+  virtual ~CertifiedLists() = default;
+  /// Number of lists (some may have no live member).
+  [[nodiscard]] virtual std::size_t list_count() const = 0;
+  /// For a query split by split_scale into (query, factor): ub[c] >= the kernel's score of every live
+  /// member of list c, float rounding included (+inf when the bound is not finite), and live[c] its
+  /// live member count (0: ub[c] is -inf).
+  virtual void bounds(const float* query, float factor, std::vector<double>& ub, std::vector<std::uint32_t>& live) const = 0;
+  /// Appends the ids and kernel scores (KernelTable::scores) of list c's live members.
+  virtual void score_list(std::size_t c, const float* query, float factor, std::vector<std::uint64_t>& ids,
+                          std::vector<float>& scores) const = 0;
+};
+
+/// The lists of a certified index in decreasing upper bound, with a bound on the mass of those not yet
+/// visited: sum over them of live_c e^{ub_c}, kept in log space.
+class ListWalk {
+ public:
+  /// Computes every list's bound for the query (O(lists x d)).
+  ListWalk(const CertifiedLists& lists, const float* query, float factor);
+  /// Whether every list with a live member was visited.
+  [[nodiscard]] bool done() const noexcept { return heap_.empty(); }
+  /// The list with the largest bound among the unvisited ones; marks it visited. Requires !done().
+  std::size_t next();
+  /// The largest bound among the unvisited lists (-inf when done).
+  [[nodiscard]] double next_bound() const noexcept;
+  /// log of sum over the unvisited lists of live_c e^{ub_c} (-inf when done; +inf when a bound is not finite).
+  [[nodiscard]] double log_rest();
+  /// Live rows in the lists not yet visited.
+  [[nodiscard]] std::size_t rows_left() const noexcept { return rows_left_; }
+
+ private:
+  void recount();
+
+  std::vector<double> ub_;
+  std::vector<std::uint32_t> live_;
+  std::vector<std::pair<double, std::uint32_t>> heap_;  // max-heap of (ub, list) over unvisited lists
+  double top_ = 0;      // the shift of rest_: the largest finite log term at construction
+  double rest_ = 0;     // sum over unvisited of live_c e^{ub_c - top_}
+  double total_ = 0;    // rest_ at construction (a subtraction far below it is recounted)
+  bool infinite_ = false;  // some unvisited bound is +inf
+  std::size_t rows_left_ = 0;
+};
+
+/// The certified-list index for a configuration with IndexKind::ivf or automatic.
+std::unique_ptr<PruningIndex> make_certified_index(const CollectionConfig& config);
+
+}  // namespace softkv::detail

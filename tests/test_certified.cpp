@@ -1,0 +1,308 @@
+// The certified inverted lists (IndexKind::ivf): exact top-k, a guaranteed tail bound on every data regime,
+// bounds kept through writes, snapshots and concurrent writers, and the planner's fallback to the exact scan.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "reference.hpp"
+#include "softkv/softkv.hpp"
+
+using namespace softkv;
+
+namespace {
+
+// The data regimes of the pruning bench, small: keys and queries.
+struct Regime {
+  std::string name;
+  std::vector<float> keys;
+  std::vector<float> queries;
+};
+
+Regime make_regime(int kind, std::size_t n, std::size_t d, std::size_t nq, std::uint64_t seed) {
+  Regime r;
+  switch (kind) {
+    case 0: {  // spread: Gaussian keys and queries
+      r.name = "gaussian";
+      r.keys = test::normal_floats(n * d, seed);
+      r.queries = test::normal_floats(nq * d, seed + 1);
+      break;
+    }
+    case 1:
+    case 2: {  // clustered keys; queries near keys (1) or out of distribution (2: between two clusters, wide noise)
+      r.name = kind == 1 ? "clustered, queries near keys" : "clustered, out-of-distribution queries";
+      const std::size_t clusters = std::max<std::size_t>(1, n / 20);
+      const auto centres = test::normal_floats(clusters * d, seed, 3.0f);
+      r.keys = test::normal_floats(n * d, seed + 1, 0.3f);
+      for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t j = 0; j < d; ++j) r.keys[i * d + j] += centres[(i * 7 % clusters) * d + j];
+      const auto noise = test::normal_floats(nq * d, seed + 2, kind == 1 ? 0.1f : 2.0f);
+      r.queries.resize(nq * d);
+      for (std::size_t b = 0; b < nq; ++b)
+        for (std::size_t j = 0; j < d; ++j) {
+          const std::size_t a = (b * 13) % n, c = (b * 29 + 5) % n;
+          r.queries[b * d + j] = noise[b * d + j] + (kind == 1 ? r.keys[a * d + j] : 0.5f * (r.keys[a * d + j] + r.keys[c * d + j]));
+        }
+      break;
+    }
+    default: {  // heavy-tailed, as transformer keys: a shared offset and a few massive channels
+      r.name = "heavy-tailed keys";
+      r.keys = test::normal_floats(n * d, seed);
+      for (std::size_t i = 0; i < n; ++i) {
+        for (std::size_t j = 0; j < d; ++j) r.keys[i * d + j] += 2.0f;
+        for (std::size_t j = 0; j < 3 && j < d; ++j) r.keys[i * d + j] *= 25.0f;
+      }
+      r.queries = test::normal_floats(nq * d, seed + 3);
+      break;
+    }
+  }
+  return r;
+}
+
+// The true mass outside a result's candidates (top_m covers them all), in double, for keys given by id.
+double true_omitted(const Collection& c, const std::vector<float>& q, double scale, const SoftResult& r) {
+  const std::size_t d = c.config().dim;
+  std::set<std::uint64_t> candidates;
+  for (const Contributor& x : r.top) candidates.insert(x.id);
+  REQUIRE(candidates.size() == r.candidates);
+  double m = -INFINITY;
+  std::vector<std::pair<double, bool>> s;
+  for (std::uint64_t id : c.ids()) {
+    const Entry e = c.get(id);
+    double dot = 0;
+    for (std::size_t j = 0; j < d; ++j) dot += static_cast<double>(q[j]) * e.key[j];
+    s.emplace_back(scale * dot, candidates.count(id) == 0);
+    m = std::max(m, s.back().first);
+  }
+  double all = 0, out = 0;
+  for (const auto& [x, omitted] : s) {
+    all += std::exp(x - m);
+    if (omitted) out += std::exp(x - m);
+  }
+  return out / all;
+}
+
+std::set<std::uint64_t> ids_of(const SoftResult& r) {
+  std::set<std::uint64_t> out;
+  for (const Contributor& x : r.top) out.insert(x.id);
+  return out;
+}
+
+CollectionConfig ivf_config(std::size_t d, std::size_t dv, std::size_t nlist = 0) {
+  CollectionConfig config{d, dv, Metric::dot, {}, {}};
+  config.index.kind = IndexKind::ivf;
+  config.index.ivf_nlist = nlist;
+  config.index.ivf_train_size = std::max<std::size_t>(500, nlist);
+  return config;
+}
+
+std::vector<float> q_of(const std::vector<float>& qs, std::size_t b, std::size_t d) {
+  return {qs.begin() + static_cast<std::ptrdiff_t>(b * d), qs.begin() + static_cast<std::ptrdiff_t>((b + 1) * d)};
+}
+
+constexpr std::size_t kAll = std::numeric_limits<std::size_t>::max();
+
+// Every answer's true omitted mass is within its (guaranteed) bound; a top_k answer's candidates are the
+// exact top-k (the flat index's, ties to the smaller id).
+void check_answers(const Collection& c, const Collection& flat, const std::vector<float>& qs, std::size_t nq, float temperature) {
+  const std::size_t d = c.config().dim;
+  const double scale = c.resolve_scale({.temperature = temperature});
+  for (std::size_t b = 0; b < nq; ++b) {
+    const auto q = q_of(qs, b, d);
+    for (const std::size_t k : {std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
+      const SoftResult r = c.query_soft(q, {.temperature = temperature, .top_m = kAll, .top_k = k});
+      const SoftResult f = flat.query_soft(q, {.temperature = temperature, .top_m = kAll, .top_k = k});
+      INFO("query " << b << ", top_k " << k << ", T " << temperature);
+      CHECK(r.tail_bound_guaranteed);
+      CHECK(r.searched_with == IndexKind::ivf);
+      CHECK(ids_of(r) == ids_of(f));
+      CHECK(true_omitted(c, q, scale, r) <= r.tail_bound * (1 + 1e-6) + 1e-12);
+    }
+    for (const float eps : {0.2f, 1e-3f, 1e-7f}) {
+      const SoftResult r = c.query_soft(q, {.temperature = temperature, .top_m = kAll, .epsilon = eps});
+      INFO("query " << b << ", epsilon " << eps << ", T " << temperature);
+      CHECK(r.tail_bound_guaranteed);
+      CHECK(r.tail_bound <= eps);
+      CHECK(true_omitted(c, q, scale, r) <= r.tail_bound * (1 + 1e-6) + 1e-12);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("certified IVF: the exact top-k and a guaranteed tail bound on every data regime", "[certified][pruning]") {
+  const std::size_t n = 2000, d = 16, dv = 3, nq = 4;
+  const int kind = GENERATE(0, 1, 2, 3);
+  const Regime regime = make_regime(kind, n, d, nq, 100 + static_cast<std::uint64_t>(kind));
+  INFO(regime.name);
+  const auto values = test::normal_floats(n * dv, 7);
+  Collection c(ivf_config(d, dv));
+  c.add_batch(regime.keys, values);
+  c.wait_until_indexed();
+  CollectionConfig flat_config{d, dv, Metric::dot, {}, {.kind = IndexKind::flat}};
+  Collection flat(flat_config);
+  flat.add_batch(regime.keys, values);
+  for (const float t : {0.1f, 1.0f}) check_answers(c, flat, regime.queries, nq, t);
+}
+
+TEST_CASE("certified IVF: hard queries return the exact best key through the lists", "[certified][pruning]") {
+  const std::size_t n = 3000, d = 12;
+  const Regime regime = make_regime(1, n, d, 6, 5);
+  Collection c(ivf_config(d, 1));
+  c.add_batch(regime.keys, test::normal_floats(n, 3));
+  c.wait_until_indexed();
+  for (std::size_t b = 0; b < 6; ++b) {
+    const auto q = q_of(regime.queries, b, d);
+    const HardResult h = c.query_hard(q);
+    CHECK(h.searched_with == IndexKind::ivf);
+    CHECK(h.id == c.query_hard(q, {.exact = true}).id);
+  }
+}
+
+TEST_CASE("certified IVF: bounds hold after adds far outside a list and upserts and removes and a snapshot", "[certified][pruning]") {
+  const std::size_t n = 2500, d = 16, dv = 2;
+  const Regime regime = make_regime(1, n, d, 4, 31);
+  const auto values = test::normal_floats(n * dv, 32);
+  Collection c(ivf_config(d, dv));
+  CollectionConfig flat_config{d, dv, Metric::dot, {}, {.kind = IndexKind::flat}};
+  Collection flat(flat_config);
+  c.add_batch(regime.keys, values);
+  flat.add_batch(regime.keys, values);
+  c.wait_until_indexed();
+  // Keys far outside every list (30x a stored key), replacements moved to other clusters, removals.
+  for (std::uint64_t i = 0; i < 40; ++i) {
+    std::vector<float> far(regime.keys.begin() + static_cast<std::ptrdiff_t>(i * 11 * d),
+                           regime.keys.begin() + static_cast<std::ptrdiff_t>((i * 11 + 1) * d));
+    for (float& x : far) x *= 30.0f;
+    const std::vector<float> v{1.0f * static_cast<float>(i), -1.0f};
+    c.upsert(10000 + i, far, v);
+    flat.upsert(10000 + i, far, v);
+    const auto moved = q_of(regime.keys, (i * 37 + 3) % n, d);
+    c.upsert(i * 5, moved, v);
+    flat.upsert(i * 5, moved, v);
+    c.remove(i * 5 + 1);
+    flat.remove(i * 5 + 1);
+  }
+  c.wait_until_indexed();
+  // Queries at the far keys (their own single lists), and the regime's queries.
+  std::vector<float> qs = regime.queries;
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    const Entry e = c.get(10000 + i * 7);
+    qs.insert(qs.end(), e.key.begin(), e.key.end());
+    for (std::size_t j = qs.size() - d; j < qs.size(); ++j) qs[j] /= 30.0f;
+  }
+  check_answers(c, flat, qs, qs.size() / d, 0.5f);
+  // A snapshot's image restores the lists (loaded, not rebuilt) and the same exact top-k, bit for bit.
+  std::string note;
+  const Collection restored = Collection::restore(c.image(), &note);
+  CHECK(note == "loaded its index");
+  for (std::size_t b = 0; b < qs.size() / d; ++b) {
+    const auto q = q_of(qs, b, d);
+    const SoftResult a = c.query_soft(q, {.top_m = 16, .top_k = 16});
+    const SoftResult r = restored.query_soft(q, {.top_m = 16, .top_k = 16});
+    CHECK(r.searched_with == IndexKind::ivf);
+    CHECK(r.value == a.value);
+    CHECK(ids_of(r) == ids_of(a));
+  }
+  check_answers(restored, flat, qs, qs.size() / d, 0.5f);
+}
+
+TEST_CASE("certified IVF: queries during concurrent writes see only live rows and stay exact afterwards", "[certified][concurrency]") {
+  const std::size_t n = 3000, d = 8, dv = 1;
+  const Regime regime = make_regime(2, n, d, 8, 41);
+  Collection c(ivf_config(d, dv));
+  c.add_batch(regime.keys, test::normal_floats(n * dv, 42));
+  c.wait_until_indexed();
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (std::uint64_t i = 0; i < 400; ++i) {
+      auto key = q_of(regime.keys, (i * 17) % n, d);
+      for (float& x : key) x *= 1.0f + static_cast<float>(i % 5);
+      c.upsert(i, key, std::vector<float>{0.5f});
+      if (i % 3 == 0) c.remove(n - 1 - i);
+    }
+    stop = true;
+  });
+  std::size_t answered = 0;
+  while (!stop) {
+    const auto q = q_of(regime.queries, answered % 8, d);
+    const SoftResult r = c.query_soft(q, {.top_m = 5, .top_k = 5});
+    CHECK(r.tail_bound_guaranteed);
+    CHECK(r.candidates == 5);
+    ++answered;
+  }
+  writer.join();
+  c.wait_until_indexed();
+  for (std::size_t b = 0; b < 8; ++b) {
+    const auto q = q_of(regime.queries, b, d);
+    // exact = true scans every row: its 10 heaviest contributors are the 10 best scores.
+    CHECK(ids_of(c.query_soft(q, {.top_m = 10, .top_k = 10})) == ids_of(c.query_soft(q, {.top_m = 10, .exact = true})));
+  }
+}
+
+TEST_CASE("certified IVF: option and configuration extremes", "[certified][pruning]") {
+  const std::size_t n = 1200, d = 8, dv = 2;
+  const Regime regime = make_regime(1, n, d, 2, 51);
+  const auto values = test::normal_floats(n * dv, 52);
+  CollectionConfig flat_config{d, dv, Metric::dot, {}, {.kind = IndexKind::flat}};
+  Collection flat(flat_config);
+  flat.add_batch(regime.keys, values);
+  for (const std::size_t nlist : {std::size_t{1}, std::size_t{3}, n}) {
+    INFO("nlist " << nlist);
+    Collection c(ivf_config(d, dv, nlist));
+    c.add_batch(regime.keys, values);
+    c.wait_until_indexed();
+    check_answers(c, flat, regime.queries, 2, 1.0f);
+    const auto q = q_of(regime.queries, 0, d);
+    // top_k at and past the size: the exact scan; epsilon at the smallest positive float: still bounded.
+    for (const std::size_t k : {n - 1, n, kAll}) {
+      const SoftResult r = c.query_soft(q, {.top_m = 3, .top_k = k});
+      CHECK(r.candidates == std::min(k, n));
+      CHECK(r.tail_bound_guaranteed);
+    }
+    const SoftResult tiny = c.query_soft(q, {.epsilon = std::numeric_limits<float>::denorm_min()});
+    CHECK(tiny.tail_bound <= std::numeric_limits<float>::denorm_min());
+  }
+}
+
+TEST_CASE("the planner answers with the exact scan when pruning would cost more than it", "[certified][planner]") {
+  // 20,000 rows of 128 bytes: past kPlannerMinBytes, so the budget (1/16 of the rows) applies.
+  const std::size_t n = 20000, d = 16, dv = 16;
+  const auto keys = test::normal_floats(n * d, 61), values = test::normal_floats(n * dv, 62);
+  const auto q = test::normal_floats(d, 63);
+  for (const IndexKind kind : {IndexKind::ivf, IndexKind::flat, IndexKind::hnsw}) {
+    INFO("index " << static_cast<int>(kind));
+    CollectionConfig config = ivf_config(d, dv);
+    config.index.kind = kind;
+    config.index.hnsw_m = 8;
+    config.index.hnsw_ef_construction = 16;
+    Collection c(config);
+    c.add_batch(keys, values);
+    c.wait_until_indexed();
+    // Spread attention (Gaussian, T = 1): no small candidate set holds 1 - 1e-3 of the mass.
+    const SoftResult r = c.query_soft(q, {.epsilon = 1e-3f});
+    CHECK(r.searched_with == IndexKind::exact);
+    CHECK(r.candidates == n);
+    CHECK(r.tail_bound == 0.0);
+    // A top_k round costing more than the scan (flat reads half the bytes, plus k gathers; hnsw k x M nodes).
+    const SoftResult big = c.query_soft(q, {.top_k = n / 2});
+    CHECK(big.candidates == n);
+  }
+  // Clustered keys at a low temperature: the certified lists answer from a few lists.
+  const Regime regime = make_regime(1, n, d, 3, 64);
+  Collection c(ivf_config(d, dv));
+  c.add_batch(regime.keys, values);
+  c.wait_until_indexed();
+  for (std::size_t b = 0; b < 3; ++b) {
+    const SoftResult r = c.query_soft(q_of(regime.queries, b, d), {.temperature = 0.05f, .epsilon = 1e-3f});
+    CHECK(r.searched_with == IndexKind::ivf);
+    CHECK(r.candidates < n / 16);
+    CHECK(r.tail_bound <= 1e-3);
+    CHECK(r.tail_bound_guaranteed);
+  }
+}
