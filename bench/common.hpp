@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -36,6 +37,19 @@ inline std::vector<float> uniform_floats(std::size_t n, std::uint64_t seed) {
   Xorshift rng{seed * 0x9E3779B97F4A7C15ull + 1};
   std::vector<float> v(n);
   for (float& f : v) f = rng.next();
+  return v;
+}
+
+/// n standard normal floats from a seed (Box-Muller over the Xorshift stream).
+inline std::vector<float> gaussian_floats(std::size_t n, std::uint64_t seed) {
+  Xorshift rng{seed * 0x9E3779B97F4A7C15ull + 3};
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; i += 2) {
+    const double u1 = (static_cast<double>(rng.next()) + 1.0000001) / 2.0000002, u2 = (static_cast<double>(rng.next()) + 1.0) / 2.0;
+    const double r = std::sqrt(-2.0 * std::log(u1)), t = 6.283185307179586 * u2;
+    v[i] = static_cast<float>(r * std::cos(t));
+    if (i + 1 < n) v[i + 1] = static_cast<float>(r * std::sin(t));
+  }
   return v;
 }
 

@@ -170,19 +170,22 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
   const detail::PruneScope* in_scope = mask ? &scope : nullptr;
   const std::size_t check = prune && !index->exact_top_k() ? options.check_sample : 0;
   // What a round of the pruned path costs in row-equivalents (pruning.hpp): the keys it reads (flat: all
-  // of them, hnsw: ef x M graph nodes), and the candidates and sampled rows it gathers out of order.
+  // of them, hnsw: 2M neighbours of ef graph nodes), and the candidates and sampled rows it gathers out of order.
   const double key_share = static_cast<double>(impl.key_row_bytes()) / static_cast<double>(impl.row_bytes());
   const detail::RoundCost cost{[&](std::size_t k) -> std::size_t {
                                  const std::size_t gathered = (k + check) * detail::kRandomRowCost;
                                  if (index->exact_top_k()) return static_cast<std::size_t>(key_share * static_cast<double>(span.rows)) + gathered;
-                                 const double nodes = static_cast<double>(std::max(options.ef_search, k) * impl.config().index.hnsw_m);
-                                 return static_cast<std::size_t>(nodes * key_share * detail::kRandomRowCost) + gathered;
+                                 // HNSW's search reads up to 2M neighbours of each of its ef closest nodes, out of order.
+                                 const std::size_t nodes = 2 * std::max(options.ef_search, k) * impl.config().index.hnsw_m;
+                                 return nodes * detail::kRandomRowCost + gathered;
                                },
                                budget};
   auto plan = [&]() -> detail::PrunedSoft {
     if (!prune) return mask ? scope.exact() : exact();
     if (!mask && index->lists() != nullptr) {  // certified lists: the walk keeps to the budget itself
-      const detail::ListTarget target{options.top_k.value_or(0), options.epsilon.value_or(0.0f), budget};
+      // top_k gets half the budget: whether the k-th score will beat the next bound shows only by walking
+      // (the bounds alone rarely rule it out), so a hopeless walk wastes what it may spend.
+      const detail::ListTarget target{options.top_k.value_or(0), options.epsilon.value_or(0.0f), options.top_k ? budget / 2 : budget};
       std::optional<detail::PrunedSoft> walked;
       if (!options.top_k || *options.top_k < span.rows)
         walked = detail::certified_soft(kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); },

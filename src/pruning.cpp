@@ -233,8 +233,16 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
     // from this double sum by the float rounding of a log-sum-exp.
     return share_of_rest(walk.log_rest(), lowered(lowered(visited.log()))) <= target.epsilon;
   };
+  // Peaked attention finishes within a few lists; a walk that has not after an eighth of its budget asks
+  // the bounds whether the rest of the budget can do it, and gives up at once if not (spread attention).
+  bool judged = false;
   while (!walk.done() && !finished()) {
     if (ids.size() > target.budget_rows) return std::nullopt;  // the exact scan is cheaper from here
+    if (!judged && ids.size() > target.budget_rows / 8) {
+      judged = true;
+      const double known = target.top_k > 0 && best.full() ? static_cast<double>(best.worst().score) : std::numeric_limits<double>::infinity();
+      if (!walk.can_meet(target.top_k, target.epsilon, target.budget_rows - ids.size(), known)) return std::nullopt;
+    }
     const std::size_t first = ids.size();
     lists.score_list(walk.next(), query, scale, ids, scores);
     best.offer_ids(scores.data() + first, ids.data() + first, ids.size() - first);

@@ -27,7 +27,7 @@ enum class IndexKind : std::uint8_t {
   exact = 0,      ///< no pruning index: every query scans every entry (the default)
   flat = 1,       ///< exact top-k by softkv's own fused score + top-k pass over the stored keys; the tail bound is a guarantee
   hnsw = 2,       ///< FAISS HNSW graph (inner product); approximate, the tail bound is an estimate
-  ivf = 3,        ///< FAISS inverted lists (inner product), trained once ivf_train_size entries exist
+  ivf = 3,        ///< softkv's certified inverted lists (docs/PRUNING.md): exact top-k and a guaranteed tail bound; trained once ivf_train_size entries exist
   automatic = 4,  ///< exact scan below auto_threshold entries, IVF from there on
 };
 
@@ -36,7 +36,7 @@ struct IndexConfig {
   IndexKind kind = IndexKind::exact;     ///< which index
   std::size_t hnsw_m = 32;               ///< HNSW links per node
   std::size_t hnsw_ef_construction = 80; ///< HNSW candidate list while building
-  std::size_t ivf_nlist = 0;             ///< IVF lists; 0: 4 * sqrt(entries at training), at most entries / 39
+  std::size_t ivf_nlist = 0;             ///< IVF lists at training; 0: entries / 32 (then lists holding several clusters are split, and the lists are retrained when the entries grow 4x)
   std::size_t ivf_train_size = 0;        ///< entries needed before IVF trains; 0: 39 * max(ivf_nlist, 16)
   std::size_t auto_threshold = 10000;    ///< automatic: entries from which IVF replaces the scan (2x the measured crossover)
   float rebuild_fraction = 0.25f;        ///< HNSW/IVF rebuild once dead entries exceed this fraction of live ones
@@ -93,17 +93,18 @@ struct QueryOptions {
   std::size_t threads = 0;
   /// Pruned soft retrieval: softmax over the top_k keys only (>= 1; needs a pruning index).
   std::optional<std::size_t> top_k;
-  /// Adaptive pruning: k doubles from 16 until tail_bound <= epsilon, in (0, 1); exclusive with top_k.
-  /// Past a quarter of the collection the query falls back to the exact scan.
+  /// Adaptive pruning, in (0, 1); exclusive with top_k: the fewest candidates whose tail_bound is <= epsilon
+  /// (ivf: lists visited until the bound is met; flat, hnsw: k doubles from 16). When that would cost more
+  /// than the planner's budget (docs/PRUNING.md), the exact scan answers.
   std::optional<float> epsilon;
   /// HNSW: candidate list size of the graph search (>= top_k is useful; 64 at least is advised);
   /// any value is accepted and clamped to [k, index size].
   std::size_t ef_search = 64;
-  /// IVF: inverted lists visited per query; any value is accepted and clamped to [1, nlist].
+  /// Unused since the IVF became certified (it visits the lists its bounds require); accepted for compatibility.
   std::size_t nprobe = 16;
-  /// HNSW/IVF pruning: rows sampled outside the candidates and scored exactly to check the tail
-  /// estimate (README, "Sampled check"); with epsilon, k grows until the checked value meets it.
-  /// 0: no check. Ignored for flat, whose bound is already a guarantee.
+  /// HNSW pruning: rows sampled outside the candidates and scored exactly to check the tail estimate
+  /// (docs/PRUNING.md, "Sampled check"); with epsilon, k grows until the checked value meets it.
+  /// 0: no check (the bound is then the bare estimate). Ignored for flat and ivf, whose bounds are guarantees.
   std::size_t check_sample = 256;
   /// Hard retrieval: scan every key even when the collection has an index.
   bool exact = false;

@@ -160,22 +160,22 @@ class CollectionView:
     def resolve_scale(self, *, temperature: Optional[float] = None, scale: Optional[float] = None) -> float: ...
     def query_soft(self, query: ArrayLike, *, temperature: Optional[float] = None, scale: Optional[float] = None,
                    top_m: int = 0, threads: int = 0, top_k: Optional[int] = None, epsilon: Optional[float] = None,
-                   ef_search: int = 64, nprobe: int = 16, check_sample: int = 0, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
+                   ef_search: int = 64, nprobe: int = 16, check_sample: int = 256, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
                    tag_range: Optional[tuple[int, int]] = None, exclude: Optional[Sequence[int]] = None,
                    iterations: int = 1, tolerance: float = 0.0) -> SoftResult: ...
     def query_hard(self, query: ArrayLike, *, temperature: Optional[float] = None, scale: Optional[float] = None,
                    top_m: int = 0, threads: int = 0, top_k: Optional[int] = None, epsilon: Optional[float] = None,
-                   ef_search: int = 64, nprobe: int = 16, check_sample: int = 0, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
+                   ef_search: int = 64, nprobe: int = 16, check_sample: int = 256, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
                    tag_range: Optional[tuple[int, int]] = None, exclude: Optional[Sequence[int]] = None,
                    iterations: int = 1, tolerance: float = 0.0) -> HardResult: ...
     def query_soft_batch(self, queries: ArrayLike, *, temperature: Optional[float] = None, scale: Optional[float] = None,
                          top_m: int = 0, threads: int = 0, top_k: Optional[int] = None, epsilon: Optional[float] = None,
-                         ef_search: int = 64, nprobe: int = 16, check_sample: int = 0, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
+                         ef_search: int = 64, nprobe: int = 16, check_sample: int = 256, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
                    tag_range: Optional[tuple[int, int]] = None, exclude: Optional[Sequence[int]] = None,
                    iterations: int = 1, tolerance: float = 0.0) -> SoftBatchResult: ...
     def query_hard_batch(self, queries: ArrayLike, *, temperature: Optional[float] = None, scale: Optional[float] = None,
                          top_m: int = 0, threads: int = 0, top_k: Optional[int] = None, epsilon: Optional[float] = None,
-                         ef_search: int = 64, nprobe: int = 16, check_sample: int = 0, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
+                         ef_search: int = 64, nprobe: int = 16, check_sample: int = 256, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
                    tag_range: Optional[tuple[int, int]] = None, exclude: Optional[Sequence[int]] = None,
                    iterations: int = 1, tolerance: float = 0.0) -> HardBatchResult: ...
 

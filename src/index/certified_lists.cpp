@@ -20,6 +20,7 @@
 #include "codec/bytes.hpp"
 #include "precision.hpp"
 #include "scan.hpp"
+#include "thread_pool.hpp"
 #include "top_scores.hpp"
 #include "softkv/error.hpp"
 
@@ -30,10 +31,9 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kUnit = 1.0 / 16777216.0;  // float's unit roundoff, 2^-24
 
-// Rows per list when ivf_nlist is 0: small lists keep the radii tight (a list that mixes two clusters
-// has a radius of half their distance, which bounds nothing), and the centroid pass stays 1/8 of the
-// bytes of the keys at d floats per centroid in f16.
-constexpr std::size_t kRowsPerList = 16;
+// Rows per list when ivf_nlist is 0 (before refine() splits lists that hold two groups): small lists
+// keep the radii tight, and the centroid pass reads 1/64 of the bytes of float32 keys (f16 centroids).
+constexpr std::size_t kRowsPerList = 32;
 
 // ||a - b|| in double, rounded up a little so that it is an upper bound despite its own rounding.
 double distance_up(const float* a, const float* b, std::size_t d) {
@@ -149,20 +149,114 @@ struct Lists {
     slot_of.erase(it);
   }
 
+  // Whether x (dim floats) fits the centroids' precision.
+  [[nodiscard]] bool fits(const float* x) const {
+    const float limit = centroid_precision == Precision::f16 ? 60000.0f : std::numeric_limits<float>::max();
+    return std::all_of(x, x + dim, [&](float v) { return std::fabs(v) < limit; });
+  }
+
+  // Sets centroid c (c == count: a new one, with an empty list) to x rounded to the centroids' precision.
+  void set_centroid(std::size_t c, const float* x) {
+    const std::size_t row = dim * RowSpan::bytes_of(centroid_precision);
+    if (c == lists.size()) {
+      centroid_bytes.resize((c + 1) * row);
+      centroids.resize((c + 1) * dim);
+      centroid_norm.push_back(0);
+      lists.emplace_back();
+    }
+    encode_row(centroid_precision, x, dim, 1.0f, centroid_bytes.data() + c * row);
+    decode_row(centroid_precision, centroid_bytes.data() + c * row, dim, 1.0f, centroids.data() + c * dim);
+    centroid_norm[c] = norm_up(centroids.data() + c * dim, dim);
+  }
+
   // A list of its own for a key far outside every list (its centroid is the key, rounded); false when
   // the key does not fit the centroids' precision.
   bool add_list(const float* key) {
-    const std::size_t row = dim * RowSpan::bytes_of(centroid_precision), c = lists.size();
-    for (std::size_t j = 0; j < dim; ++j)
-      if (!(std::fabs(key[j]) < (centroid_precision == Precision::f16 ? 60000.0f : std::numeric_limits<float>::max()))) return false;
-    centroid_bytes.resize((c + 1) * row);
-    centroids.resize((c + 1) * dim);
-    encode_row(centroid_precision, key, dim, 1.0f, centroid_bytes.data() + c * row);
-    decode_row(centroid_precision, centroid_bytes.data() + c * row, dim, 1.0f, centroids.data() + c * dim);
-    centroid_norm.push_back(norm_up(centroids.data() + c * dim, dim));
-    lists.emplace_back();
+    if (!fits(key)) return false;
+    const std::size_t c = lists.size();
+    set_centroid(c, key);
     const std::vector<float> safe = faiss_copy(centroids.data() + c * dim, dim, shift);
     quantizer->add(1, safe.data());
+    return true;
+  }
+
+  // Splits lists whose radius is more than twice the median list's (k-means leaves some lists holding
+  // several clusters: their radius, about half the clusters' distance, bounds nothing) in two by 2-means,
+  // examining the halves again; at most doubles the lists. Before any removal.
+  void refine() {
+    std::vector<double> radii;
+    for (const List& l : lists)
+      if (l.live > 0) radii.push_back(l.radius);
+    if (radii.empty()) return;
+    std::nth_element(radii.begin(), radii.begin() + static_cast<std::ptrdiff_t>(radii.size() / 2), radii.end());
+    const double wide = 2 * radii[radii.size() / 2];
+    const std::size_t most = 2 * lists.size();
+    std::vector<float> mean(2 * dim);
+    for (std::size_t c = 0; c < lists.size() && lists.size() < most;) {
+      List& l = lists[c];
+      const std::size_t n = l.ids.size();
+      std::vector<std::uint8_t> side;
+      if (l.live < 2 || l.live != n || !(l.radius > wide) || !two_means(l.keys.data(), n, mean, side) || !fits(mean.data()) || !fits(mean.data() + dim)) {
+        ++c;
+        continue;
+      }
+      // A wide list is always split: a mixture of many clusters splits into halves about as wide as the
+      // whole (its clusters are all about equally far apart, and a half's centre moves off the whole's),
+      // which split again until they are tight or hold one row.
+      List whole = std::move(l);
+      const std::size_t other = lists.size();
+      set_centroid(c, mean.data());
+      set_centroid(other, mean.data() + dim);
+      lists[c] = List{};
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t to = side[i] == 0 ? c : other;
+        List& dst = lists[to];
+        dst.radius = std::max(dst.radius, distance_up(whole.keys.data() + i * dim, centroids.data() + to * dim, dim));
+        slot_of[whole.ids[i]] = {static_cast<std::uint32_t>(to), static_cast<std::uint32_t>(dst.ids.size())};
+        dst.ids.push_back(whole.ids[i]);
+        dst.keys.insert(dst.keys.end(), whole.keys.begin() + static_cast<std::ptrdiff_t>(i * dim),
+                        whole.keys.begin() + static_cast<std::ptrdiff_t>((i + 1) * dim));
+        dst.dead.push_back(0);
+        ++dst.live;
+      }
+    }
+    trained_lists = lists.size();
+    quantizer = std::make_unique<faiss::IndexFlatL2>(static_cast<faiss::Index::idx_t>(dim));
+    const std::vector<float> safe = faiss_copy(centroids.data(), centroids.size(), shift);
+    quantizer->add(static_cast<faiss::Index::idx_t>(lists.size()), safe.data());
+  }
+
+  // 2-means of n keys in double, seeded with the point farthest from the first and the point farthest
+  // from that; false when the keys do not split (all equal). mean gets the two centres, side each key's.
+  [[nodiscard]] bool two_means(const float* keys, std::size_t n, std::vector<float>& mean, std::vector<std::uint8_t>& side) const {
+    auto far_from = [&](const float* x) {
+      std::size_t best = 0;
+      double top = -1;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double dd = distance_up(keys + i * dim, x, dim);
+        if (dd > top) top = dd, best = i;
+      }
+      return best;
+    };
+    const std::size_t a = far_from(keys), b = far_from(keys + a * dim);
+    if (distance_up(keys + a * dim, keys + b * dim, dim) == 0) return false;
+    std::copy_n(keys + a * dim, dim, mean.begin());
+    std::copy_n(keys + b * dim, dim, mean.begin() + static_cast<std::ptrdiff_t>(dim));
+    side.assign(n, 0);
+    std::vector<double> sum(2 * dim);
+    for (int iteration = 0; iteration < 6; ++iteration) {
+      std::fill(sum.begin(), sum.end(), 0.0);
+      std::size_t count[2] = {0, 0};
+      for (std::size_t i = 0; i < n; ++i) {
+        const float* x = keys + i * dim;
+        side[i] = distance_up(x, mean.data() + dim, dim) < distance_up(x, mean.data(), dim) ? 1 : 0;
+        ++count[side[i]];
+        for (std::size_t j = 0; j < dim; ++j) sum[side[i] * dim + j] += x[j];
+      }
+      if (count[0] == 0 || count[1] == 0) return false;
+      for (int h = 0; h < 2; ++h)
+        for (std::size_t j = 0; j < dim; ++j) mean[h * dim + j] = static_cast<float>(sum[h * dim + j] / static_cast<double>(count[h]));
+    }
     return true;
   }
 
@@ -324,6 +418,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     b.trained_rows = n;
     b.set_centroids(train(keys, n, d, nlist_for(n), b.shift));
     b.append(ids, keys, n, false);
+    b.refine();
     return b;
   }
 
@@ -334,7 +429,12 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     const std::size_t count = current_.lists.size(), d = current_.dim;
     std::vector<float> score(count);
     const RowSpan centroids{current_.centroid_bytes.data(), nullptr, nullptr, count, d, 0, current_.centroid_precision};
-    kernels().scores(query, factor, centroids, score.data());
+    // Split over the scan threads as a scan is (about 1 MiB of centroids a part).
+    const std::size_t parts = choose_parts(count, d / 2, 0, ThreadPool::shared().concurrency());
+    ThreadPool::shared().run(parts, [&](std::size_t p) {
+      const std::size_t begin = count * p / parts, end = count * (p + 1) / parts;
+      kernels().scores(query, factor, centroids.sub(begin, end - begin), score.data() + begin);
+    });
     // The kernel's score of a member k is f * fl(q.k) rounded once more; fl(q.k) <= fl(q.mu) + ||q|| r
     // + gamma ||q|| (2 ||mu|| + r), with gamma = (d + 2) u covering any order of summation (and FMA).
     const double f = factor, qn = norm_up(query, d), gamma = (static_cast<double>(d) + 2) * kUnit * 1.01;
@@ -490,6 +590,27 @@ void ListsBuild::run() {
 
 }  // namespace
 
+namespace {
+
+// A list's bounded mass live e^{ub - top} is counted as live e^{b/8}, b = ceil(8 (ub - top)) (at most
+// 1/8 nat above it, never below), from a table: no exp per list, and a walk subtracts exactly what it
+// added. Bounds more than 128 nats below the top count as e^-128.
+constexpr int kBucketsPerNat = 8;
+constexpr int kLowestBucket = -128 * kBucketsPerNat;
+
+double bucket_mass(double ub, double top) {
+  static const std::vector<double> table = [] {
+    std::vector<double> t(-kLowestBucket + 1);
+    for (int b = 0; b <= -kLowestBucket; ++b) t[b] = std::exp(-static_cast<double>(b) / kBucketsPerNat);
+    return t;
+  }();
+  const double x = std::ceil((ub - top) * kBucketsPerNat);
+  const int b = x >= 0 ? 0 : x <= kLowestBucket ? kLowestBucket : static_cast<int>(x);
+  return table[-b];
+}
+
+}  // namespace
+
 ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor) {
   lists.bounds(query, factor, ub_, live_);
   heap_.reserve(ub_.size());
@@ -511,7 +632,7 @@ void ListWalk::recount() {
   infinite_ = false;
   for (const auto& [ub, c] : heap_) {
     if (std::isinf(ub)) infinite_ = true;
-    else rest_ += static_cast<double>(live_[c]) * std::exp(ub - top_);
+    else rest_ += static_cast<double>(live_[c]) * bucket_mass(ub, top_);
   }
 }
 
@@ -523,7 +644,7 @@ std::size_t ListWalk::next() {
   if (std::isinf(ub)) {
     recount();
   } else {
-    rest_ -= static_cast<double>(live_[c]) * std::exp(ub - top_);
+    rest_ -= static_cast<double>(live_[c]) * bucket_mass(ub, top_);
     // The running difference loses digits once it falls far below the total: count it afresh then.
     if (!(rest_ > 1e-9 * total_)) {
       recount();
@@ -531,6 +652,23 @@ std::size_t ListWalk::next() {
     }
   }
   return c;
+}
+
+bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_kth) const {
+  if (infinite_ || heap_.empty()) return true;
+  std::vector<std::pair<double, std::uint32_t>> heap = heap_;
+  std::size_t rows = 0;
+  double in_reach = 0, kth_bound = kInf;
+  while (!heap.empty()) {
+    const auto [ub, c] = heap.front();
+    if (rows >= top_k && kth_bound == kInf && top_k > 0) kth_bound = ub;  // rows of the lists so far reach k
+    if (rows > budget_rows) return top_k > 0 ? std::max(kth_bound, known_kth) > ub : rest_ - in_reach <= epsilon * rest_ * (1 + 1e-9);
+    std::pop_heap(heap.begin(), heap.end());
+    heap.pop_back();
+    rows += live_[c];
+    in_reach += static_cast<double>(live_[c]) * bucket_mass(ub, top_);
+  }
+  return true;  // every list is within reach
 }
 
 double ListWalk::next_bound() const noexcept { return heap_.empty() ? -kInf : heap_.front().first; }

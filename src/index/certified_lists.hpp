@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "index/pruning_index.hpp"
@@ -26,7 +27,7 @@ class CertifiedLists {
 };
 
 /// The lists of a certified index in decreasing upper bound, with a bound on the mass of those not yet
-/// visited: sum over them of live_c e^{ub_c}, kept in log space.
+/// visited: sum over them of live_c e^{ub_c}, each term rounded up to 1/8 nat (at most 13% above it).
 class ListWalk {
  public:
   /// Computes every list's bound for the query (O(lists x d)).
@@ -39,6 +40,14 @@ class ListWalk {
   [[nodiscard]] double next_bound() const noexcept;
   /// log of sum over the unvisited lists of live_c e^{ub_c} (-inf when done; +inf when a bound is not finite).
   [[nodiscard]] double log_rest();
+  /// False when no walk of at most budget_rows more rows can meet the target, judged from the bounds
+  /// alone (no row is scored): top_k > 0, the k-th score beating the next list's bound (it is at most
+  /// the larger of known_kth, the k-th best of the rows visited so far or +inf, and the bound of the
+  /// list where the unvisited rows reach k); else a tail bound <= epsilon (the lists in reach must hold
+  /// 1 - epsilon of the unvisited lists' bounded mass). Lets a walk give up early where the exact scan
+  /// must answer anyway.
+  [[nodiscard]] bool can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows,
+                              double known_kth = std::numeric_limits<double>::infinity()) const;
   /// Live rows in the lists not yet visited.
   [[nodiscard]] std::size_t rows_left() const noexcept { return rows_left_; }
 
