@@ -77,17 +77,17 @@ py::array_t<std::uint64_t> id_input(py::handle obj, const char* what) {
   return ids;
 }
 
-std::uint64_t id_value(py::handle obj) {
+std::uint64_t id_value(py::handle obj, const char* what) {
   py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(obj.ptr()));
   if (!index) {
     PyErr_Clear();
-    throw Error(ErrorCode::invalid_argument, "an id must be an integer, not " +
+    throw Error(ErrorCode::invalid_argument, std::string(what) + " must be an integer, not " +
                                                  py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>());
   }
   const unsigned long long id = PyLong_AsUnsignedLongLong(index.ptr());
   if (id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
     PyErr_Clear();
-    throw Error(ErrorCode::invalid_argument, "id " + py::str(index).cast<std::string>() + " is outside [0, 2^64 - 1)");
+    throw Error(ErrorCode::invalid_argument, std::string(what) + " " + py::str(index).cast<std::string>() + " is outside [0, 2^64 - 1]");
   }
   return id;
 }
@@ -101,7 +101,8 @@ std::vector<std::uint64_t> u64_values(py::handle obj, const char* what) {
   if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj))
     throw Error(ErrorCode::invalid_argument, std::string(what) + " must be a sequence of integers");
   std::vector<std::uint64_t> out;
-  for (py::handle item : py::reinterpret_borrow<py::sequence>(obj)) out.push_back(id_value(item));
+  const std::string element = std::string(what) + ": element";
+  for (py::handle item : py::reinterpret_borrow<py::sequence>(obj)) out.push_back(id_value(item, element.c_str()));
   return out;
 }
 

@@ -42,8 +42,8 @@ FloatInput float_input(py::handle obj, int ndim, std::size_t cols, const char* w
 /// for non-integer dtypes and negative values, Error(dimension_mismatch) for another ndim.
 py::array_t<std::uint64_t> id_input(py::handle obj, const char* what);
 
-/// One id from a Python int (or numpy integer); Error(invalid_argument) outside [0, 2^64).
-std::uint64_t id_value(py::handle obj);
+/// One id or tag (what names it in errors) from a Python int or numpy integer; Error(invalid_argument) outside [0, 2^64 - 1].
+std::uint64_t id_value(py::handle obj, const char* what);
 /// Tags or ids as u64s from None (empty), a numpy integer array, or a sequence of Python ints (ints
 /// up to 2^64 - 1, which numpy would turn into float64).
 std::vector<std::uint64_t> u64_values(py::handle obj, const char* what);

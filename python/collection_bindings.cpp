@@ -43,7 +43,7 @@ void add_mask(QueryOptions& o, py::handle tags_any, py::handle tag_range, py::ha
   if (tag_range.is_none()) return;
   const auto range = py::reinterpret_borrow<py::sequence>(tag_range);
   if (range.size() != 2) throw Error(ErrorCode::invalid_argument, "tag_range must be a pair (lo, hi)");
-  o.tag_range = TagRange{id_value(range[0]), id_value(range[1])};
+  o.tag_range = TagRange{id_value(range[0], "tag_range: lo"), id_value(range[1], "tag_range: hi")};
 }
 
 // ---- answers: softkv structs -> the Python result classes ----
@@ -122,7 +122,7 @@ py::object query_soft_batch(const CollectionView& self, py::handle queries, cons
   std::vector<float> values(nq * dv), max_score(nq);
   std::vector<double> lse(nq), tail(nq);
   std::vector<std::uint64_t> candidates(nq);
-  py::array_t<bool> guaranteed(static_cast<py::ssize_t>(nq));
+  py::array_t<bool> guaranteed(static_cast<py::ssize_t>(nq)), filtered(static_cast<py::ssize_t>(nq));
   py::tuple searched(nq), top(nq);
   for (std::size_t i = 0; i < nq; ++i) {
     std::copy(rows[i].value.begin(), rows[i].value.end(), values.begin() + static_cast<std::ptrdiff_t>(i * dv));
@@ -131,6 +131,7 @@ py::object query_soft_batch(const CollectionView& self, py::handle queries, cons
     candidates[i] = rows[i].candidates;
     tail[i] = rows[i].tail_bound;
     guaranteed.mutable_at(i) = rows[i].tail_bound_guaranteed;
+    filtered.mutable_at(i) = rows[i].mask_filtered_after_search;
     searched[i] = index_name(rows[i].searched_with);
     top[i] = contributors(rows[i].top);
   }
@@ -155,7 +156,7 @@ py::object query_soft_batch(const CollectionView& self, py::handle queries, cons
                             to_numpy(std::move(lse)), to_numpy(std::move(max_score)), to_numpy(std::move(candidates)),
                             to_numpy(std::move(tail)), std::move(guaranteed), std::move(searched), std::move(top),
                             to_numpy(std::move(head_lse), shape), to_numpy(std::move(head_max), shape), std::move(head_top),
-                            to_numpy(std::move(iterations_run)), to_numpy(std::move(last_change)));
+                            to_numpy(std::move(iterations_run)), to_numpy(std::move(last_change)), std::move(filtered));
 }
 
 py::object query_hard_batch(const CollectionView& self, py::handle queries, const QueryOptions& o) {
@@ -246,12 +247,12 @@ void bind_collections(py::module_& m) {
       .def("__len__", [](const CollectionView& c) { py::gil_scoped_release nogil; return c.get().size(); }, "Number of entries.")
       .def("size", [](const CollectionView& c) { py::gil_scoped_release nogil; return c.get().size(); }, "Number of entries.")
       .def("__contains__", [](const CollectionView& c, py::handle id) {
-             const std::uint64_t v = id_value(id);
+             const std::uint64_t v = id_value(id, "id");
              py::gil_scoped_release nogil;
              return c.get().contains(v);
            }, py::arg("id"), "Whether an entry has this id.")
       .def("get", [](const CollectionView& c, py::handle id, bool with_tag) {
-             const std::uint64_t v = id_value(id);
+             const std::uint64_t v = id_value(id, "id");
              Entry e;
              {
                py::gil_scoped_release nogil;
@@ -344,7 +345,7 @@ void bind_collections(py::module_& m) {
            "value slices (scale 1 / sqrt(dim / h)); needs index 'exact'.")
       .def("add", [](const OwnedCollection& c, py::handle key, py::handle value, py::handle tag) {
              const FloatInput k = float_input(key, 1, c.dim(), "key"), v = float_input(value, 1, c.value_dim(), "value");
-             const std::uint64_t t = id_value(tag);
+             const std::uint64_t t = id_value(tag, "tag");
              py::gil_scoped_release nogil;
              return c.write().add(k.span(), v.span(), t);
            }, py::arg("key"), py::arg("value"), py::kw_only(), py::arg("tag") = 0,
@@ -361,7 +362,7 @@ void bind_collections(py::module_& m) {
            }, py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("tags") = py::none(),
            "Adds (n, d) keys, (n, dv) values and (n,) tags (None: all 0); returns their new ids (uint64 array).")
       .def("upsert", [](const OwnedCollection& c, py::handle id, py::handle key, py::handle value, py::handle tag) {
-             const std::uint64_t i = id_value(id), t = id_value(tag);
+             const std::uint64_t i = id_value(id, "id"), t = id_value(tag, "tag");
              const FloatInput k = float_input(key, 1, c.dim(), "key"), v = float_input(value, 1, c.value_dim(), "value");
              py::gil_scoped_release nogil;
              c.write().upsert(i, k.span(), v.span(), t);
@@ -376,7 +377,7 @@ void bind_collections(py::module_& m) {
            }, py::arg("ids"), py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("tags") = py::none(),
            "Inserts or replaces n entries: (n,) ids, (n, d) keys, (n, dv) values, (n,) tags (None: all 0).")
       .def("remove", [](const OwnedCollection& c, py::handle id) {
-             const std::uint64_t i = id_value(id);
+             const std::uint64_t i = id_value(id, "id");
              py::gil_scoped_release nogil;
              c.write().remove(i);
            }, py::arg("id"), "Removes the entry with this id; raises softkv.UnknownId if there is none.")

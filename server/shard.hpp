@@ -106,7 +106,7 @@ class Shard {
 
   // Collective: runs one checked write whose parts (mine: this rank's, if any) are on `owners` ranks.
   // One owner: its Database logs and applies its part at once (one log record: atomic by itself).
-  // Several (DESIGN.md "Sharding over MPI"): each owner first makes its part durable in a part file
+  // Several (docs/DESIGN.md, "Sharding over MPI"): each owner first makes its part durable in a part file
   // (DIR/part-<rank>-<txn>); then rank 0 logs the commit point (txn, in DIR/commits); then each owner
   // applies its part through its Database and deletes the file. A crash before the commit point
   // leaves parts that recovery drops; after it, parts that recovery completes: all or nothing.

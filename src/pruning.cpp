@@ -1,4 +1,4 @@
-// Pruned soft retrieval over an index's candidates, with the tail bound of DESIGN.md.
+// Pruned soft retrieval over an index's candidates or certified lists, with the tail bounds of docs/PRUNING.md.
 #include "pruning.hpp"
 
 #include <algorithm>
@@ -213,67 +213,82 @@ double share_of_rest(double log_rest, double log_visited) {
   return std::exp(log_rest - log_add(log_rest, log_visited));
 }
 
-// A float log-sum-exp lowered by its rounding (the visited mass is the denominator of the bound).
-double lowered(double lse) { return std::isinf(lse) ? lse : lse - 1e-5 * std::max(1.0, std::fabs(lse)); }
 
 }  // namespace
 
 std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const CertifiedLists& lists, const float* query, float scale,
                                          const RowSpan& span, const std::function<std::size_t(std::uint64_t)>& row_of,
                                          const ListTarget& target, std::size_t top_m) {
+  constexpr double kUnit = 1.0 / 16777216.0;
   ListWalk walk(lists, query, scale);
   std::vector<std::uint64_t> ids;
   std::vector<float> scores;
+  std::vector<double> error;  // per visited row: |kernel score - true score| <= error[i] (its list's bound + u |s|)
+  double worst_error = 0;
   TopScores best(target.top_k, nullptr);
-  LogSum visited;
+  LogSum visited;  // of the visited rows' true scores, bounded below: the mass the bound divides by
+  // A double sum of n terms is within (n + 2) 2^-52 of its value, relatively: its log moves by at most that.
+  auto low_log = [](const LogSum& sum, std::size_t n) { return sum.log() - static_cast<double>(n + 2) * 0x1p-52; };
+  auto high_log = [](const LogSum& sum, std::size_t n) { return sum.log() + static_cast<double>(n + 2) * 0x1p-52; };
   auto finished = [&] {
     if (ids.empty()) return false;
     if (target.top_k > 0) return best.full() && static_cast<double>(best.worst().score) > walk.next_bound();
-    // Lowered twice: the reported bound uses the candidates' float lse lowered once, which may differ
-    // from this double sum by the float rounding of a log-sum-exp.
-    return share_of_rest(walk.log_rest(), lowered(lowered(visited.log()))) <= target.epsilon;
+    return share_of_rest(walk.log_rest(), low_log(visited, ids.size())) <= target.epsilon;
   };
   // Peaked attention finishes within a few lists; a walk that has not after an eighth of its budget asks
   // the bounds whether the rest of the budget can do it, and gives up at once if not (spread attention).
   bool judged = false;
+  double known_max = -std::numeric_limits<double>::infinity();
   while (!walk.done() && !finished()) {
     if (ids.size() > target.budget_rows) return std::nullopt;  // the exact scan is cheaper from here
     if (!judged && ids.size() > target.budget_rows / 8) {
       judged = true;
-      const double known = target.top_k > 0 && best.full() ? static_cast<double>(best.worst().score) : std::numeric_limits<double>::infinity();
-      if (!walk.can_meet(target.top_k, target.epsilon, target.budget_rows - ids.size(), known)) return std::nullopt;
+      if (!walk.can_meet(target.top_k, target.epsilon, target.budget_rows - ids.size(), known_max, low_log(visited, ids.size())))
+        return std::nullopt;
     }
     const std::size_t first = ids.size();
-    lists.score_list(walk.next(), query, scale, ids, scores);
+    const double list_error = lists.score_list(walk.next(), query, scale, ids, scores);
     best.offer_ids(scores.data() + first, ids.data() + first, ids.size() - first);
-    for (std::size_t i = first; i < ids.size(); ++i) visited.add(scores[i]);
+    for (std::size_t i = first; i < ids.size(); ++i) {
+      const double s = scores[i];
+      error.push_back(list_error + kUnit * std::fabs(s));
+      worst_error = std::max(worst_error, error.back());
+      visited.add(s - error.back());
+      known_max = std::max(known_max, s);
+    }
   }
   if (ids.empty()) return std::nullopt;
-  std::vector<std::uint64_t> chosen;
-  if (target.top_k > 0) {
-    for (const TopScores::Item& item : best.sorted()) chosen.push_back(item.id);
-  } else {
-    chosen = std::move(ids);
+  if (target.top_k == 0) {  // epsilon: every visited row is a candidate; the bound is the one the stop tested
+    const double tail = share_of_rest(walk.log_rest(), low_log(visited, ids.size()));
+    std::vector<std::size_t> rows(ids.size());
+    std::transform(ids.begin(), ids.end(), rows.begin(), row_of);
+    PrunedSoft result = soft_over_rows(kernels, query, scale, span, rows, top_m);
+    result.tail_bound = tail;
+    return result;
   }
+  std::vector<std::uint64_t> chosen;
+  for (const TopScores::Item& item : best.sorted()) chosen.push_back(item.id);
   std::vector<std::size_t> rows(chosen.size());
   std::transform(chosen.begin(), chosen.end(), rows.begin(), row_of);
   std::vector<float> chosen_scores;
   PrunedSoft result = soft_over_rows(kernels, query, scale, span, rows, top_m, &chosen_scores);
-  const double lse = lowered(result.scan.state.lse());
-  double log_omitted = walk.log_rest();  // the unvisited lists
-  if (target.top_k > 0) {
-    // Plus the visited rows that are not candidates, each at its own score; and never above the
-    // classic bound from the k-th score (every omitted score is at most it: the top-k is exact).
-    std::sort(chosen.begin(), chosen.end());
-    LogSum others;
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      if (!std::binary_search(chosen.begin(), chosen.end(), ids[i])) others.add(with_rounding_slack(scores[i]));
-    log_omitted = log_add(log_omitted, others.log());
-    const double kth = *std::min_element(chosen_scores.begin(), chosen_scores.end());
-    result.tail_bound = std::min(share_of_rest(log_omitted, lse), tail_bound(span.rows, rows.size(), with_rounding_slack(kth), lse));
-  } else {
-    result.tail_bound = share_of_rest(log_omitted, lse);
+  // The omitted mass: the unvisited lists' bound, plus the visited non-candidates at their scores
+  // raised by their error; the kept mass: the candidates at their scores lowered by theirs.
+  std::sort(chosen.begin(), chosen.end());
+  LogSum kept, others;
+  std::size_t n_kept = 0, n_others = 0;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (std::binary_search(chosen.begin(), chosen.end(), ids[i])) kept.add(scores[i] - error[i]), ++n_kept;
+    else others.add(scores[i] + error[i]), ++n_others;
   }
+  const double log_kept = low_log(kept, n_kept);
+  const double log_omitted = log_add(walk.log_rest(), n_others > 0 ? high_log(others, n_others) : -std::numeric_limits<double>::infinity());
+  // And never above the classic bound from the k-th score: the top-k is exact in kernel scores, so every
+  // omitted row's true score is at most the k-th kernel score plus the largest error visited (an
+  // unvisited row's is below the next bound, itself below the k-th).
+  const double kth = *std::min_element(chosen_scores.begin(), chosen_scores.end());
+  const double kth_high = std::isinf(kth) ? kth : kth + worst_error + kUnit * std::fabs(kth);
+  result.tail_bound = std::min(share_of_rest(log_omitted, log_kept), tail_bound(span.rows, rows.size(), kth_high, log_kept));
   return result;
 }
 

@@ -12,7 +12,7 @@
 namespace softkv::detail {
 
 /// Upper bound on the softmax mass outside k of n entries when every omitted score is <= kth_score:
-/// (n-k) e^{s_k} / (Z_k + (n-k) e^{s_k}) with lse_k = log Z_k, computed in log space (DESIGN.md).
+/// (n-k) e^{s_k} / (Z_k + (n-k) e^{s_k}) with lse_k = log Z_k, computed in log space (docs/PRUNING.md).
 double tail_bound(std::size_t n, std::size_t k, double kth_score, double lse_k);
 
 /// The k-th score as tail_bound takes it: raised by a relative 1e-5 to cover float rounding (pruning.cpp).

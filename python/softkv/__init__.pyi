@@ -103,12 +103,14 @@ class SoftBatchResult:
     head_top: tuple[tuple[Contributors, ...], ...]
     iterations_run: npt.NDArray[np.uint64]   # (B,)
     last_change: npt.NDArray[np.float64]     # (B,)
+    mask_filtered_after_search: npt.NDArray[np.bool_]  # (B,)
     def __init__(self, values: npt.NDArray[np.float32], lse: npt.NDArray[np.float64], max_score: npt.NDArray[np.float32],
                  candidates: npt.NDArray[np.uint64], tail_bound: npt.NDArray[np.float64],
                  tail_bound_guaranteed: npt.NDArray[np.bool_], searched_with: tuple[str, ...],
                  top: tuple[Contributors, ...], head_lse: Optional[npt.NDArray[np.float64]] = ...,
                  head_max_score: Optional[npt.NDArray[np.float32]] = ..., head_top: Optional[tuple] = ...,
-                 iterations_run: Optional[npt.NDArray[np.uint64]] = ..., last_change: Optional[npt.NDArray[np.float64]] = ...) -> None: ...
+                 iterations_run: Optional[npt.NDArray[np.uint64]] = ..., last_change: Optional[npt.NDArray[np.float64]] = ...,
+                 mask_filtered_after_search: Optional[npt.NDArray[np.bool_]] = ...) -> None: ...
     @classmethod
     def from_results(cls, results: Sequence[SoftResult], value_dim: int) -> SoftBatchResult: ...
     def __len__(self) -> int: ...

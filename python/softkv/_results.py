@@ -106,14 +106,15 @@ class SoftBatchResult:
     ``max_score`` (B,) float32, ``candidates`` (B,) uint64, ``tail_bound`` (B,) float64,
     ``tail_bound_guaranteed`` (B,) bool, ``searched_with`` (B strings) and ``top`` (B Contributors);
     ``head_lse`` (B, h) float64 and ``head_max_score`` (B, h) float32 (h = 0 columns for a single-head
-    collection), ``iterations_run`` (B,) uint64 and ``last_change`` (B,) float64.
-    ``len(batch)`` is B and ``batch[i]`` is query i's SoftResult."""
+    collection), ``iterations_run`` (B,) uint64, ``last_change`` (B,) float64 and
+    ``mask_filtered_after_search`` (B,) bool. ``len(batch)`` is B and ``batch[i]`` is query i's SoftResult."""
 
     __slots__ = ("values", "lse", "max_score", "candidates", "tail_bound", "tail_bound_guaranteed", "searched_with", "top",
-                 "head_lse", "head_max_score", "head_top", "iterations_run", "last_change")
+                 "head_lse", "head_max_score", "head_top", "iterations_run", "last_change", "mask_filtered_after_search")
 
     def __init__(self, values, lse, max_score, candidates, tail_bound, tail_bound_guaranteed, searched_with, top,
-                 head_lse=None, head_max_score=None, head_top=None, iterations_run=None, last_change=None):
+                 head_lse=None, head_max_score=None, head_top=None, iterations_run=None, last_change=None,
+                 mask_filtered_after_search=None):
         self.values = values
         self.lse = lse
         self.max_score = max_score
@@ -128,6 +129,8 @@ class SoftBatchResult:
         self.head_top = tuple(() for _ in range(b)) if head_top is None else head_top
         self.iterations_run = np.ones(b, dtype=np.uint64) if iterations_run is None else iterations_run
         self.last_change = np.zeros(b, dtype=np.float64) if last_change is None else last_change
+        self.mask_filtered_after_search = (np.zeros(b, dtype=bool) if mask_filtered_after_search is None
+                                           else mask_filtered_after_search)
 
     @classmethod
     def from_results(cls, results, value_dim: int) -> "SoftBatchResult":
@@ -143,7 +146,8 @@ class SoftBatchResult:
                    np.array([r.head_max_score for r in results], dtype=np.float32).reshape(len(results), -1) if results else None,
                    tuple(r.head_top for r in results),
                    np.array([r.iterations_run for r in results], dtype=np.uint64),
-                   np.array([r.last_change for r in results], dtype=np.float64))
+                   np.array([r.last_change for r in results], dtype=np.float64),
+                   np.array([r.mask_filtered_after_search for r in results], dtype=bool))
 
     def __len__(self) -> int:
         return len(self.values)
@@ -153,6 +157,7 @@ class SoftBatchResult:
                        float(self.tail_bound[i]), bool(self.tail_bound_guaranteed[i]), self.searched_with[i], self.top[i])
         r.head_lse, r.head_max_score, r.head_top = self.head_lse[i], self.head_max_score[i], self.head_top[i]
         r.iterations_run, r.last_change = int(self.iterations_run[i]), float(self.last_change[i])
+        r.mask_filtered_after_search = bool(self.mask_filtered_after_search[i])
         return r
 
     def __iter__(self):

@@ -14,6 +14,7 @@ library's; error frames raise the same softkv.Error subclasses (e.g. softkv.Dime
 
 from __future__ import annotations
 
+import operator
 import socket
 import struct
 
@@ -46,12 +47,45 @@ def _queries(queries, ndim: int, what: str) -> np.ndarray:
     return q
 
 
+_U64_MAX = (1 << 64) - 1
+
+
+def _u64(value, what: str) -> int:
+    """An integer in [0, 2^64 - 1] (ids, tags), as the module takes it: softkv.InvalidArgument otherwise."""
+    try:
+        i = operator.index(value)
+    except TypeError:
+        raise make_error(5, f"{what} must be an integer, not {type(value).__name__}") from None
+    if not 0 <= i <= _U64_MAX:
+        raise make_error(5, f"{what} {i} is outside [0, 2^64 - 1]")
+    return i
+
+
+def _u64_array(values, what: str) -> np.ndarray:
+    """A sequence or array of integers in [0, 2^64 - 1] as uint64: never wrapped, rounded or truncated."""
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind == "u":
+            return values.astype(np.uint64).reshape(-1)
+        if values.dtype.kind == "i":
+            if values.size and values.min() < 0:
+                raise make_error(5, f"{what}: {values.min()} is outside [0, 2^64 - 1]")
+            return values.astype(np.uint64).reshape(-1)
+        if values.dtype.kind != "O":
+            raise make_error(5, f"{what} must hold integers, not {values.dtype}")
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise make_error(5, f"{what} must be a sequence of integers")
+    return np.array([_u64(v, f"{what}: element") for v in values], dtype=np.uint64)
+
+
 class _Writer:
     def __init__(self):
         self.parts = []
 
     def put(self, fmt: str, *values):
-        self.parts.append(struct.pack("<" + fmt, *values))
+        try:
+            self.parts.append(struct.pack("<" + fmt, *values))
+        except (struct.error, OverflowError, TypeError) as e:  # a field outside its wire type: the caller's mistake
+            raise make_error(5, f"a request field does not fit its wire type ({e})") from None
         return self
 
     def string(self, s: str):
@@ -232,7 +266,7 @@ class Client:
 
     def upsert(self, name: str, ids, keys, values, tags=None):
         """Inserts or replaces n entries by id: (n,) ids, (n, d) keys, (n, dv) values, tags None or (n,) (protocol 2)."""
-        w = _Writer().string(name).array(ids, np.uint64).array(keys, np.float32).array(values, np.float32)
+        w = _Writer().string(name).array(_u64_array(ids, "ids"), np.uint64).array(keys, np.float32).array(values, np.float32)
         self._call("upsert", self._with_tags(w, tags))
 
     # ---- tags and masks: version-2 fields, refused (not dropped) on a version-1 connection ----
@@ -244,28 +278,28 @@ class Client:
         if tags is not None:
             self._require_v2("tags")
         if self.protocol_version >= 2:
-            w.array(np.zeros(0) if tags is None else tags, np.uint64)
+            w.array(np.zeros(0) if tags is None else _u64_array(tags, "tags"), np.uint64)
         return w
 
     def _put_mask(self, w: _Writer, tags_any, tag_range, exclude) -> _Writer:
         if tags_any is None and tag_range is None and exclude is None:
             return w.put("I", 0).put("BQQ", 0, 0, 0).put("I", 0) if self.protocol_version >= 2 else w
         self._require_v2("query masks (tags_any, tag_range, exclude)")
-        w.array(np.zeros(0) if tags_any is None else tags_any, np.uint64)
+        w.array(np.zeros(0) if tags_any is None else _u64_array(tags_any, "tags_any"), np.uint64)
         lo, hi = (0, 0) if tag_range is None else tag_range
-        w.put("BQQ", tag_range is not None, lo, hi)
-        return w.array(np.zeros(0) if exclude is None else exclude, np.uint64)
+        w.put("BQQ", tag_range is not None, _u64(lo, "tag_range: lo"), _u64(hi, "tag_range: hi"))
+        return w.array(np.zeros(0) if exclude is None else _u64_array(exclude, "exclude"), np.uint64)
 
     def remove(self, name: str, ids):
         """Removes entries by id; softkv.UnknownId (removing nothing) if one is absent."""
-        self._call("remove", _Writer().string(name).array(ids, np.uint64))
+        self._call("remove", _Writer().string(name).array(_u64_array(ids, "ids"), np.uint64))
 
     def get(self, name: str, id: int, with_tag: bool = False):
         """Returns (key, value) as numpy arrays (the key as stored: unit length under cosine); with_tag:
         (key, value, tag) (protocol 2)."""
         if with_tag:
             self._require_v2("tags")
-        r = self._call("get", _Writer().string(name).put("Q", id))
+        r = self._call("get", _Writer().string(name).put("Q", _u64(id, "id")))
         r.get("Q")
         key, value = r.array(np.float32), r.array(np.float32)
         tag = r.get("Q") if self.protocol_version >= 2 else 0

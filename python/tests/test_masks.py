@@ -94,3 +94,30 @@ def test_tags_persist_through_the_log_and_snapshots(tmp_path):
             assert view.query_soft(keys[0], tag_range=(15, 35)).candidates == 2
             if not snapshot:
                 db.snapshot()
+
+
+def test_a_masked_pruned_batch_reports_each_query_s_filtering_as_the_query_alone_does():
+    rng = np.random.default_rng(5)
+    n, d = 3000, 8
+    keys = rng.standard_normal((n, d), dtype=np.float32)
+    c = softkv.Collection(d, 1, index="hnsw", hnsw_m=8)
+    c.add_batch(keys, rng.standard_normal((n, 1), dtype=np.float32), tags=np.arange(n, dtype=np.uint64) % 4)
+    c.wait_until_indexed()
+    queries = rng.standard_normal((3, d), dtype=np.float32)
+    batch = c.query_soft_batch(queries, top_k=5, tags_any=[1])
+    for i, q in enumerate(queries):
+        alone = c.query_soft(q, top_k=5, tags_any=[1])
+        assert alone.mask_filtered_after_search  # hnsw over-fetches and filters
+        assert batch.mask_filtered_after_search[i] == alone.mask_filtered_after_search
+        assert batch[i].mask_filtered_after_search == alone.mask_filtered_after_search
+
+
+def test_tag_errors_name_the_tag_and_its_full_range():
+    c = softkv.Collection(2, 1)
+    k, v = np.ones((1, 2), dtype=np.float32), np.ones((1, 1), dtype=np.float32)
+    with pytest.raises(softkv.InvalidArgument, match=r"tags: element -1 is outside \[0, 2\^64 - 1\]"):
+        c.add_batch(k, v, tags=[-1])
+    with pytest.raises(softkv.InvalidArgument, match=r"tag_range: hi 18446744073709551616 is outside \[0, 2\^64 - 1\]"):
+        c.query_soft(k[0], tag_range=(0, 1 << 64))
+    assert c.add_batch(k, v, tags=[(1 << 64) - 1]).tolist() == [0]  # the largest tag is valid
+    assert c.get(0, with_tag=True)[2] == (1 << 64) - 1

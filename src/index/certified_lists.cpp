@@ -30,9 +30,10 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kUnit = 1.0 / 16777216.0;  // float's unit roundoff, 2^-24
+const double kTiny = std::ldexp(1.0, -149);  // float's smallest subnormal: the absolute error of an underflow
 
 // Rows per list when ivf_nlist is 0 (before refine() splits lists that hold two groups): small lists
-// keep the radii tight, and the centroid pass reads 1/64 of the bytes of float32 keys (f16 centroids).
+// keep the radii tight, and the centroid pass reads 1/128 of the bytes of float32 keys (i8 centroids).
 constexpr std::size_t kRowsPerList = 32;
 
 // ||a - b|| in double, rounded up a little so that it is an upper bound despite its own rounding.
@@ -106,33 +107,57 @@ struct Lists {
   std::size_t trained_rows = 0;               // rows at the build (a rebuild is due at 4x)
   std::size_t trained_lists = 0;              // lists at the build (lists of one far key are added up to 2x)
   std::vector<float> centroids;               // L x d, the rounded centroids the bounds are stated for
-  Precision centroid_precision = Precision::f16;
+  Precision centroid_precision = Precision::i8;
   std::vector<std::byte> centroid_bytes;      // the same at centroid_precision, as the kernels score them
+  std::vector<float> centroid_scales;         // i8: one scale per centroid
   std::vector<double> centroid_norm;          // ||mu_c||, rounded up
   std::vector<List> lists;
+  // Per list, what bounds() reads for every query, side by side (a List is too large to stream):
+  std::vector<std::uint32_t> live;            // live members
+  std::vector<double> spread;                 // r_c (1 + gamma) + 2 gamma ||mu_c||: times f ||q'|| it bounds q'.(k - mu_c) plus rounding
   std::unordered_map<std::uint64_t, Slot> slot_of;
   std::unique_ptr<faiss::IndexFlatL2> quantizer;  // the centroids under shift, to assign new keys
   std::size_t dead = 0;
 
   [[nodiscard]] bool ready() const { return !lists.empty(); }
 
-  // Rounds the centroids to the precision they are scored at (f16 where they fit, else f32) and sets up
+  // The float rounding of a d-term dot product in any summation order (FMA included), relative to
+  // sum |q_j k_j|: (d + 2) u, with 1% to spare.
+  [[nodiscard]] double gamma() const { return (static_cast<double>(dim) + 2) * kUnit * 1.01; }
+
+  // Brings list c's entries of live and spread up to date (after its members or radius changed).
+  void sync(std::size_t c) {
+    if (live.size() < lists.size()) {
+      live.resize(lists.size(), 0);
+      spread.resize(lists.size(), 0);
+    }
+    live[c] = lists[c].live;
+    spread[c] = lists[c].radius * (1 + gamma()) + 2 * gamma() * centroid_norm[c];
+  }
+  void sync_all() {
+    for (std::size_t c = 0; c < lists.size(); ++c) sync(c);
+  }
+
+  // Rounds the centroids to the precision they are scored at (i8 with a scale per centroid; f32 if one
+  // is not finite) and sets up
   // the quantizer; the bounds are then stated for the rounded centroids, so the rounding costs nothing.
   void set_centroids(std::vector<float> c) {
     const std::size_t count = c.size() / dim;
     float largest = 0;
     for (float v : c) largest = std::max(largest, std::fabs(v));
-    centroid_precision = std::isfinite(largest) && largest < 60000.0f ? Precision::f16 : Precision::f32;
+    // i8 rows decode to q * scale with a power-of-two scale: past 2^120 that could leave the float range.
+    centroid_precision = largest < 0x1p120f ? Precision::i8 : Precision::f32;
     const std::size_t row = dim * RowSpan::bytes_of(centroid_precision);
     centroid_bytes.assign(count * row, std::byte{0});
-    for (std::size_t i = 0; i < count; ++i) {
-      encode_row(centroid_precision, c.data() + i * dim, dim, 1.0f, centroid_bytes.data() + i * row);
-      decode_row(centroid_precision, centroid_bytes.data() + i * row, dim, 1.0f, c.data() + i * dim);
-    }
+    centroid_scales.assign(count, 1.0f);
+    for (std::size_t i = 0; i < count; ++i) encode_centroid(i, c.data() + i * dim, c.data() + i * dim);
     centroids = std::move(c);
     centroid_norm.resize(count);
     for (std::size_t i = 0; i < count; ++i) centroid_norm[i] = norm_up(centroids.data() + i * dim, dim);
     lists.assign(count, List{});
+    live.assign(count, 0);
+    spread.assign(count, 0);
+    sync_all();
     trained_lists = count;
     quantizer = std::make_unique<faiss::IndexFlatL2>(static_cast<faiss::Index::idx_t>(dim));
     const std::vector<float> safe = faiss_copy(centroids.data(), centroids.size(), shift);
@@ -145,14 +170,24 @@ struct Lists {
     List& l = lists[it->second.list];
     l.dead[it->second.position] = 1;
     --l.live;
+    live[it->second.list] = l.live;
     ++dead;
     slot_of.erase(it);
   }
 
-  // Whether x (dim floats) fits the centroids' precision.
+  // Whether x (dim floats) fits the centroids' precision (i8 takes any row below 2^120, with its own scale).
   [[nodiscard]] bool fits(const float* x) const {
-    const float limit = centroid_precision == Precision::f16 ? 60000.0f : std::numeric_limits<float>::max();
+    const float limit = centroid_precision == Precision::i8 ? 0x1p120f : std::numeric_limits<float>::max();
     return std::all_of(x, x + dim, [&](float v) { return std::fabs(v) < limit; });
+  }
+
+  // Stores centroid c's bytes (and i8 scale) from x, and writes the rounded centroid to out.
+  void encode_centroid(std::size_t c, const float* x, float* out) {
+    const std::size_t row = dim * RowSpan::bytes_of(centroid_precision);
+    const float scale = centroid_precision == Precision::i8 ? i8_scale(x, dim) : 1.0f;
+    centroid_scales[c] = scale;
+    encode_row(centroid_precision, x, dim, scale, centroid_bytes.data() + c * row);
+    decode_row(centroid_precision, centroid_bytes.data() + c * row, dim, scale, out);
   }
 
   // Sets centroid c (c == count: a new one, with an empty list) to x rounded to the centroids' precision.
@@ -160,13 +195,14 @@ struct Lists {
     const std::size_t row = dim * RowSpan::bytes_of(centroid_precision);
     if (c == lists.size()) {
       centroid_bytes.resize((c + 1) * row);
+      centroid_scales.push_back(1.0f);
       centroids.resize((c + 1) * dim);
       centroid_norm.push_back(0);
       lists.emplace_back();
     }
-    encode_row(centroid_precision, x, dim, 1.0f, centroid_bytes.data() + c * row);
-    decode_row(centroid_precision, centroid_bytes.data() + c * row, dim, 1.0f, centroids.data() + c * dim);
+    encode_centroid(c, x, centroids.data() + c * dim);
     centroid_norm[c] = norm_up(centroids.data() + c * dim, dim);
+    sync(c);
   }
 
   // A list of its own for a key far outside every list (its centroid is the key, rounded); false when
@@ -221,6 +257,7 @@ struct Lists {
       }
     }
     trained_lists = lists.size();
+    sync_all();
     quantizer = std::make_unique<faiss::IndexFlatL2>(static_cast<faiss::Index::idx_t>(dim));
     const std::vector<float> safe = faiss_copy(centroids.data(), centroids.size(), shift);
     quantizer->add(static_cast<faiss::Index::idx_t>(lists.size()), safe.data());
@@ -280,6 +317,7 @@ struct Lists {
       l.keys.insert(l.keys.end(), key, key + dim);
       l.dead.push_back(0);
       ++l.live;
+      sync(to[i]);
     }
   }
 };
@@ -428,7 +466,8 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   void bounds(const float* query, float factor, std::vector<double>& ub, std::vector<std::uint32_t>& live) const override {
     const std::size_t count = current_.lists.size(), d = current_.dim;
     std::vector<float> score(count);
-    const RowSpan centroids{current_.centroid_bytes.data(), nullptr, nullptr, count, d, 0, current_.centroid_precision};
+    const RowSpan centroids{current_.centroid_bytes.data(), nullptr, nullptr, count, d, 0, current_.centroid_precision,
+                            Precision::f32, current_.centroid_precision == Precision::i8 ? current_.centroid_scales.data() : nullptr};
     // Split over the scan threads as a scan is (about 1 MiB of centroids a part).
     const std::size_t parts = choose_parts(count, d / 2, 0, ThreadPool::shared().concurrency());
     ThreadPool::shared().run(parts, [&](std::size_t p) {
@@ -436,26 +475,21 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
       kernels().scores(query, factor, centroids.sub(begin, end - begin), score.data() + begin);
     });
     // The kernel's score of a member k is f * fl(q.k) rounded once more; fl(q.k) <= fl(q.mu) + ||q|| r
-    // + gamma ||q|| (2 ||mu|| + r), with gamma = (d + 2) u covering any order of summation (and FMA).
-    const double f = factor, qn = norm_up(query, d), gamma = (static_cast<double>(d) + 2) * kUnit * 1.01;
+    // + gamma ||q|| (2 ||mu|| + r) (Lists::spread), with gamma covering any order of summation (and FMA).
+    // Underflow adds an absolute error of at most 2^-149 per product and per rounding of the score.
+    const double f = factor, fq = f * norm_up(query, d) * (1 + 4 * kUnit), tiny = (f * 2 * static_cast<double>(d) + 2) * kTiny;
     ub.resize(count);
-    live.resize(count);
+    live.assign(current_.live.begin(), current_.live.end());
+    const double* spread = current_.spread.data();
     for (std::size_t c = 0; c < count; ++c) {
-      const List& l = current_.lists[c];
-      live[c] = l.live;
-      if (l.live == 0) {
-        ub[c] = -kInf;
-        continue;
-      }
       const double s = score[c];  // f * fl(q.mu), rounded: within 2u |s| of it
-      const double spread = f * qn * (l.radius + gamma * (2 * current_.centroid_norm[c] + l.radius));
-      const double b = s + 2 * kUnit * std::fabs(s) + spread * (1 + 4 * kUnit);
-      ub[c] = std::isfinite(b) ? b + 2 * kUnit * std::fabs(b) : kInf;
+      const double b = s + 2 * kUnit * std::fabs(s) + fq * spread[c] + tiny;
+      ub[c] = live[c] == 0 ? -kInf : std::isfinite(b) ? b + 2 * kUnit * std::fabs(b) : kInf;
     }
   }
 
-  void score_list(std::size_t c, const float* query, float factor, std::vector<std::uint64_t>& ids,
-                  std::vector<float>& scores) const override {
+  double score_list(std::size_t c, const float* query, float factor, std::vector<std::uint64_t>& ids,
+                    std::vector<float>& scores) const override {
     const List& l = current_.lists[c];
     const std::size_t d = current_.dim, first = scores.size();
     scores.resize(first + l.ids.size());
@@ -468,6 +502,10 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
       ids.push_back(l.ids[i]);
     }
     scores.resize(kept);
+    // |fl(q.k) - q.k| <= gamma ||q|| ||k||, ||k|| <= ||mu|| + r; the underflow terms as in bounds().
+    const double f = factor;
+    return f * norm_up(query, d) * current_.gamma() * (current_.centroid_norm[c] + l.radius) * (1 + 4 * kUnit) +
+           (f * 2 * static_cast<double>(d) + 2) * kTiny;
   }
 
   // ---- search: the exact top-k, best first (higher score, then smaller id) ----
@@ -524,7 +562,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
       b.shift = static_cast<int>(shift);
       b.trained_rows = r.get<std::uint64_t>("index trained rows");
       const auto count = r.get<std::uint64_t>("list count");
-      if (b.dim != all.dim || count == 0 || count > all.rows + 1) return false;
+      if (b.dim != all.dim || count == 0 || count > (std::uint64_t{1} << 32)) return false;
       b.set_centroids(to_vector<float>(r.take_array<float>(count * b.dim, "centroids")));
       std::unordered_map<std::uint64_t, std::size_t> row_of;
       row_of.reserve(all.rows);
@@ -549,6 +587,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
         }
       }
       if (r.remaining() > 0 || members != all.rows) return false;
+      b.sync_all();
       current_ = std::move(b);
       rows_ = all.rows;
       return true;
@@ -598,45 +637,73 @@ namespace {
 constexpr int kBucketsPerNat = 8;
 constexpr int kLowestBucket = -128 * kBucketsPerNat;
 
+const std::vector<double> kBucketMass = [] {
+  std::vector<double> t(-kLowestBucket + 1);
+  for (int b = 0; b <= -kLowestBucket; ++b) t[b] = std::exp(-static_cast<double>(b) / kBucketsPerNat);
+  return t;
+}();
+
 double bucket_mass(double ub, double top) {
-  static const std::vector<double> table = [] {
-    std::vector<double> t(-kLowestBucket + 1);
-    for (int b = 0; b <= -kLowestBucket; ++b) t[b] = std::exp(-static_cast<double>(b) / kBucketsPerNat);
-    return t;
-  }();
-  const double x = std::ceil((ub - top) * kBucketsPerNat);
+  // <= 0 up to rounding; nudged up past that rounding, so that truncation toward zero is a ceiling.
+  const double x = (ub - top) * kBucketsPerNat + 1e-9;
   const int b = x >= 0 ? 0 : x <= kLowestBucket ? kLowestBucket : static_cast<int>(x);
-  return table[-b];
+  return kBucketMass[-b];
 }
 
 }  // namespace
 
 ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor) {
   lists.bounds(query, factor, ub_, live_);
-  heap_.reserve(ub_.size());
-  top_ = -kInf;
+  // The shift of the masses: at least every finite ub_c + log live_c (so each term is at most 1), from
+  // the largest bound and the largest list, without a log per list.
+  double top_ub = -kInf;
+  std::uint32_t most = 1;
   for (std::size_t c = 0; c < ub_.size(); ++c) {
     if (live_[c] == 0) continue;
-    heap_.emplace_back(ub_[c], static_cast<std::uint32_t>(c));
     rows_left_ += live_[c];
+    most = std::max(most, live_[c]);
+    if (!std::isinf(ub_[c])) top_ub = std::max(top_ub, ub_[c]);
+  }
+  top_ = top_ub + std::log(static_cast<double>(most));
+  // Only the lists near the top bound go into the heap at once; the rest wait, unordered, until the
+  // walk reaches their largest bound (peaked attention never does, and a heap of every list costs as
+  // much as the centroid pass).
+  const double hot = top_ub - kHotNats;
+  for (std::size_t c = 0; c < ub_.size(); ++c) {
+    if (live_[c] == 0) continue;
     if (std::isinf(ub_[c])) infinite_ = true;
-    else top_ = std::max(top_, ub_[c] + std::log(static_cast<double>(live_[c])));
+    else rest_ += static_cast<double>(live_[c]) * bucket_mass(ub_[c], top_);
+    if (!(ub_[c] < hot)) {
+      heap_.emplace_back(ub_[c], static_cast<std::uint32_t>(c));
+    } else {
+      cold_.push_back(static_cast<std::uint32_t>(c));
+      cold_max_ = std::max(cold_max_, ub_[c]);
+    }
   }
   std::make_heap(heap_.begin(), heap_.end());
-  recount();
   total_ = rest_;
+}
+
+void ListWalk::warm() {
+  for (std::uint32_t c : cold_) heap_.emplace_back(ub_[c], c);
+  cold_.clear();
+  cold_max_ = -kInf;
+  std::make_heap(heap_.begin(), heap_.end());
 }
 
 void ListWalk::recount() {
   rest_ = 0;
   infinite_ = false;
-  for (const auto& [ub, c] : heap_) {
+  auto add = [&](double ub, std::uint32_t c) {
     if (std::isinf(ub)) infinite_ = true;
     else rest_ += static_cast<double>(live_[c]) * bucket_mass(ub, top_);
-  }
+  };
+  for (const auto& [ub, c] : heap_) add(ub, c);
+  for (std::uint32_t c : cold_) add(ub_[c], c);
 }
 
 std::size_t ListWalk::next() {
+  if (heap_.empty() || heap_.front().first < cold_max_) warm();
   std::pop_heap(heap_.begin(), heap_.end());
   const auto [ub, c] = heap_.back();
   heap_.pop_back();
@@ -646,7 +713,7 @@ std::size_t ListWalk::next() {
   } else {
     rest_ -= static_cast<double>(live_[c]) * bucket_mass(ub, top_);
     // The running difference loses digits once it falls far below the total: count it afresh then.
-    if (!(rest_ > 1e-9 * total_)) {
+    if (!(rest_ > 1e-3 * total_)) {
       recount();
       total_ = rest_;
     }
@@ -654,15 +721,17 @@ std::size_t ListWalk::next() {
   return c;
 }
 
-bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_kth) const {
-  if (infinite_ || heap_.empty()) return true;
+bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_max, double log_visited) const {
+  if (infinite_ || heap_.empty()) return true;  // (a walk that has reached the cold lists is judged by the budget alone)
   std::vector<std::pair<double, std::uint32_t>> heap = heap_;
+  const double kth_most = std::max(known_max, heap.front().first);  // no score, visited or not, exceeds it
+  const double visited = log_visited == -kInf ? 0.0 : std::exp(std::min(log_visited - top_, 700.0));
   std::size_t rows = 0;
-  double in_reach = 0, kth_bound = kInf;
+  double in_reach = 0;
   while (!heap.empty()) {
     const auto [ub, c] = heap.front();
-    if (rows >= top_k && kth_bound == kInf && top_k > 0) kth_bound = ub;  // rows of the lists so far reach k
-    if (rows > budget_rows) return top_k > 0 ? std::max(kth_bound, known_kth) > ub : rest_ - in_reach <= epsilon * rest_ * (1 + 1e-9);
+    if (rows > budget_rows) return top_k > 0 ? kth_most > ub : rest_ - in_reach <= epsilon * (visited + rest_) * (1 + 1e-9);
+    if (ub < cold_max_) return true;  // the lists in reach go on among the cold ones: no verdict
     std::pop_heap(heap.begin(), heap.end());
     heap.pop_back();
     rows += live_[c];
@@ -671,12 +740,14 @@ bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_ro
   return true;  // every list is within reach
 }
 
-double ListWalk::next_bound() const noexcept { return heap_.empty() ? -kInf : heap_.front().first; }
+double ListWalk::next_bound() const noexcept { return std::max(heap_.empty() ? -kInf : heap_.front().first, cold_max_); }
 
 double ListWalk::log_rest() {
-  if (heap_.empty()) return -kInf;
+  if (done()) return -kInf;
   if (infinite_) return kInf;
-  return rest_ > 0 ? top_ + std::log(rest_ * (1 + 1e-12)) : -kInf;
+  // The running sum's own rounding: at most (lists + 1) 2^-53 of the total it was counted from, per step.
+  const double error = 4 * static_cast<double>(ub_.size() + 1) * 0x1p-53 * total_;
+  return rest_ > 0 ? top_ + std::log(rest_ + error) : -kInf;
 }
 
 std::unique_ptr<PruningIndex> make_certified_index(const CollectionConfig& config) {

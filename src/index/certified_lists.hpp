@@ -21,9 +21,10 @@ class CertifiedLists {
   /// member of list c, float rounding included (+inf when the bound is not finite), and live[c] its
   /// live member count (0: ub[c] is -inf).
   virtual void bounds(const float* query, float factor, std::vector<double>& ub, std::vector<std::uint32_t>& live) const = 0;
-  /// Appends the ids and kernel scores (KernelTable::scores) of list c's live members.
-  virtual void score_list(std::size_t c, const float* query, float factor, std::vector<std::uint64_t>& ids,
-                          std::vector<float>& scores) const = 0;
+  /// Appends the ids and kernel scores (KernelTable::scores) of list c's live members, and returns a bound
+  /// on |kernel score - true score| of each of them, less u |score| (u = 2^-24) which the caller adds per row.
+  virtual double score_list(std::size_t c, const float* query, float factor, std::vector<std::uint64_t>& ids,
+                            std::vector<float>& scores) const = 0;
 };
 
 /// The lists of a certified index in decreasing upper bound, with a bound on the mass of those not yet
@@ -33,7 +34,7 @@ class ListWalk {
   /// Computes every list's bound for the query (O(lists x d)).
   ListWalk(const CertifiedLists& lists, const float* query, float factor);
   /// Whether every list with a live member was visited.
-  [[nodiscard]] bool done() const noexcept { return heap_.empty(); }
+  [[nodiscard]] bool done() const noexcept { return heap_.empty() && cold_.empty(); }
   /// The list with the largest bound among the unvisited ones; marks it visited. Requires !done().
   std::size_t next();
   /// The largest bound among the unvisited lists (-inf when done).
@@ -41,23 +42,29 @@ class ListWalk {
   /// log of sum over the unvisited lists of live_c e^{ub_c} (-inf when done; +inf when a bound is not finite).
   [[nodiscard]] double log_rest();
   /// False when no walk of at most budget_rows more rows can meet the target, judged from the bounds
-  /// alone (no row is scored): top_k > 0, the k-th score beating the next list's bound (it is at most
-  /// the larger of known_kth, the k-th best of the rows visited so far or +inf, and the bound of the
-  /// list where the unvisited rows reach k); else a tail bound <= epsilon (the lists in reach must hold
-  /// 1 - epsilon of the unvisited lists' bounded mass). Lets a walk give up early where the exact scan
-  /// must answer anyway.
-  [[nodiscard]] bool can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows,
-                              double known_kth = std::numeric_limits<double>::infinity()) const;
+  /// alone (no row is scored): top_k > 0, the k-th score beating the bound of the first list out of
+  /// reach (the k-th score is at most known_max, the best score visited, or the largest unvisited
+  /// bound); else a tail bound <= epsilon (the unvisited mass out of reach must be at most epsilon of
+  /// the visited mass, log_visited, plus all unvisited mass). Only lets a walk give up early where the
+  /// exact scan must answer anyway: a false verdict never changes an answer, only its cost.
+  [[nodiscard]] bool can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_max,
+                              double log_visited) const;
   /// Live rows in the lists not yet visited.
   [[nodiscard]] std::size_t rows_left() const noexcept { return rows_left_; }
 
  private:
   void recount();
+  void warm();  // moves the cold lists into the heap
+
+  /// Lists whose bound is more than this below the top one wait outside the heap.
+  static constexpr double kHotNats = 16;
 
   std::vector<double> ub_;
   std::vector<std::uint32_t> live_;
-  std::vector<std::pair<double, std::uint32_t>> heap_;  // max-heap of (ub, list) over unvisited lists
-  double top_ = 0;      // the shift of rest_: the largest finite log term at construction
+  std::vector<std::pair<double, std::uint32_t>> heap_;  // max-heap of (ub, list) over unvisited hot lists
+  std::vector<std::uint32_t> cold_;                     // unvisited lists not in the heap yet
+  double cold_max_ = -std::numeric_limits<double>::infinity();  // their largest bound
+  double top_ = 0;      // the shift of rest_: the largest finite bound plus the log of the largest list
   double rest_ = 0;     // sum over unvisited of live_c e^{ub_c - top_}
   double total_ = 0;    // rest_ at construction (a subtraction far below it is recounted)
   bool infinite_ = false;  // some unvisited bound is +inf

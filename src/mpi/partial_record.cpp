@@ -31,7 +31,7 @@ struct RecordView {
         vector(scores + header->top_cap) {}
 };
 
-// (score, id) order of the top lists: higher score first, then smaller id (DESIGN.md tie rule).
+// (score, id) order of the top lists: higher score first, then smaller id (docs/DESIGN.md, "Semantics every path keeps": the tie rule).
 bool better(float score_a, std::uint64_t id_a, float score_b, std::uint64_t id_b) {
   return score_a > score_b || (score_a == score_b && id_a < id_b);
 }

@@ -55,6 +55,36 @@ class ClientTest(unittest.TestCase):
             c.create_collection("py", dim=cls.d, value_dim=cls.dv)
             cls.ids = c.add("py", cls.keys, cls.values)
 
+    def test_out_of_range_ids_tags_and_floats_raise_the_modules_error_classes(self):
+        """Each id, tag and float argument at and past its extremes: the client raises the softkv.Error
+        subclass the module raises for it (never OverflowError or struct.error, never a wrapped or
+        truncated value stored), and the connection stays usable."""
+        module = softkv.Collection(self.d, self.dv)
+        k, v, q = self.keys[:1], self.values[:1], self.queries[0]
+        with Client(port=PORT) as c:
+            size = c.describe("py")["size"]
+            cases = [("get(-1)", lambda: c.get("py", -1), lambda: module.get(-1)),
+                     ("get(2**64)", lambda: c.get("py", 1 << 64), lambda: module.get(1 << 64)),
+                     ("get(1.5)", lambda: c.get("py", 1.5), lambda: module.get(1.5)),
+                     ("remove([-1])", lambda: c.remove("py", [-1]), lambda: module.remove_batch([-1])),
+                     ("upsert ids [2**64]", lambda: c.upsert("py", [1 << 64], k, v), lambda: module.upsert_batch([1 << 64], k, v))]
+            if c.protocol_version >= 2:
+                for tags in ([-1], [1.5], [1 << 64], np.array([-1]), np.array([1.5])):
+                    cases.append((f"add tags={tags!r}", functools.partial(c.add, "py", k, v, tags=tags),
+                                  functools.partial(module.add_batch, k, v, tags=tags)))
+                for mask in ({"tags_any": [-1]}, {"tags_any": [1.5]}, {"tag_range": (-1, 5)}, {"tag_range": (0, 1 << 64)},
+                             {"exclude": [-1]}, {"tolerance": 1e39}, {"tolerance": float("nan")}):
+                    cases.append((f"query {mask}", functools.partial(c.query_soft, "py", q, **mask),
+                                  functools.partial(module.query_soft, q, **mask)))
+            for label, client_call, module_call in cases:
+                with self.subTest(label):
+                    with self.assertRaises(SoftkvError) as expected:
+                        module_call()
+                    with self.assertRaises(type(expected.exception)):
+                        client_call()
+            self.assertEqual(c.get("py", int(self.ids[0]))[1].tolist(), self.values[0].tolist())  # still usable
+            self.assertEqual(c.describe("py")["size"], size)  # nothing was stored
+
     def test_hello_settles_the_protocol_version_asked_for(self):
         with Client(port=PORT) as c:
             self.assertEqual(c.protocol_version, ARGS.protocol)
