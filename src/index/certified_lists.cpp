@@ -465,14 +465,16 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
 
   void bounds(const float* query, float factor, std::vector<double>& ub, std::vector<std::uint32_t>& live) const override {
     const std::size_t count = current_.lists.size(), d = current_.dim;
-    std::vector<float> score(count);
+    thread_local std::vector<float> buffer;  // reused: a fresh buffer per query would be page-faulted in
+    buffer.resize(count);
+    float* const score = buffer.data();  // (the parts below run on other threads: they get the pointer, not the name)
     const RowSpan centroids{current_.centroid_bytes.data(), nullptr, nullptr, count, d, 0, current_.centroid_precision,
                             Precision::f32, current_.centroid_precision == Precision::i8 ? current_.centroid_scales.data() : nullptr};
     // Split over the scan threads as a scan is (about 1 MiB of centroids a part).
     const std::size_t parts = choose_parts(count, d / 2, 0, ThreadPool::shared().concurrency());
     ThreadPool::shared().run(parts, [&](std::size_t p) {
       const std::size_t begin = count * p / parts, end = count * (p + 1) / parts;
-      kernels().scores(query, factor, centroids.sub(begin, end - begin), score.data() + begin);
+      kernels().scores(query, factor, centroids.sub(begin, end - begin), score + begin);
     });
     // The kernel's score of a member k is f * fl(q.k) rounded once more; fl(q.k) <= fl(q.mu) + ||q|| r
     // + gamma ||q|| (2 ||mu|| + r) (Lists::spread), with gamma covering any order of summation (and FMA).
@@ -652,7 +654,21 @@ double bucket_mass(double ub, double top) {
 
 }  // namespace
 
+// The buffers of the last walk on this thread, reused by the next.
+struct WalkBuffers {
+  std::vector<double> ub;
+  std::vector<std::uint32_t> live, cold;
+  std::vector<std::pair<double, std::uint32_t>> heap;
+};
+thread_local WalkBuffers walk_buffers;
+
 ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor) {
+  ub_.swap(walk_buffers.ub);
+  live_.swap(walk_buffers.live);
+  cold_.swap(walk_buffers.cold);
+  heap_.swap(walk_buffers.heap);
+  cold_.clear();
+  heap_.clear();
   lists.bounds(query, factor, ub_, live_);
   // The shift of the masses: at least every finite ub_c + log live_c (so each term is at most 1), from
   // the largest bound and the largest list, without a log per list.
@@ -682,6 +698,13 @@ ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor
   }
   std::make_heap(heap_.begin(), heap_.end());
   total_ = rest_;
+}
+
+ListWalk::~ListWalk() {
+  ub_.swap(walk_buffers.ub);
+  live_.swap(walk_buffers.live);
+  cold_.swap(walk_buffers.cold);
+  heap_.swap(walk_buffers.heap);
 }
 
 void ListWalk::warm() {

@@ -33,6 +33,11 @@ class ListWalk {
  public:
   /// Computes every list's bound for the query (O(lists x d)).
   ListWalk(const CertifiedLists& lists, const float* query, float factor);
+  /// Hands its buffers back to the thread for the next walk (a walk per query: fresh buffers of a few
+  /// hundred KiB each would be page-faulted in every time).
+  ~ListWalk();
+  ListWalk(const ListWalk&) = delete;
+  ListWalk& operator=(const ListWalk&) = delete;
   /// Whether every list with a live member was visited.
   [[nodiscard]] bool done() const noexcept { return heap_.empty() && cold_.empty(); }
   /// The list with the largest bound among the unvisited ones; marks it visited. Requires !done().
