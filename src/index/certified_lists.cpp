@@ -645,14 +645,14 @@ const std::vector<double> kBucketMass = [] {
   return t;
 }();
 
-double bucket_mass(double ub, double top) {
+// The bucket of a bound: 0 for the top, kBucketMass.size() - 1 for 128 nats or more below it.
+int bucket_of(double ub, double top) {
   // <= 0 up to rounding; nudged up past that rounding, so that truncation toward zero is a ceiling.
   const double x = (ub - top) * kBucketsPerNat + 1e-9;
-  const int b = x >= 0 ? 0 : x <= kLowestBucket ? kLowestBucket : static_cast<int>(x);
-  return kBucketMass[-b];
+  return x >= 0 ? 0 : x <= kLowestBucket ? -kLowestBucket : -static_cast<int>(x);
 }
 
-}  // namespace
+double bucket_mass(double ub, double top) { return kBucketMass[static_cast<std::size_t>(bucket_of(ub, top))]; }
 
 // The buffers of the last walk on this thread, reused by the next.
 struct WalkBuffers {
@@ -661,6 +661,8 @@ struct WalkBuffers {
   std::vector<std::pair<double, std::uint32_t>> heap;
 };
 thread_local WalkBuffers walk_buffers;
+
+}  // namespace
 
 ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor) {
   ub_.swap(walk_buffers.ub);
@@ -685,10 +687,11 @@ ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor
   // walk reaches their largest bound (peaked attention never does, and a heap of every list costs as
   // much as the centroid pass).
   const double hot = top_ub - kHotNats;
+  counts_.assign(kBucketMass.size(), 0);
   for (std::size_t c = 0; c < ub_.size(); ++c) {
     if (live_[c] == 0) continue;
     if (std::isinf(ub_[c])) infinite_ = true;
-    else rest_ += static_cast<double>(live_[c]) * bucket_mass(ub_[c], top_);
+    else counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
     if (!(ub_[c] < hot)) {
       heap_.emplace_back(ub_[c], static_cast<std::uint32_t>(c));
     } else {
@@ -697,7 +700,14 @@ ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor
     }
   }
   std::make_heap(heap_.begin(), heap_.end());
-  total_ = rest_;
+  rest_ = total_ = counted();
+}
+
+double ListWalk::counted() const {
+  double sum = 0;
+  for (std::size_t b = 0; b < counts_.size(); ++b)
+    if (counts_[b] != 0) sum += static_cast<double>(counts_[b]) * kBucketMass[b];
+  return sum;
 }
 
 ListWalk::~ListWalk() {
@@ -715,14 +725,9 @@ void ListWalk::warm() {
 }
 
 void ListWalk::recount() {
-  rest_ = 0;
-  infinite_ = false;
-  auto add = [&](double ub, std::uint32_t c) {
-    if (std::isinf(ub)) infinite_ = true;
-    else rest_ += static_cast<double>(live_[c]) * bucket_mass(ub, top_);
-  };
-  for (const auto& [ub, c] : heap_) add(ub, c);
-  for (std::uint32_t c : cold_) add(ub_[c], c);
+  infinite_ = std::any_of(heap_.begin(), heap_.end(), [](const auto& e) { return std::isinf(e.first); }) ||
+              std::any_of(cold_.begin(), cold_.end(), [&](std::uint32_t c) { return std::isinf(ub_[c]); });
+  rest_ = total_ = counted();
 }
 
 std::size_t ListWalk::next() {
@@ -734,12 +739,12 @@ std::size_t ListWalk::next() {
   if (std::isinf(ub)) {
     recount();
   } else {
-    rest_ -= static_cast<double>(live_[c]) * bucket_mass(ub, top_);
-    // The running difference loses digits once it falls far below the total: count it afresh then.
-    if (!(rest_ > 1e-3 * total_)) {
-      recount();
-      total_ = rest_;
-    }
+    const auto b = static_cast<std::size_t>(bucket_of(ub, top_));
+    counts_[b] -= live_[c];
+    rest_ -= static_cast<double>(live_[c]) * kBucketMass[b];
+    // The running difference loses digits once it falls far below the total it was counted from:
+    // count it afresh from the buckets' exact counts then (O(buckets), not O(lists)).
+    if (!(rest_ > 1e-3 * total_)) rest_ = total_ = counted();
   }
   return c;
 }
@@ -768,9 +773,10 @@ double ListWalk::next_bound() const noexcept { return std::max(heap_.empty() ? -
 double ListWalk::log_rest() {
   if (done()) return -kInf;
   if (infinite_) return kInf;
-  // The running sum's own rounding: at most (lists + 1) 2^-53 of the total it was counted from, per step.
-  const double error = 4 * static_cast<double>(ub_.size() + 1) * 0x1p-53 * total_;
-  return rest_ > 0 ? top_ + std::log(rest_ + error) : -kInf;
+  // The running sum's own rounding: each term and each subtraction errs by at most 2^-53 of the total it
+  // was counted from, over at most the buckets plus two per list.
+  const double error = 4 * static_cast<double>(counts_.size() + ub_.size() + 1) * 0x1p-53 * total_;
+  return rest_ + error > 0 ? top_ + std::log(rest_ + error) : -kInf;
 }
 
 std::unique_ptr<PruningIndex> make_certified_index(const CollectionConfig& config) {

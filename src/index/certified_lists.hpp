@@ -58,7 +58,8 @@ class ListWalk {
   [[nodiscard]] std::size_t rows_left() const noexcept { return rows_left_; }
 
  private:
-  void recount();
+  void recount();                  // after a list with an infinite bound: the flag, and the sum afresh
+  [[nodiscard]] double counted() const;  // the unvisited mass from the bucket counts
   void warm();  // moves the cold lists into the heap
 
   /// Lists whose bound is more than this below the top one wait outside the heap.
@@ -68,10 +69,11 @@ class ListWalk {
   std::vector<std::uint32_t> live_;
   std::vector<std::pair<double, std::uint32_t>> heap_;  // max-heap of (ub, list) over unvisited hot lists
   std::vector<std::uint32_t> cold_;                     // unvisited lists not in the heap yet
+  std::vector<std::int64_t> counts_;                    // unvisited live rows per 1/8-nat bucket below top_
   double cold_max_ = -std::numeric_limits<double>::infinity();  // their largest bound
   double top_ = 0;      // the shift of rest_: the largest finite bound plus the log of the largest list
   double rest_ = 0;     // sum over unvisited of live_c e^{ub_c - top_}
-  double total_ = 0;    // rest_ at construction (a subtraction far below it is recounted)
+  double total_ = 0;    // rest_ at construction: the scale of the running sum's rounding (log_rest)
   bool infinite_ = false;  // some unvisited bound is +inf
   std::size_t rows_left_ = 0;
 };
