@@ -353,12 +353,6 @@ std::vector<float> train(const float* keys, std::size_t n, std::size_t d, std::s
   return out;
 }
 
-// One write made while a build ran.
-struct JournalEntry {
-  std::uint64_t id;
-  std::vector<float> key;  // empty: a removal
-};
-
 class CertifiedIndex;
 
 // The rows copied for a build and the lists built from them without the collection's lock.
@@ -391,8 +385,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   [[nodiscard]] const CertifiedLists* lists() const override { return ready() ? this : nullptr; }
 
   void put(std::span<const std::uint64_t> ids, const float* keys, const RowSpan& all) override {
-    if (journaling_)
-      for (std::size_t i = 0; i < ids.size(); ++i) journal_.push_back({ids[i], std::vector<float>(keys + i * all.dim, keys + (i + 1) * all.dim)});
+    journal_.put(ids, keys, all.dim);
     if (current_.ready()) {
       OmpThreads threads(ids.size() >= 4096 ? index_build_threads() : 1);
       current_.append(ids.data(), keys, ids.size());
@@ -401,13 +394,13 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   }
 
   void erase(std::uint64_t id, const RowSpan& all) override {
-    if (journaling_) journal_.push_back({id, {}});
+    journal_.erase(id);
     current_.kill(id);
     rows_ = all.rows;
   }
 
   [[nodiscard]] bool build_due() const override {
-    if (journaling_) return false;  // one build at a time
+    if (journal_.active()) return false;  // one build at a time
     if (!current_.ready()) return rows_ >= train_threshold();
     if (config_.index.ivf_nlist == 0 && rows_ >= 4 * std::max<std::size_t>(1, current_.trained_rows)) return true;  // lists grew 4x
     if (current_.lists.size() >= 2 * current_.trained_lists) return true;  // many keys came far from the trained lists
@@ -417,25 +410,19 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   std::unique_ptr<IndexBuild> start_build(const RowSpan& all) override {
     rows_ = all.rows;
     if (!build_due()) return nullptr;
-    journaling_ = true;
-    journal_.clear();
+    journal_.start();
     return std::make_unique<ListsBuild>(*this, all);
   }
 
   void finish_build(std::unique_ptr<IndexBuild> build) override {
-    if (build) {
-      auto& b = static_cast<ListsBuild&>(*build);
-      if (b.built.ready()) {
-        OmpThreads threads(1);
-        for (const JournalEntry& e : journal_) {
-          if (e.key.empty()) b.built.kill(e.id);
-          else b.built.append(&e.id, e.key.data(), 1);
-        }
-        current_ = std::move(b.built);
-      }
+    auto* b = static_cast<ListsBuild*>(build.get());
+    if (b == nullptr || !b->built.ready()) {  // the build failed: keep serving from the current lists
+      journal_.stop();
+      return;
     }
-    journal_.clear();
-    journaling_ = false;
+    OmpThreads threads(1);
+    journal_.replay_into(b->built);
+    current_ = std::move(b->built);
   }
 
   void build_now(const RowSpan& all) override {
@@ -617,8 +604,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   CollectionConfig config_;
   Lists current_;
   std::size_t rows_ = 0;
-  bool journaling_ = false;
-  std::vector<JournalEntry> journal_;
+  BuildJournal journal_;  // writes made while a build runs
 };
 
 void ListsBuild::run() {

@@ -97,12 +97,6 @@ struct Built {
   }
 };
 
-// One write that happened while a build was running.
-struct JournalEntry {
-  std::uint64_t id;
-  std::vector<float> key;  // empty: a removal
-};
-
 class PositionalIndex;
 
 // The rows copied for a build, and the index built from them off-lock.
@@ -128,20 +122,19 @@ class PositionalIndex final : public PruningIndex {
   [[nodiscard]] bool exact_top_k() const override { return false; }
 
   void put(std::span<const std::uint64_t> ids, const float* keys, const RowSpan& all) override {
-    if (journaling_)
-      for (std::size_t i = 0; i < ids.size(); ++i) journal_.push_back({ids[i], std::vector<float>(keys + i * all.dim, keys + (i + 1) * all.dim)});
+    journal_.put(ids, keys, all.dim);
     if (current_.index) current_.append(ids.data(), keys, ids.size());
     rows_ = all.rows;
   }
 
   void erase(std::uint64_t id, const RowSpan& all) override {
-    if (journaling_) journal_.push_back({id, {}});
+    journal_.erase(id);
     current_.kill(id);
     rows_ = all.rows;
   }
 
   [[nodiscard]] bool build_due() const override {
-    if (journaling_) return false;  // one build at a time
+    if (journal_.active()) return false;  // one build at a time
     if (!current_.index) return rows_ >= train_threshold();
     return static_cast<double>(current_.dead) > config_.index.rebuild_fraction * static_cast<double>(std::max<std::size_t>(1, rows_));
   }
@@ -149,25 +142,18 @@ class PositionalIndex final : public PruningIndex {
   std::unique_ptr<IndexBuild> start_build(const RowSpan& all) override {
     rows_ = all.rows;
     if (!build_due()) return nullptr;
-    journaling_ = true;
-    journal_.clear();
+    journal_.start();
     return std::make_unique<PositionalBuild>(*this, all);
   }
 
   void finish_build(std::unique_ptr<IndexBuild> build) override {
     if (!build) {  // the build failed: keep serving from the current index
-      journal_.clear();
-      journaling_ = false;
+      journal_.stop();
       return;
     }
     auto& b = static_cast<PositionalBuild&>(*build);
-    for (const JournalEntry& e : journal_) {
-      if (e.key.empty()) b.built.kill(e.id);
-      else b.built.append(&e.id, e.key.data(), 1);
-    }
+    journal_.replay_into(b.built);
     if (b.built.index) current_ = std::move(b.built);
-    journal_.clear();
-    journaling_ = false;
   }
 
   void build_now(const RowSpan& all) override {
@@ -306,8 +292,7 @@ class PositionalIndex final : public PruningIndex {
   CollectionConfig config_;
   Built current_;
   std::size_t rows_ = 0;            // live entries in the collection, as of the last write
-  bool journaling_ = false;         // a build is running: record writes for it
-  std::vector<JournalEntry> journal_;
+  BuildJournal journal_;            // writes made while a build runs
 };
 
 PositionalBuild::PositionalBuild(const PositionalIndex& owner, const RowSpan& all)

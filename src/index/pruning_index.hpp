@@ -79,6 +79,50 @@ class PruningIndex {
                                                                        const RowSpan& all, const IndexSearch& p) const = 0;
 };
 
+/// The writes that land while a background build runs, replayed into the new index before it is
+/// swapped in (shared by the indexes that build off-lock). Used under the collection's exclusive lock.
+class BuildJournal {
+ public:
+  /// Whether a build is running (writes are being recorded).
+  [[nodiscard]] bool active() const noexcept { return active_; }
+  /// A build starts: record from now on.
+  void start() {
+    active_ = true;
+    entries_.clear();
+  }
+  /// Rows put while a build runs (ids[i] at keys + i * dim).
+  void put(std::span<const std::uint64_t> ids, const float* keys, std::size_t dim) {
+    if (!active_) return;
+    for (std::size_t i = 0; i < ids.size(); ++i) entries_.push_back({ids[i], std::vector<float>(keys + i * dim, keys + (i + 1) * dim)});
+  }
+  /// An id erased while a build runs.
+  void erase(std::uint64_t id) {
+    if (active_) entries_.push_back({id, {}});
+  }
+  /// Replays the recorded writes into built (built.kill(id), built.append(&id, key, 1)) and stops recording.
+  template <class Built>
+  void replay_into(Built& built) {
+    for (const Entry& e : entries_) {
+      if (e.key.empty()) built.kill(e.id);
+      else built.append(&e.id, e.key.data(), 1);
+    }
+    stop();
+  }
+  /// Stops recording (the build ended, replayed or failed).
+  void stop() {
+    entries_.clear();
+    active_ = false;
+  }
+
+ private:
+  struct Entry {
+    std::uint64_t id;
+    std::vector<float> key;  // empty: a removal
+  };
+  bool active_ = false;
+  std::vector<Entry> entries_;
+};
+
 /// The index for a collection's configuration; null for IndexKind::exact.
 std::unique_ptr<PruningIndex> make_pruning_index(const CollectionConfig& config);
 
