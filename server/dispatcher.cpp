@@ -146,10 +146,14 @@ void Dispatcher::run() {
 }
 
 void Dispatcher::run_coalesced(const std::vector<Member>& members) {
+  // A member's request belongs to its connection's thread, which may free it as soon as its reply is
+  // set: everything read from a request (the name the pass is counted under) is read before that.
   const auto& lead = std::get<wire::Query>(*members.front().job->request);
+  const std::string name = lead.name;
   if (members.size() == 1) {
-    members.front().job->reply.set_value(run_everywhere(lead));
-    count_pass(lead.name, members.front().queries);
+    wire::Reply reply = run_everywhere(lead);
+    count_pass(name, members.front().queries);
+    members.front().job->reply.set_value(std::move(reply));
     return;
   }
   std::size_t total = 0;
@@ -169,8 +173,9 @@ void Dispatcher::run_coalesced(const std::vector<Member>& members) {
     // Every member passed its checks, so this is rare (an overflow in one query, the collection
     // emptied or dropped meanwhile): no member may get an error that another member's query caused.
     for (const Member& m : members) {
-      m.job->reply.set_value(run_everywhere(*m.job->request));
-      count_pass(lead.name, m.queries);
+      wire::Reply alone = run_everywhere(*m.job->request);
+      count_pass(name, m.queries);
+      m.job->reply.set_value(std::move(alone));
     }
     return;
   }
@@ -181,7 +186,7 @@ void Dispatcher::run_coalesced(const std::vector<Member>& members) {
                                                                    " of " + std::to_string(total) + " queries"});
     return;
   }
-  count_pass(lead.name, total);
+  count_pass(name, total);
   std::size_t first = 0;
   for (const Member& m : members) {
     m.job->reply.set_value(slice(reply, first, m.queries));
