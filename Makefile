@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build run test bench clean
+.PHONY: all deps configure build server run test docs bench clean
 
 all: build
 
@@ -16,13 +16,24 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# Only what the server needs (the library and softkv-server; not the tests, benchmarks or examples).
+server: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target softkv-server
+
 # The main job on an embedded default: softkv-server on ./softkv-data, 127.0.0.1:7878 (Ctrl-C stops it
 # after finishing in-flight requests and writing a snapshot).
-run: build
+run: server
 	./$(BUILD_DIR)/server/softkv-server --data ./softkv-data
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# The API reference from the public headers (Doxygen) into $(BUILD_DIR)/docs/html/index.html; fails on
+# any warning, such as a public entity without its doc comment.
+docs:
+	./scripts/install-deps.sh doxygen
+	mkdir -p $(BUILD_DIR)/docs
+	SOFTKV_DOCS_OUT=$(BUILD_DIR)/docs doxygen docs/Doxyfile
 
 # Benchmarks side by side with their peers; writes bench/results/RESULTS.md (minutes, not a test).
 bench: deps

@@ -41,16 +41,16 @@ int main(int argc, char** argv) {
   app.add_option("--host", config.host, "bind address")->capture_default_str();
   app.add_option("--port", config.port, "port (0: any free port)")->capture_default_str();
   app.add_option("--port-file", config.port_file,
-                 "once listening, write the bound port to this file (with --port 0: how a script learns the port without a race)");
+                 "once listening, write the bound port to this file (with --port 0: how a script learns the port without a race; default: none)");
   app.add_option("--threads", config.io_threads, "I/O threads")->capture_default_str();
   app.add_option("--workers", config.workers, "request threads (0: 64; they mostly wait, the scan pool computes)")->capture_default_str();
   std::string coalesce = "on";
   app.add_option("--coalesce", coalesce, "concurrent single queries (sharded server: also batches) on a collection share one pass (on | off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  app.add_option("--fsync", fsync, "always | everysec | never")->check(CLI::IsMember({"always", "everysec", "never"}))->capture_default_str();
-  app.add_option("--auth-token-file", token_file, "file holding the auth token clients must send");
-  app.add_flag("--insecure", config.insecure, "allow a non-loopback bind without a token");
+  app.add_option("--fsync", fsync, "when writes reach the disk: always (before each reply), everysec (at most 1 s of writes lost on power loss), never (the OS decides)")->check(CLI::IsMember({"always", "everysec", "never"}))->capture_default_str();
+  app.add_option("--auth-token-file", token_file, "file holding the auth token clients must send (default: none, no auth)");
+  app.add_flag("--insecure", config.insecure, "allow a non-loopback bind without a token (default: off)");
   app.add_option("--max-frame", config.max_frame, "largest frame in bytes")->capture_default_str();
   app.add_option("--max-connections", config.max_connections,
                  "connection limit (lowered to fit under the file-descriptor limit, keeping 1/8 of it, at least 32, for files)")
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   app.add_option("--reply-deadline", reply_s, "seconds a client may take to read a reply before it is disconnected")->capture_default_str();
   app.add_option("--snapshot-after-mb", snapshot_mb, "log megabytes between background snapshots (0: never)")->capture_default_str();
   app.add_flag("--repair", repair,
-               "start even if a log record is corrupt: keep the records before it, set the later log segments aside as "
+               "(default: off) start even if a log record is corrupt: keep the records before it, set the later log segments aside as "
                "*.corrupt (their writes are lost) and log what was kept; cannot bridge a missing log segment or a damaged snapshot");
   CLI11_PARSE(app, argc, argv);
   config.max_pending_bytes = static_cast<std::size_t>(pending_mb) << 20;

@@ -79,17 +79,18 @@ int main(int argc, char** argv) {
   std::string token_file;
   app.add_option("--host", options.host, "server address")->capture_default_str();
   app.add_option("--port", options.port, "server port")->capture_default_str();
-  app.add_option("--auth-token-file", token_file, "file holding the server's auth token");
+  app.add_option("--auth-token-file", token_file, "file holding the server's auth token (default: none, no token sent)");
 
   std::string name;
   auto* create = app.add_subcommand("create", "create a collection");
+  create->footer("example: softkv create animals --dim 4 --value-dim 2 --index ivf");
   std::size_t dim = 0, value_dim = 0;
   std::string metric = "dot", index = "exact";
-  create->add_option("name", name)->required();
+  create->add_option("name", name, "collection name")->required();
   create->add_option("--dim", dim, "key dimension")->required();
   create->add_option("--value-dim", value_dim, "value dimension")->required();
-  create->add_option("--metric", metric)->check(CLI::IsMember({"dot", "cosine"}))->capture_default_str();
-  create->add_option("--index", index)->check(CLI::IsMember({"exact", "flat", "hnsw", "ivf", "automatic"}))->capture_default_str();
+  create->add_option("--metric", metric, "dot (q·k) or cosine (keys and queries normalised)")->check(CLI::IsMember({"dot", "cosine"}))->capture_default_str();
+  create->add_option("--index", index, "pruning index for --top-k / --epsilon queries (exact: none)")->check(CLI::IsMember({"exact", "flat", "hnsw", "ivf", "automatic"}))->capture_default_str();
   // Compact storage (README, "Compact storage"): needs a server that speaks protocol version 2.
   std::string key_precision = "f32", value_precision = "f32";
   create->add_option("--key-precision", key_precision, "how keys are stored")->check(CLI::IsMember({"f32", "f16", "bf16", "i8"}))->capture_default_str();
@@ -99,9 +100,10 @@ int main(int argc, char** argv) {
   create->add_option("--heads", heads, "attention heads (1..1024, dividing --dim and --value-dim)")->capture_default_str();
 
   auto* load = app.add_subcommand("load", "add rows from key and value files (.npy or .fvecs)");
+  load->footer("example: softkv load animals --keys keys.npy --values values.npy");
   std::string keys_file, values_file;
   std::size_t batch = 10000;
-  load->add_option("name", name)->required();
+  load->add_option("name", name, "collection name")->required();
   load->add_option("--keys", keys_file, "n x d keys")->required()->check(CLI::ExistingFile);
   load->add_option("--values", values_file, "n x dv values")->required()->check(CLI::ExistingFile);
   load->add_option("--batch", batch, "rows per request")->capture_default_str();
@@ -109,27 +111,30 @@ int main(int argc, char** argv) {
   load->add_option("--tag", load_tag, "tag every loaded row with this u64 (default 0)");
 
   auto* query = app.add_subcommand("query", "soft (default) or hard retrieval");
+  query->footer("examples: softkv query animals --query 0.3,0.9,1,0 --temperature 0.5\n"
+                "          softkv query animals --query 0.3,0.9,1,0 --hard\n"
+                "          softkv query big --queries q.npy --epsilon 0.01 --out answers.npy");
   std::string inline_query, queries_file, out_file;
   bool hard = false, exact = false;
   softkv::QueryOptions qo;
   std::optional<float> temperature, scale, epsilon;
   std::optional<std::size_t> top_k;
   std::size_t top_m = 5;
-  query->add_option("name", name)->required();
-  query->add_option("--query", inline_query, "one query as comma-separated floats");
-  query->add_option("--queries", queries_file, "B x d queries (.npy or .fvecs)")->check(CLI::ExistingFile);
-  query->add_flag("--hard", hard, "hard retrieval (argmax) instead of soft");
-  query->add_option("--temperature", temperature);
-  query->add_option("--scale", scale);
+  query->add_option("name", name, "collection name")->required();
+  query->add_option("--query", inline_query, "one query as comma-separated floats (default: none; give this or --queries)");
+  query->add_option("--queries", queries_file, "B x d queries (.npy or .fvecs; default: none; give this or --query)")->check(CLI::ExistingFile);
+  query->add_flag("--hard", hard, "hard retrieval (argmax) instead of soft (default: soft)");
+  query->add_option("--temperature", temperature, "T > 0: scores q·k / (sqrt(d)·T) (default: the collection's scale, 1/sqrt(d))");
+  query->add_option("--scale", scale, "score factor instead of 1/(sqrt(d)·T), finite and > 0 (exclusive with --temperature; default: 1/(sqrt(d)·T))");
   query->add_option("--top-m", top_m, "contributors to show (soft)")->capture_default_str();
-  query->add_option("--top-k", top_k, "prune to k candidates (needs an index)");
-  query->add_option("--epsilon", epsilon, "adaptive pruning target");
-  query->add_flag("--exact", exact, "hard: scan every key even with an index");
-  query->add_option("--out", out_file, "write the answers as a B x dv float32 .npy");
+  query->add_option("--top-k", top_k, "prune to the k best keys (needs an index; default: no pruning)");
+  query->add_option("--epsilon", epsilon, "adaptive pruning: stop once the dropped weight is <= this (needs an index; default: none)");
+  query->add_flag("--exact", exact, "hard: scan every key even with an index (default: off, hard queries use the index)");
+  query->add_option("--out", out_file, "write the answers as a B x dv float32 .npy (default: print them)");
   std::string mask_tags, mask_range, mask_exclude;
-  query->add_option("--tags", mask_tags, "mask: only entries with one of these tags (comma-separated)");
-  query->add_option("--tag-range", mask_range, "mask: only entries with lo <= tag <= hi, given as lo,hi");
-  query->add_option("--exclude", mask_exclude, "mask: never these ids (comma-separated)");
+  query->add_option("--tags", mask_tags, "mask: only entries with one of these tags (comma-separated; default: any tag)");
+  query->add_option("--tag-range", mask_range, "mask: only entries with lo <= tag <= hi, given as lo,hi (default: any tag)");
+  query->add_option("--exclude", mask_exclude, "mask: never these ids (comma-separated; default: none)");
   // Iterative (Hopfield) retrieval: soft, dv == d, protocol version 2.
   std::size_t iterations = 1;
   float tolerance = 0.0f;
@@ -137,11 +142,15 @@ int main(int argc, char** argv) {
   query->add_option("--tolerance", tolerance, "stop iterating once the relative change is <= this")->capture_default_str();
 
   auto* list = app.add_subcommand("list", "collection names");
+  list->footer("example: softkv list");
   auto* stats = app.add_subcommand("stats", "server statistics, or a collection's with a name");
-  stats->add_option("name", name);
+  stats->add_option("name", name, "collection name (default: the server's statistics)");
+  stats->footer("examples: softkv stats\n          softkv stats animals");
   auto* snapshot = app.add_subcommand("snapshot", "write a snapshot now");
+  snapshot->footer("example: softkv snapshot");
   auto* drop = app.add_subcommand("drop", "drop a collection");
-  drop->add_option("name", name)->required();
+  drop->add_option("name", name, "collection name")->required();
+  drop->footer("example: softkv drop animals");
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -1,0 +1,23 @@
+# Runs `hard_vs_soft --svg` (the README's picture, docs/img/hard_to_soft.svg) and checks what it drew:
+# six weight curves, the first key (cat, the hard answer) at weight 1 at T = 1e-3, and every key near
+# the uniform 1/6 at T = 100 (y = 30 + (1 - w) * 230 for weight w: 1/6 is y = 221.7).
+execute_process(COMMAND ${EXAMPLE} --svg ${OUT} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "hard_vs_soft --svg exited with ${rc}")
+endif()
+file(READ ${OUT} svg)
+string(REGEX MATCHALL "<polyline points=\"50\\.0,[0-9.]+ [^\"]*530\\.0,[0-9.]+\"" curves "${svg}")
+list(LENGTH curves n)
+if(NOT n EQUAL 6)
+  message(FATAL_ERROR "expected 6 weight curves from T = 1e-3 to 1e2, found ${n}")
+endif()
+list(GET curves 0 cat)
+if(NOT cat MATCHES "^<polyline points=\"50\\.0,30\\.0 ")
+  message(FATAL_ERROR "the hard answer (cat) does not hold all the weight at T = 1e-3: ${cat}")
+endif()
+foreach(curve IN LISTS curves)
+  string(REGEX MATCH "530\\.0,([0-9.]+)\"$" end "${curve}")
+  if(CMAKE_MATCH_1 LESS 216 OR CMAKE_MATCH_1 GREATER 227)
+    message(FATAL_ERROR "a key's weight at T = 100 is not near 1/6 (y = ${CMAKE_MATCH_1}, expected 216..227)")
+  endif()
+endforeach()
