@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   const double soft_acc = soft_accuracy(exact, test, 0, test.size(), best_scale);
   const double t_soft = seconds_since(t0);
   std::printf("%-40s %8.2f%% %13.3f\n", "exact soft", 100 * soft_acc, 1e3 * t_soft / test.size());
-  // Compact storage (README, "Compact storage"): the same batched query over keys stored in fewer
+  // Compact storage (docs/PRECISION.md, "Compact storage"): the same batched query over keys stored in fewer
   // bytes (the one-hot values are exact at any precision).
   const struct { const char* label; softkv::Precision keys; } compact[] = {
       {"exact soft, f16 keys, f16 values", softkv::Precision::f16}, {"exact soft, bf16 keys, f16 values", softkv::Precision::bf16},

@@ -27,7 +27,7 @@ inline constexpr std::size_t kMaxShardedBatch = 64;
 /// the only thread of the job's processes on rank 0 that calls MPI). With coalescing on, a query that
 /// every shard answers in one pass takes along the queued queries with the same collection, kind and
 /// options (up to kMaxShardedBatch queries): one broadcast, one pass over each shard, one reduction,
-/// and each client gets its own slice of the answer (README, "The sharded server").
+/// and each client gets its own slice of the answer (docs/SHARDING.md, "The sharded server").
 /// Thread safety: forward() and close() from any thread; run() on the MPI thread only.
 class Dispatcher final : public RequestForwarder {
  public:

@@ -1,11 +1,12 @@
 // One rank of the sharded server: a request run on every rank together (each rank's share of it on
-// its own Database), and the commit protocol of writes over several shards (README, "The sharded server").
+// its own Database), and the commit protocol of writes over several shards (docs/SHARDING.md, "The sharded server").
 #include "shard.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -55,20 +56,70 @@ void write_file(const fs::path& path, std::span<const std::byte> bytes, bool syn
 
 }  // namespace
 
-CommitLog::CommitLog(const fs::path& path, bool sync) : sync_(sync) {
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(ErrorCode::io_error, "cannot open " + path.string() + ": " + std::strerror(errno));
-  std::uint64_t slots[4] = {};
-  const ssize_t n = ::pread(fd_, slots, sizeof(slots), 0);
-  for (int i = 0; i < 2 && n >= (i + 1) * 16; ++i)
-    if (slots[2 * i + 1] == check_word(slots[2 * i])) last_ = std::max(last_, slots[2 * i]);
+namespace {
+
+constexpr char kCommitMagic[16] = "softkv-commits1";  // 15 characters and the terminating zero
+constexpr std::size_t kCommitBytes = 48;              // header, two slots
+
+// The commit log as create() writes it: header, slots {0, check_word(0)} twice, or slots {last, ...}.
+std::array<std::uint64_t, 6> commit_image(std::uint64_t a, std::uint64_t b) {
+  std::array<std::uint64_t, 6> words{};
+  std::memcpy(words.data(), kCommitMagic, sizeof kCommitMagic);
+  words[2] = a;
+  words[3] = check_word(a);
+  words[4] = b;
+  words[5] = check_word(b);
+  return words;
+}
+
+}  // namespace
+
+void CommitLog::create(const fs::path& path) {
+  const auto image = commit_image(0, 0);
+  write_file(path, std::as_bytes(std::span(image)), true);
+}
+
+CommitLog::CommitLog(const fs::path& path, bool sync, bool legacy) : sync_(sync) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC | (legacy ? O_CREAT : 0), 0644);
+  if (fd_ < 0) {
+    const int err = errno;
+    throw Error(err == ENOENT ? ErrorCode::invalid_argument : ErrorCode::io_error,
+                err == ENOENT ? path.string() + " (the commit log of cross-shard writes) is missing: restore the whole job directory "
+                                                "from one backup (docs/SHARDING.md)"
+                              : "cannot open " + path.string() + ": " + std::strerror(err));
+  }
+  std::uint64_t words[6] = {};
+  const ssize_t n = ::pread(fd_, words, sizeof(words), 0);
+  const auto fail = [&](const std::string& why) {
+    ::close(fd_);
+    throw Error(ErrorCode::corrupt_file, path.string() + " (the commit log of cross-shard writes) " + why);
+  };
+  if (legacy) {  // two slots from offset 0 (a file shorter than a slot: nothing was committed)
+    for (int i = 0; i < 2 && n >= (i + 1) * 16; ++i)
+      if (words[2 * i + 1] == check_word(words[2 * i])) last_ = std::max(last_, words[2 * i]);
+    const auto image = commit_image(last_, last_);
+    if (::pwrite(fd_, image.data(), kCommitBytes, 0) != static_cast<ssize_t>(kCommitBytes) || ::fdatasync(fd_) != 0) {
+      ::close(fd_);
+      throw Error(ErrorCode::io_error, "cannot rewrite " + path.string() + ": " + std::strerror(errno));
+    }
+    return;
+  }
+  if (n != static_cast<ssize_t>(kCommitBytes)) fail("has " + std::to_string(std::max<ssize_t>(n, 0)) + " bytes, not 48");
+  if (std::memcmp(words, kCommitMagic, sizeof kCommitMagic) != 0) fail("has a damaged header");
+  bool any = false;
+  for (int i = 1; i <= 2; ++i)
+    if (words[2 * i + 1] == check_word(words[2 * i])) {
+      last_ = std::max(last_, words[2 * i]);
+      any = true;
+    }
+  if (!any) fail("is damaged: neither slot holds a valid commit point");
 }
 
 CommitLog::~CommitLog() { ::close(fd_); }
 
 void CommitLog::commit(std::uint64_t txn) {
   const std::uint64_t slot[2] = {txn, check_word(txn)};
-  if (::pwrite(fd_, slot, sizeof(slot), static_cast<off_t>((txn % 2) * sizeof(slot))) != static_cast<ssize_t>(sizeof(slot)) ||
+  if (::pwrite(fd_, slot, sizeof(slot), static_cast<off_t>(sizeof(kCommitMagic) + (txn % 2) * sizeof(slot))) != static_cast<ssize_t>(sizeof(slot)) ||
       (sync_ && ::fdatasync(fd_) != 0))
     throw Error(ErrorCode::io_error, std::string("cannot record a commit point in the commit log: ") + std::strerror(errno));
   last_ = txn;

@@ -18,16 +18,22 @@
 
 namespace softkv::server {
 
-// Rank 0's record of the last committed cross-shard write: DIR/commits, two 16-byte slots (the
-// transaction number and a check word) written alternately, so that a torn write spoils only the
-// slot being written and the other still holds the previous commit.
+// Rank 0's record of the last committed cross-shard write: DIR/commits, a 16-byte header then two
+// 16-byte slots (the transaction number and a check word) written alternately, so that a torn write
+// spoils only the slot being written and the other still holds the previous commit.
 class CommitLog {
  public:
-  // Opens (creating) path; sync: fdatasync every commit (--fsync always).
-  CommitLog(const std::filesystem::path& path, bool sync);
+  // Opens path, which create() made: throws Error(invalid_argument) when it is missing and
+  // Error(corrupt_file) when its header or both slots are damaged. legacy: the headerless format
+  // before job identities (created on first use), rewritten in this format; sync: fdatasync every
+  // commit (--fsync always).
+  CommitLog(const std::filesystem::path& path, bool sync, bool legacy = false);
   ~CommitLog();
   CommitLog(const CommitLog&) = delete;
   CommitLog& operator=(const CommitLog&) = delete;
+
+  // Writes an empty commit log (no commit yet) to path, on stable storage.
+  static void create(const std::filesystem::path& path);
 
   // The last committed transaction (0: none).
   [[nodiscard]] std::uint64_t last() const { return last_; }

@@ -33,9 +33,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool is_shard_dir(const std::string& name) {
-  if (name.rfind("shard-", 0) != 0 || name.size() == 6) return false;
-  return std::all_of(name.begin() + 6, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+// Each rank's count of logged writes (Database::last_sequence), gathered on rank 0 (empty elsewhere).
+std::vector<std::uint64_t> gather_applied(const Database& db, int rank, int size, MPI_Comm comm) {
+  std::uint64_t mine = db.last_sequence();
+  std::vector<std::uint64_t> all(rank == 0 ? static_cast<std::size_t>(size) : 0);
+  MPI_Gather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, 0, comm);
+  return all;
 }
 
 }  // namespace
@@ -45,58 +48,6 @@ std::size_t mpi_world_size() {
   if (size == nullptr) return 1;
   const long n = std::strtol(size, nullptr, 10);
   return n > 1 ? static_cast<std::size_t>(n) : 1;
-}
-
-void check_shard_count(const fs::path& dir, std::size_t ranks) {
-  const fs::path file = dir / "shards";
-  std::error_code ec;
-  if (fs::exists(file, ec)) {
-    std::ifstream in(file);
-    std::size_t recorded = 0;
-    if (!(in >> recorded) || recorded < 2)
-      throw Error(ErrorCode::corrupt_file, file.string() + " does not hold a shard count");
-    if (ranks == 1)
-      throw Error(ErrorCode::invalid_argument, dir.string() + " is a sharded database of " + std::to_string(recorded) +
-                                                   " shards: start it with mpirun -np " + std::to_string(recorded) +
-                                                   " softkv-server --data " + dir.string());
-    if (recorded != ranks)
-      throw Error(ErrorCode::invalid_argument,
-                  dir.string() + " holds " + std::to_string(recorded) + " shards (" + file.string() + ") but this job has " +
-                      std::to_string(ranks) + " ranks: restart with mpirun -np " + std::to_string(recorded) +
-                      " (resharding, moving rows between shards, is not supported)");
-    return;
-  }
-  if (ranks == 1) return;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(ErrorCode::io_error, "cannot create " + dir.string() + ": " + ec.message());
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name == "LOCK" || name.rfind("wal-", 0) == 0 || name.rfind("snapshot", 0) == 0)
-      throw Error(ErrorCode::invalid_argument, dir.string() + " holds a single-process database (" + name +
-                                                   "); a sharded server needs its own directory");
-    if (is_shard_dir(name))
-      throw Error(ErrorCode::invalid_argument, dir.string() + " has shard directories but no " + file.string() +
-                                                   ": refusing to guess the shard count");
-  }
-  const fs::path tmp = dir / "shards.tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << ranks << "\n";
-    out.flush();
-    if (!out) throw Error(ErrorCode::io_error, "cannot write " + tmp.string());
-  }
-  const int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  fs::rename(tmp, file, ec);
-  if (ec) throw Error(ErrorCode::io_error, "cannot write " + file.string() + ": " + ec.message());
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
 }
 
 int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfig config, const int stop_pipe[2]) {
@@ -116,14 +67,18 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
     std::signal(SIGINT, SIG_IGN);
     std::signal(SIGTERM, SIG_IGN);
   }
-  // Rank 0 checks (and on first start records) the shard count; every rank learns the outcome.
+  // Rank 0 checks (and on first start creates) the job's manifest: shard count and job id; every rank
+  // learns the outcome and the manifest.
   detail::RootStatus status;
+  JobManifest job;
   if (rank == 0) {
     try {
       if (provided < MPI_THREAD_FUNNELED) throw Error(ErrorCode::unsupported, "the MPI library does not provide MPI_THREAD_FUNNELED");
-      check_shard_count(dir, static_cast<std::size_t>(size));
+      job = open_job(dir, static_cast<std::size_t>(size));
+    } catch (const Error& e) {
+      status = detail::status_of(e);
     } catch (const std::exception& e) {
-      status = detail::status_of(Error(ErrorCode::invalid_argument, e.what()));
+      status = detail::status_of(Error(ErrorCode::io_error, e.what()));
     }
   }
   MPI_Bcast(&status, sizeof(status), MPI_BYTE, 0, comm);
@@ -131,11 +86,26 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
     if (rank == 0) spdlog::error("{}", status.message);
     return finish(2);
   }
+  char id[33] = {};
+  std::copy(job.job.begin(), job.job.end(), id);
+  int flags[2] = {job.created ? 1 : 0, job.upgraded ? 1 : 0};
+  MPI_Bcast(id, sizeof(id), MPI_CHAR, 0, comm);
+  MPI_Bcast(flags, 2, MPI_INT, 0, comm);
+  job = {static_cast<std::size_t>(size), std::string(id, 32), flags[0] != 0, flags[1] != 0};
 
-  // Every rank opens its shard; the job starts only if all did.
+  // Every rank checks that its directory is this job's shard of its rank, then opens it; the job
+  // starts only if all did.
   std::unique_ptr<Database> db;
   const fs::path mine = dir / ("shard-" + std::to_string(rank));
   int failed = 0;
+  try {
+    check_shard_identity(dir, job, static_cast<std::size_t>(rank));
+  } catch (const std::exception& e) {
+    spdlog::error("shard {}: {}", rank, e.what());
+    failed = 2;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
+  if (failed != 0) return finish(failed);
   try {
     db = std::make_unique<Database>(mine, options);
   } catch (const std::exception& e) {
@@ -153,7 +123,7 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
   failed = 0;
   if (rank == 0) {
     try {
-      commits = std::make_unique<CommitLog>(dir / "commits", options.fsync == FsyncPolicy::always);
+      commits = std::make_unique<CommitLog>(dir / "commits", options.fsync == FsyncPolicy::always, job.upgraded);
       last_committed = commits->last();
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
@@ -176,6 +146,35 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
     if (rank == 0) spdlog::error("recovery of the cross-shard writes failed: {}", e.what());
     db.reset();
     return finish(1);
+  }
+  // Rank 0 compares every shard's logged writes with the progress record of the last start or stop:
+  // a shard behind it was restored from an older copy. Then it records where every shard is now.
+  {
+    const std::vector<std::uint64_t> applied = gather_applied(*db, rank, size, comm);
+    failed = 0;
+    if (rank == 0) {
+      try {
+        if (!job.created && !job.upgraded) {
+          for (const std::string& problem : behind_progress(read_progress(dir, job), applied)) {
+            if (options.repair) {
+              spdlog::warn("--repair: {}", problem);
+            } else {
+              spdlog::error("{}", problem);
+              failed = 2;
+            }
+          }
+        }
+        if (failed == 0) write_progress(dir, job, applied, true);
+      } catch (const std::exception& e) {
+        spdlog::error("{}", e.what());
+        failed = 2;
+      }
+    }
+    MPI_Bcast(&failed, 1, MPI_INT, 0, comm);
+    if (failed != 0) {
+      db.reset();
+      return finish(failed);
+    }
   }
 
   if (rank != 0) {
@@ -233,6 +232,16 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
   } catch (const std::exception& e) {
     spdlog::error("shard {}: the snapshot before exit failed: {}; the log is intact and the next start replays it", rank, e.what());
     snapshot_failed = 1;
+  }
+  // The progress record of this clean stop: where a restart must find every shard.
+  const std::vector<std::uint64_t> applied = gather_applied(*db, rank, size, comm);
+  if (rank == 0) {
+    try {
+      write_progress(dir, job, applied, true);
+    } catch (const std::exception& e) {
+      spdlog::error("the progress record could not be written: {}", e.what());
+      snapshot_failed = 1;
+    }
   }
   db.reset();
   MPI_Allreduce(MPI_IN_PLACE, &snapshot_failed, 1, MPI_INT, MPI_MAX, comm);

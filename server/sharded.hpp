@@ -1,8 +1,9 @@
-// The sharded server: `mpirun -np P softkv-server --data DIR` with P > 1 (README, "Running sharded").
+// The sharded server: `mpirun -np P softkv-server --data DIR` with P > 1 (docs/SHARDING.md, "The sharded server").
 #pragma once
 
 #include <filesystem>
 
+#include "job_files.hpp"
 #include "server.hpp"
 #include "softkv/database.hpp"
 
@@ -10,12 +11,6 @@ namespace softkv::server {
 
 /// The rank count mpirun gave this process (Open MPI's OMPI_COMM_WORLD_SIZE), 1 when not under mpirun.
 [[nodiscard]] std::size_t mpi_world_size();
-
-/// Checks the shard count recorded in dir (the file dir/shards) against ranks, recording it when dir
-/// holds none yet; throws Error(invalid_argument) for a different count (resharding is not supported)
-/// or a directory holding a single-process database. ranks == 1 (a plain server) only checks that
-/// dir is not sharded.
-void check_shard_count(const std::filesystem::path& dir, std::size_t ranks);
 
 /// Runs this rank of a sharded server until rank 0 is stopped (a byte on stop_pipe[0], written by its
 /// SIGINT/SIGTERM handler; rank 0 writes stop_pipe[1] itself to end its waiting thread): initialises MPI (MPI_THREAD_FUNNELED), opens DIR/shard-<rank>, and on

@@ -91,11 +91,11 @@ int main(int argc, char** argv) {
   create->add_option("--value-dim", value_dim, "value dimension")->required();
   create->add_option("--metric", metric, "dot (q·k) or cosine (keys and queries normalised)")->check(CLI::IsMember({"dot", "cosine"}))->capture_default_str();
   create->add_option("--index", index, "pruning index for --top-k / --epsilon queries (exact: none)")->check(CLI::IsMember({"exact", "flat", "hnsw", "ivf", "automatic"}))->capture_default_str();
-  // Compact storage (README, "Compact storage"): needs a server that speaks protocol version 2.
+  // Compact storage (docs/PRECISION.md, "Compact storage"): needs a server that speaks protocol version 2.
   std::string key_precision = "f32", value_precision = "f32";
   create->add_option("--key-precision", key_precision, "how keys are stored")->check(CLI::IsMember({"f32", "f16", "bf16", "i8"}))->capture_default_str();
   create->add_option("--value-precision", value_precision, "how values are stored")->check(CLI::IsMember({"f32", "f16", "bf16"}))->capture_default_str();
-  // Multi-head (README, "Multi-head"): heads > 1 needs protocol version 2.
+  // Multi-head (docs/ATTENTION.md, "Multi-head"): heads > 1 needs protocol version 2.
   std::size_t heads = 1;
   create->add_option("--heads", heads, "attention heads (1..1024, dividing --dim and --value-dim)")->capture_default_str();
 

@@ -46,7 +46,7 @@ struct PruneScope {
   const std::vector<std::uint8_t>* flags = nullptr; ///< one byte per span row, 1 where eligible
 };
 
-/// Confidence of the sampled check's bound (README, "Sampled check").
+/// Confidence of the sampled check's bound (docs/PRUNING.md, "Sampled check").
 inline constexpr double kCheckConfidence = 0.95;
 
 /// The sampled check of an approximate index's candidates: scores `sample` rows drawn uniformly

@@ -253,7 +253,7 @@ TEST_CASE("every kernel path at every precision equals the float32 kernel on the
 }
 
 TEST_CASE("a compact collection answers within the documented bound of the float32 answer", "[precision]") {
-  // README, "Compact storage": per element, f16 rounds to 2^-11 relative, bf16 to 2^-8, i8 to
+  // docs/PRECISION.md, "Compact storage": per element, f16 rounds to 2^-11 relative, bf16 to 2^-8, i8 to
   // s/2 <= max|k|/127 absolute. Scores move by at most delta = scale * sum_j |q_j| |dk_j|; weights by a
   // factor within e^{+-2 delta}; the value by (e^{2 delta} - 1) max|v| plus the values' own rounding.
   const std::size_t n = 2000, d = 128, dv = 64;

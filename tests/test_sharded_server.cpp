@@ -397,7 +397,7 @@ TEST_CASE("sharded server answers as a single server and recovers every write af
     sharded.kill_group();
   }
   wait_unlocked(dir.path / "sharded", ranks);
-  CHECK(read_file(dir.path / "sharded" / "shards") == std::to_string(ranks) + "\n");
+  CHECK(read_file(dir.path / "sharded" / "shards").rfind("softkv sharded job\nversion 1\nshards " + std::to_string(ranks) + "\njob ", 0) == 0);
   for (std::size_t r = 0; r < ranks; ++r) CHECK(std::filesystem::is_directory(dir.path / "sharded" / ("shard-" + std::to_string(r))));
   {
     Pair pair(dir.path, ranks, "2");
@@ -418,6 +418,129 @@ TEST_CASE("sharded server answers as a single server and recovers every write af
     Job plain(dir.path / "sharded", 0, dir.path / "plain.log", /*wait_listening=*/false);
     CHECK(plain.wait() != 0);
     CHECK(read_file(dir.path / "plain.log").find("mpirun -np " + std::to_string(ranks)) != std::string::npos);
+  }
+}
+
+namespace {
+
+// Copies the job directory src to dst (every shard, the manifest, the progress record, the commit log).
+void copy_job(const std::filesystem::path& src, const std::filesystem::path& dst) {
+  std::filesystem::remove_all(dst);
+  std::filesystem::copy(src, dst, std::filesystem::copy_options::recursive);
+}
+
+// Starts a job on data that must refuse to start; its log, which must name the problem.
+std::string refused_start(const std::filesystem::path& data, std::size_t ranks, const std::filesystem::path& log) {
+  Job job(data, ranks, log, /*wait_listening=*/false);
+  const int status = job.wait();
+  CHECK(status != 0);
+  return read_file(log);
+}
+
+// Writes rows 0 .. n-1 (ids spread over every shard) with keys e_(id mod 4) and values id.
+void write_rows(Client& c, std::size_t first, std::size_t n) {
+  std::vector<std::uint64_t> ids(n);
+  std::vector<float> keys(n * 4, 0.0f), values(n * 2);
+  for (std::size_t i = 0; i < n; ++i) {
+    ids[i] = first + i;
+    keys[i * 4 + (first + i) % 4] = 1.0f;
+    values[i * 2] = values[i * 2 + 1] = static_cast<float>(first + i);
+  }
+  c.upsert("t", ids, keys, values);
+}
+
+}  // namespace
+
+TEST_CASE("sharded server refuses a job directory whose shards are not the job's: deleted, emptied, swapped, older, or its files damaged",
+          "[sharded_server][identity]") {
+  const std::size_t ranks = test_ranks();
+  test::TempDir dir;
+  const auto good = dir.path / "good", old_copy = dir.path / "old-shard-1", work = dir.path / "work";
+  {
+    Job job(good, ranks, dir.path / "first.log");
+    Client c(job.client());
+    c.create_collection("t", {4, 2});
+    write_rows(c, 0, 8 * ranks);
+    CHECK(job.stop_rank0() == 0);
+  }
+  for (std::size_t r = 0; r < ranks; ++r) {  // every shard knows its job, rank and the shard count
+    const std::string id = read_file(good / ("shard-" + std::to_string(r)) / "IDENTITY");
+    CHECK(id.find("rank " + std::to_string(r) + "\nshards " + std::to_string(ranks) + "\n") != std::string::npos);
+  }
+  std::filesystem::copy(good / "shard-1", old_copy, std::filesystem::copy_options::recursive);
+  {  // more writes after the copy, then a clean stop records how far every shard got
+    Job job(good, ranks, dir.path / "second.log");
+    Client c(job.client());
+    write_rows(c, 8 * ranks, 8 * ranks);
+    CHECK(job.stop_rank0() == 0);
+  }
+  const auto expect_refused = [&](const std::string& what, const std::string& needle) {
+    INFO(what);
+    const std::string log = refused_start(work, ranks, dir.path / "refused.log");
+    INFO(log);
+    CHECK(log.find(needle) != std::string::npos);
+  };
+  const std::string last = "shard-" + std::to_string(ranks - 1);
+  copy_job(good, work);
+  std::filesystem::remove_all(work / last);
+  expect_refused("a deleted shard", "shard " + std::to_string(ranks - 1) + " (" + (work / last).string() + ") has no IDENTITY file");
+  copy_job(good, work);
+  for (const auto& e : std::filesystem::directory_iterator(work / last)) std::filesystem::remove_all(e.path());
+  expect_refused("an emptied shard", "has no IDENTITY file");
+  copy_job(good, work);
+  std::filesystem::rename(work / "shard-0", work / "swap");
+  std::filesystem::rename(work / "shard-1", work / "shard-0");
+  std::filesystem::rename(work / "swap", work / "shard-1");
+  expect_refused("swapped shards", "holds this job's shard 1: shard directories were swapped");
+  copy_job(good, work);
+  std::filesystem::remove_all(work / "shard-1");
+  std::filesystem::copy(old_copy, work / "shard-1", std::filesystem::copy_options::recursive);
+  expect_refused("a shard restored from an older copy", "shard 1 has applied");
+  copy_job(good, work);
+  std::filesystem::remove(work / "commits");
+  expect_refused("a deleted commit log", "commits (the commit log of cross-shard writes) is missing");
+  copy_job(good, work);
+  {
+    const auto size = std::filesystem::file_size(work / "commits");
+    std::ofstream(work / "commits", std::ios::binary | std::ios::trunc) << std::string(size, '\xA5');
+  }
+  expect_refused("a commit log with every byte damaged", "commit log of cross-shard writes) has a damaged header");
+  copy_job(good, work);
+  std::filesystem::resize_file(work / "commits", 20);
+  expect_refused("a truncated commit log", "has 20 bytes, not 48");
+  for (const char* file : {"shards", "progress"}) {
+    copy_job(good, work);
+    std::string text = read_file(work / file);
+    text[text.find('\n') + 3] ^= 1;
+    std::ofstream(work / file, std::ios::binary | std::ios::trunc) << text;
+    expect_refused(std::string("a damaged ") + file, "is damaged (its CRC-32 does not match)");
+  }
+  copy_job(good, work);
+  std::filesystem::remove(work / "progress");
+  expect_refused("a deleted progress record", "progress is missing");
+  copy_job(good, work);
+  std::filesystem::remove(work / "shards");
+  expect_refused("a deleted manifest", "but no " + (work / "shards").string());
+  {  // the untouched directory starts and serves every row
+    Job job(good, ranks, dir.path / "third.log");
+    Client c(job.client());
+    CHECK(c.describe("t").size == 16 * ranks);
+    CHECK(c.get("t", 16 * ranks - 1).value == std::vector<float>{static_cast<float>(16 * ranks - 1), static_cast<float>(16 * ranks - 1)});
+    CHECK(job.stop_rank0() == 0);
+  }
+  {  // a directory of the format before identities (a bare count, a headerless commit log) is upgraded
+    copy_job(good, work);
+    std::ofstream(work / "shards", std::ios::trunc) << ranks << "\n";
+    std::filesystem::remove(work / "progress");
+    for (std::size_t r = 0; r < ranks; ++r) std::filesystem::remove(work / ("shard-" + std::to_string(r)) / "IDENTITY");
+    std::filesystem::resize_file(work / "commits", 0);
+    Job job(work, ranks, dir.path / "upgrade.log");
+    Client c(job.client());
+    CHECK(c.describe("t").size == 16 * ranks);
+    CHECK(job.stop_rank0() == 0);
+    CHECK(read_file(work / "shards").rfind("softkv sharded job\n", 0) == 0);
+    for (std::size_t r = 0; r < ranks; ++r) CHECK(std::filesystem::exists(work / ("shard-" + std::to_string(r)) / "IDENTITY"));
+    CHECK(std::filesystem::file_size(work / "commits") == 48);
   }
 }
 

@@ -111,7 +111,7 @@ struct QueryOptions {
 
   // ---- masks: which entries the query may see (all given fields must hold: AND). A masked entry is
   // as if absent: no weight, never a contributor or the hard answer, not counted in the tail bound's N.
-  // No eligible entry is Error(empty_collection). README "Masks" says how masked scans are run.
+  // No eligible entry is Error(empty_collection). docs/ATTENTION.md, "Masks", says how masked scans are run.
   /// Most tags tags_any may hold.
   static constexpr std::size_t kMaxTagsAny = 1024;
   /// Most ids exclude_ids may hold.
@@ -123,7 +123,7 @@ struct QueryOptions {
   /// Drop the entries with these ids (ids no entry has are ignored). At most kMaxExcludeIds.
   std::vector<std::uint64_t> exclude_ids;
 
-  // ---- iterative (Hopfield) retrieval: soft queries only, dv == d. README "Iterative retrieval".
+  // ---- iterative (Hopfield) retrieval: soft queries only, dv == d. docs/ATTENTION.md, "Iterative (Hopfield) retrieval".
   /// Most iterations a query may ask for.
   static constexpr std::size_t kMaxIterations = 1000;
   /// Passes at most (1 .. kMaxIterations): after each, the blended value becomes the next query

@@ -6,7 +6,7 @@
 namespace softkv {
 
 /// How a collection stores keys or values (inputs and queries are float32 either way; scores
-/// accumulate in float32). README.md, "Compact storage", gives each one's error bound.
+/// accumulate in float32). docs/PRECISION.md, "Compact storage", gives each one's error bound.
 enum class Precision : std::uint8_t {
   f32 = 0,   ///< IEEE binary32, as given (the default)
   f16 = 1,   ///< IEEE binary16: 11-bit significand, |x| <= 65504 (larger is an error at the write)

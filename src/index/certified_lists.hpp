@@ -1,5 +1,5 @@
 // Certified inverted lists (softkv's IVF): lists of keys with an upper bound on q.k for every member,
-// so a query stops visiting lists with a proof (docs/PRUNING.md, "Certified IVF").
+// so a query stops visiting lists with a proof (docs/PRUNING.md, "Certified inverted lists").
 #pragma once
 
 #include <cstddef>

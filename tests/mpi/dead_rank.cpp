@@ -1,5 +1,5 @@
 // dead_rank: the last rank kills itself with SIGKILL while the others wait in a sharded query. MPI's
-// failure model (README, Running sharded): the job ends and mpirun exits non-zero; nothing hangs.
+// failure model (docs/SHARDING.md, "Running sharded"): the job ends and mpirun exits non-zero; nothing hangs.
 #include <mpi.h>
 
 #include <csignal>

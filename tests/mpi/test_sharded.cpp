@@ -385,7 +385,7 @@ TEST_CASE("sharded: a rank whose every row scores below -FLT_MAX sits the query 
     CHECK(got.candidates < 96);  // the pruned path ran
   }
   // Contributors beyond the representable rows: one collection lists the rows below -FLT_MAX with
-  // score -inf and weight 0; a rank that sat out lists none of its own (README, sharding).
+  // score -inf and weight 0; a rank that sat out lists none of its own (docs/SHARDING.md, "Running sharded").
   o.top_m = 96;
   const SoftResult all = p.sharded.query_soft(at_root(one), o);
   const SoftResult all_want = p.whole.query_soft(one, o);

@@ -1,0 +1,233 @@
+// The sharded server's manifest, shard identities and progress record (job_files.hpp).
+#include "job_files.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "codec/crc32.hpp"
+#include "shard.hpp"
+#include "softkv/error.hpp"
+
+namespace softkv::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+using Fields = std::multimap<std::string, std::string>;
+
+std::string crc_hex(const std::string& body) {
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", detail::crc32_of(std::as_bytes(std::span(body.data(), body.size()))));
+  return hex;
+}
+
+void sync_path(const fs::path& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Writes "body" + "crc32 <hex of body>\n" to path whole (a temporary file renamed over it).
+void write_checked(const fs::path& path, const std::string& body, bool sync) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
+    out << body << "crc32 " << crc_hex(body) << "\n";
+    out.flush();
+    if (!out) throw Error(ErrorCode::io_error, "cannot write " + tmp.string());
+  }
+  if (sync) sync_path(tmp, O_RDONLY);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw Error(ErrorCode::io_error, "cannot write " + path.string() + ": " + ec.message());
+  if (sync) sync_path(path.parent_path(), O_RDONLY | O_DIRECTORY);
+}
+
+// The "key value" lines of a file written by write_checked, its CRC line checked.
+Fields read_checked(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorCode::invalid_argument, path.string() + " is missing");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::size_t at = text.rfind("crc32 ");
+  if (at == std::string::npos || (at != 0 && text[at - 1] != '\n') || text.substr(at + 6) != crc_hex(text.substr(0, at)) + "\n")
+    throw Error(ErrorCode::corrupt_file, path.string() + " is damaged (its CRC-32 does not match): restore the job directory from a backup");
+  Fields fields;
+  std::istringstream lines(text.substr(0, at));
+  for (std::string line; std::getline(lines, line);) {
+    const std::size_t space = line.find(' ');
+    fields.emplace(line.substr(0, space), space == std::string::npos ? "" : line.substr(space + 1));
+  }
+  return fields;
+}
+
+std::string field(const Fields& fields, const std::string& key, const fs::path& path) {
+  const auto it = fields.find(key);
+  if (it == fields.end()) throw Error(ErrorCode::corrupt_file, path.string() + " has no '" + key + "' line");
+  return it->second;
+}
+
+std::uint64_t number(const Fields& fields, const std::string& key, const fs::path& path) {
+  const std::string text = field(fields, key, path);
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0) throw Error(ErrorCode::corrupt_file, path.string() + ": '" + key + "' is not a number");
+  return v;
+}
+
+std::string new_job_id() {
+  std::random_device device;
+  std::string id;
+  for (int i = 0; i < 4; ++i) {
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08x", device());
+    id += hex;
+  }
+  return id;
+}
+
+bool is_shard_dir(const std::string& name) {
+  if (name.rfind("shard-", 0) != 0 || name.size() == 6) return false;
+  return std::all_of(name.begin() + 6, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
+fs::path shard_dir(const fs::path& dir, std::size_t rank) { return dir / ("shard-" + std::to_string(rank)); }
+
+const char* const kManifestHead = "softkv sharded job\nversion 1\n";
+const char* const kRestoreHint = "restore the whole job directory (every shard-R, shards, progress, commits) from one backup: docs/SHARDING.md";
+
+}  // namespace
+
+void check_not_sharded(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path file = dir / "shards";
+  if (!fs::exists(file, ec)) return;
+  std::ifstream in(file);
+  std::string first;
+  std::getline(in, first);
+  std::size_t recorded = 0;
+  if (first == "softkv sharded job") {
+    recorded = static_cast<std::size_t>(number(read_checked(file), "shards", file));
+  } else {
+    std::istringstream(first) >> recorded;
+  }
+  throw Error(ErrorCode::invalid_argument, dir.string() + " is a sharded database of " + std::to_string(recorded) +
+                                               " shards: start it with mpirun -np " + std::to_string(recorded) +
+                                               " softkv-server --data " + dir.string());
+}
+
+JobManifest open_job(const fs::path& dir, std::size_t ranks) {
+  const fs::path file = dir / "shards";
+  std::error_code ec;
+  JobManifest job;
+  if (fs::exists(file, ec)) {
+    std::ifstream in(file);
+    std::string first;
+    std::getline(in, first);
+    if (first == "softkv sharded job") {
+      const Fields f = read_checked(file);
+      if (number(f, "version", file) != 1) throw Error(ErrorCode::corrupt_file, file.string() + " has a version this softkv does not know");
+      job.shards = static_cast<std::size_t>(number(f, "shards", file));
+      job.job = field(f, "job", file);
+      if (job.shards < 2 || job.job.size() != 32) throw Error(ErrorCode::corrupt_file, file.string() + " does not describe a sharded job");
+    } else {  // the format before identities: the count alone
+      std::istringstream line(first);
+      if (!(line >> job.shards) || job.shards < 2) throw Error(ErrorCode::corrupt_file, file.string() + " does not hold a shard count");
+      job.upgraded = true;
+      job.job = new_job_id();
+    }
+    if (job.shards != ranks)
+      throw Error(ErrorCode::invalid_argument,
+                  dir.string() + " holds " + std::to_string(job.shards) + " shards (" + file.string() + ") but this job has " +
+                      std::to_string(ranks) + " ranks: restart with mpirun -np " + std::to_string(job.shards) +
+                      " (resharding, moving rows between shards, is not supported)");
+    if (job.upgraded) {  // identities come next (check_shard_identity); the progress record is written after the start
+      write_checked(file, kManifestHead + ("shards " + std::to_string(job.shards) + "\njob " + job.job + "\n"), true);
+    }
+    return job;
+  }
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(ErrorCode::io_error, "cannot create " + dir.string() + ": " + ec.message());
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "LOCK" || name.rfind("wal-", 0) == 0 || name.rfind("snapshot", 0) == 0)
+      throw Error(ErrorCode::invalid_argument, dir.string() + " holds a single-process database (" + name +
+                                                   "); a sharded server needs its own directory");
+    if (is_shard_dir(name) || name == "progress" || name == "commits")
+      throw Error(ErrorCode::invalid_argument, dir.string() + " holds " + name + " but no " + file.string() +
+                                                   " (the job's manifest): refusing to guess what it was; " + kRestoreHint);
+  }
+  job.shards = ranks;
+  job.job = new_job_id();
+  job.created = true;
+  write_progress(dir, job, std::vector<std::uint64_t>(ranks, 0), true);
+  CommitLog::create(dir / "commits");
+  write_checked(file, kManifestHead + ("shards " + std::to_string(ranks) + "\njob " + job.job + "\n"), true);  // the commit point
+  return job;
+}
+
+void check_shard_identity(const fs::path& dir, const JobManifest& job, std::size_t rank) {
+  const fs::path mine = shard_dir(dir, rank), file = mine / "IDENTITY";
+  const std::string body = "softkv shard\nversion 1\njob " + job.job + "\nrank " + std::to_string(rank) + "\nshards " +
+                           std::to_string(job.shards) + "\n";
+  std::error_code ec;
+  const bool present = fs::exists(file, ec);
+  if (!present && (job.created || job.upgraded)) {
+    fs::create_directories(mine, ec);
+    if (ec) throw Error(ErrorCode::io_error, "cannot create " + mine.string() + ": " + ec.message());
+    write_checked(file, body, true);
+    return;
+  }
+  const std::string name = "shard " + std::to_string(rank) + " (" + mine.string() + ")";
+  if (!present)
+    throw Error(ErrorCode::invalid_argument, name + " has no IDENTITY file: this job's shard " + std::to_string(rank) +
+                                                 " is missing, emptied or replaced, and serving without it would lose its rows; " +
+                                                 kRestoreHint);
+  const Fields f = read_checked(file);
+  if (field(f, "job", file) != job.job)
+    throw Error(ErrorCode::invalid_argument, name + " belongs to another job (" + field(f, "job", file) + ", not " + job.job + "); " +
+                                                 kRestoreHint);
+  const std::uint64_t r = number(f, "rank", file);
+  if (r != rank)
+    throw Error(ErrorCode::invalid_argument, name + " holds this job's shard " + std::to_string(r) +
+                                                 ": shard directories were swapped or renamed; move each back to shard-<its rank>");
+  if (number(f, "shards", file) != job.shards)
+    throw Error(ErrorCode::invalid_argument, name + " was written by a job of " + std::to_string(number(f, "shards", file)) + " shards");
+}
+
+std::vector<std::uint64_t> read_progress(const fs::path& dir, const JobManifest& job) {
+  const fs::path file = dir / "progress";
+  const Fields f = read_checked(file);
+  if (field(f, "job", file) != job.job) throw Error(ErrorCode::corrupt_file, file.string() + " belongs to another job; " + kRestoreHint);
+  std::vector<std::uint64_t> applied;
+  for (std::size_t r = 0; r < job.shards; ++r) applied.push_back(number(f, "shard-" + std::to_string(r), file));
+  return applied;
+}
+
+void write_progress(const fs::path& dir, const JobManifest& job, const std::vector<std::uint64_t>& applied, bool sync) {
+  std::string body = "softkv progress\nversion 1\njob " + job.job + "\n";
+  for (std::size_t r = 0; r < applied.size(); ++r) body += "shard-" + std::to_string(r) + " " + std::to_string(applied[r]) + "\n";
+  write_checked(dir / "progress", body, sync);
+}
+
+std::vector<std::string> behind_progress(const std::vector<std::uint64_t>& recorded, const std::vector<std::uint64_t>& applied) {
+  std::vector<std::string> out;
+  for (std::size_t r = 0; r < std::min(recorded.size(), applied.size()); ++r)
+    if (applied[r] < recorded[r])
+      out.push_back("shard " + std::to_string(r) + " has applied " + std::to_string(applied[r]) + " logged writes, but the job recorded " +
+                    std::to_string(recorded[r]) + " at its last start or stop: it was restored from an older copy or lost its log, "
+                    "and serving it would lose acknowledged writes; " + kRestoreHint);
+  return out;
+}
+
+}  // namespace softkv::server
