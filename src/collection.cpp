@@ -45,7 +45,7 @@ std::span<const float> Collection::Impl::prepare_keys(std::span<const float> key
                                                       std::string_view what) const {
   if (config_.metric != Metric::cosine) return keys;
   buffer.assign(keys.begin(), keys.end());
-  detail::normalise_rows(buffer, dim() / heads(), what);  // each head's slice on its own (one slice for h = 1)
+  detail::normalise_rows(buffer, dim(), what, heads());  // each head's slice on its own (one slice for h = 1)
   return buffer;
 }
 

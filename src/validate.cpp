@@ -39,7 +39,8 @@ std::size_t row_count(std::size_t size, std::size_t width, std::string_view what
   return size / width;
 }
 
-void normalise_rows(std::span<float> rows, std::size_t d, std::string_view what) {
+void normalise_rows(std::span<float> rows, std::size_t row_width, std::string_view what, std::size_t heads) {
+  const std::size_t d = row_width / heads;  // one slice per head
   for (std::size_t r = 0; r * d < rows.size(); ++r) {
     float* x = rows.data() + r * d;
     // Dividing by the largest |x| first keeps the squares in range whatever the row's magnitude
@@ -47,9 +48,17 @@ void normalise_rows(std::span<float> rows, std::size_t d, std::string_view what)
     // below ~3e-39 overflows even in double-then-float).
     double largest = 0.0;
     for (std::size_t i = 0; i < d; ++i) largest = std::max(largest, std::fabs(static_cast<double>(x[i])));
-    if (!(largest > 0.0))
+    if (!(largest > 0.0) && heads == 1)
       throw Error(ErrorCode::invalid_argument,
                   std::string(what) + " row " + std::to_string(r) + " is a zero vector: it has no direction for cosine");
+    if (!(largest > 0.0)) {
+      const std::size_t row = r / heads, head = r % heads;
+      throw Error(ErrorCode::invalid_argument,
+                  std::string(what) + " row " + std::to_string(row) + ": head " + std::to_string(head) + "'s slice (elements " +
+                      std::to_string(head * d) + " .. " + std::to_string((head + 1) * d - 1) +
+                      ") is all zero: a multi-head cosine collection normalises each head's slice on its own, so every "
+                      "slice needs a direction");
+    }
     double norm2 = 0.0;
     for (std::size_t i = 0; i < d; ++i) {
       const double y = static_cast<double>(x[i]) / largest;

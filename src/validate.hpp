@@ -21,11 +21,12 @@ void check_finite(std::span<const float> values, std::string_view what, std::siz
 /// Number of rows in a row-major matrix of width; throws Error(dimension_mismatch) if size % width != 0.
 std::size_t row_count(std::size_t size, std::size_t width, std::string_view what);
 
-/// Scales each of the rows (row-major, width d) to unit length in place. Works for every finite
+/// Scales each of the rows (row-major, width d) to unit length in place; with heads > 1, each row's
+/// h slices of d / h elements on their own (a multi-head cosine collection). Works for every finite
 /// row, however tiny or huge its elements (it divides by the largest |x| first, in double), so a
-/// normalised row is always finite. Throws Error(invalid_argument) naming `what` for a zero row:
-/// it has no direction.
-void normalise_rows(std::span<float> rows, std::size_t d, std::string_view what);
+/// normalised row is always finite. Throws Error(invalid_argument) naming `what`, the row and (with
+/// heads > 1) the head and its elements for a zero row or slice: it has no direction.
+void normalise_rows(std::span<float> rows, std::size_t d, std::string_view what, std::size_t heads = 1);
 
 /// normalise_rows as releases before 0.2 computed it (k * float(1 / sqrt(sum k^2 in double))), for
 /// replaying their log records bit for bit; rows where that overflows (norms below ~1e-38) take

@@ -117,6 +117,31 @@ TEST_CASE("a zero key or query has no direction under cosine", "[errors]") {
   expect_error(ErrorCode::invalid_argument, [&] { (void)c.query_soft(std::vector<float>{0, 0}); });
 }
 
+TEST_CASE("a multi-head cosine key or query with one zero head slice is refused, naming its row, head and elements", "[errors]") {
+  CollectionConfig config{6, 3, Metric::cosine, {}};
+  config.heads = 3;
+  Collection c(config);
+  // Two rows, the second with head 1's slice (elements 2 .. 3) zero: the message names row 1, not slice 4.
+  const std::vector<float> keys = {1, 0, 0, 1, 1, 1, /**/ 1, 2, 0, 0, 3, 4};
+  try {
+    (void)c.add_batch(keys, std::vector<float>(6, 1.0f));
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    const std::string m = e.what();
+    CHECK(m.find("key row 1: head 1's slice (elements 2 .. 3) is all zero") != std::string::npos);
+    CHECK(m.find("zero vector") == std::string::npos);  // the row itself is not zero
+  }
+  CHECK(c.size() == 0);  // nothing of the batch was added
+  c.add(std::vector<float>{1, 0, 0, 1, 1, 1}, std::vector<float>{1, 2, 3});
+  try {
+    (void)c.query_soft(std::vector<float>{0, 0, 1, 0, 1, 1});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("query row 0: head 0's slice (elements 0 .. 1) is all zero") != std::string::npos);
+  }
+}
+
 TEST_CASE("an error message keeps what follows a NUL byte in a name, written as an escape", "[errors]") {
   test::TempDir dir;
   Database db(dir.path);

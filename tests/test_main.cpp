@@ -1,3 +1,4 @@
-// The Catch2 runner for softkv's unit tests (compiled once, shared by every test file).
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// The Catch2 runner for softkv's unit tests (Catch2 itself is compiled once, in catch_impl.cpp).
+#include "catch_run.hpp"
+
+int main(int argc, char** argv) { return softkv::test::catch_run(argc, argv); }
