@@ -16,8 +16,10 @@ namespace {
 
 QueryOptions make_options(std::optional<double> temperature, std::optional<double> scale, long long top_m, long long threads,
                           std::optional<long long> top_k, std::optional<double> epsilon, long long ef_search,
-                          long long nprobe, long long check_sample, bool exact, long long iterations, double tolerance) {
+                          long long nprobe, long long check_sample, bool exact, long long iterations, double tolerance,
+                          std::optional<double> error_target) {
   QueryOptions o;
+  o.error_target = maybe_float(error_target);
   o.iterations = non_negative(iterations, "iterations");
   o.tolerance = static_cast<float>(tolerance);
   if (std::isfinite(tolerance) && !std::isfinite(o.tolerance)) o.tolerance = std::numeric_limits<float>::infinity();
@@ -81,6 +83,8 @@ py::object soft_answer(SoftResult&& r) {
   py::object out = types().soft(to_numpy(std::move(r.value)), r.lse, r.max_score, r.candidates, r.tail_bound,
                                 r.tail_bound_guaranteed, index_name(r.searched_with), contributors(r.top));
   out.attr("mask_filtered_after_search") = r.mask_filtered_after_search;
+  out.attr("rows_scored") = r.rows_scored;
+  out.attr("error_estimate") = r.error_estimate;
   set_heads(out, r);
   return out;
 }
@@ -120,8 +124,8 @@ py::object query_soft_batch(const CollectionView& self, py::handle queries, cons
   const std::vector<SoftResult> rows = run_query(self, batch_input(queries, self.dim()), Retrieval::soft, o).soft;
   const std::size_t nq = rows.size(), dv = self.value_dim();
   std::vector<float> values(nq * dv), max_score(nq);
-  std::vector<double> lse(nq), tail(nq);
-  std::vector<std::uint64_t> candidates(nq);
+  std::vector<double> lse(nq), tail(nq), error_estimate(nq);
+  std::vector<std::uint64_t> candidates(nq), rows_scored(nq);
   py::array_t<bool> guaranteed(static_cast<py::ssize_t>(nq)), filtered(static_cast<py::ssize_t>(nq));
   py::tuple searched(nq), top(nq);
   for (std::size_t i = 0; i < nq; ++i) {
@@ -129,6 +133,8 @@ py::object query_soft_batch(const CollectionView& self, py::handle queries, cons
     lse[i] = rows[i].lse;
     max_score[i] = rows[i].max_score;
     candidates[i] = rows[i].candidates;
+    rows_scored[i] = rows[i].rows_scored;
+    error_estimate[i] = rows[i].error_estimate;
     tail[i] = rows[i].tail_bound;
     guaranteed.mutable_at(i) = rows[i].tail_bound_guaranteed;
     filtered.mutable_at(i) = rows[i].mask_filtered_after_search;
@@ -156,7 +162,8 @@ py::object query_soft_batch(const CollectionView& self, py::handle queries, cons
                             to_numpy(std::move(lse)), to_numpy(std::move(max_score)), to_numpy(std::move(candidates)),
                             to_numpy(std::move(tail)), std::move(guaranteed), std::move(searched), std::move(top),
                             to_numpy(std::move(head_lse), shape), to_numpy(std::move(head_max), shape), std::move(head_top),
-                            to_numpy(std::move(iterations_run)), to_numpy(std::move(last_change)), std::move(filtered));
+                            to_numpy(std::move(iterations_run)), to_numpy(std::move(last_change)), std::move(filtered),
+                            to_numpy(std::move(rows_scored)), to_numpy(std::move(error_estimate)));
 }
 
 py::object query_hard_batch(const CollectionView& self, py::handle queries, const QueryOptions& o) {
@@ -192,9 +199,9 @@ void def_query(Class& cls, const char* name, Query query, const char* input, con
       [query](const CollectionView& self, py::handle q, std::optional<double> temperature, std::optional<double> scale,
               long long top_m, long long threads, std::optional<long long> top_k, std::optional<double> epsilon,
               long long ef_search, long long nprobe, long long check_sample, bool exact, py::handle tags_any,
-              py::handle tag_range, py::handle exclude, long long iterations, double tolerance) {
+              py::handle tag_range, py::handle exclude, long long iterations, double tolerance, std::optional<double> error_target) {
         QueryOptions o = make_options(temperature, scale, top_m, threads, top_k, epsilon, ef_search, nprobe, check_sample, exact,
-                                      iterations, tolerance);
+                                      iterations, tolerance, error_target);
         add_mask(o, tags_any, tag_range, exclude);
         return query(self, q, o);
       },
@@ -202,7 +209,7 @@ void def_query(Class& cls, const char* name, Query query, const char* input, con
       py::arg("threads") = 0, py::arg("top_k") = py::none(), py::arg("epsilon") = py::none(), py::arg("ef_search") = 64,
       py::arg("nprobe") = 16, py::arg("check_sample") = QueryOptions{}.check_sample, py::arg("exact") = false, py::arg("tags_any") = py::none(),
       py::arg("tag_range") = py::none(), py::arg("exclude") = py::none(), py::arg("iterations") = 1, py::arg("tolerance") = 0.0,
-      doc);
+      py::arg("error_target") = py::none(), doc);
 }
 
 template <class Class>
@@ -219,6 +226,8 @@ void def_queries(Class& cls) {
             "(1..1000) passes, the blended value becoming the next query (needs value_dim == dim) until the relative "
             "change is <= tolerance; the answer's iterations_run and last_change say how it ended. Multi-head "
             "collections answer head_lse, head_max_score and head_top per head (top_k/epsilon: softkv.Unsupported). "
+            "error_target=e (>= 0): an estimate within e of max ||v_i||_inf at 95% confidence from sampled rows "
+            "(answer fields rows_scored and error_estimate; docs/PRUNING.md, 'Estimated answers'). "
             "The GIL is released while it runs.");
   def_query(cls, "query_hard", query_hard, "query",
             "query_hard(query, *, ...) -> HardResult\n\nHard retrieval for one (d,) query: the value of argmax s_i "

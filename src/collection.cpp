@@ -92,6 +92,7 @@ void Collection::Impl::put(std::uint64_t id, const float* key, const float* valu
   }
   keys_.set(slot, key);
   values_.set(slot, value);
+  note_value(value);
   if (tags_[slot] != tag) zones_.set(slot, tag);
   tags_[slot] = tag;
   next_id_ = std::max(next_id_, id + 1);
@@ -228,9 +229,11 @@ std::string Collection::Impl::restore(CollectionImage image) {
   zones_.rebuild(tags_);
   keys_.resize(n);
   values_.resize(n);
+  value_max_ = 0;
   for (std::size_t r = 0; r < n; ++r) {
     keys_.set(r, rows.keys.data() + r * dim());
     values_.set(r, rows.values.data() + r * value_dim());
+    note_value(rows.values.data() + r * value_dim());
   }
   next_id_ = image.next_id;
   size_hint_.store(n, std::memory_order_relaxed);
@@ -327,7 +330,27 @@ std::size_t Collection::Impl::parts_for(const QueryOptions& options, std::size_t
   return detail::choose_parts(ids_.size(), floats_per_row, options.threads, detail::ThreadPool::shared().concurrency());
 }
 
+void Collection::Impl::note_value(const float* value) {
+  double largest = 0;
+  for (std::size_t i = 0; i < value_dim(); ++i) largest = std::max(largest, std::fabs(static_cast<double>(value[i])));
+  // As stored: f16 and bf16 round to nearest, at most 2^-8 of the value above it (an overflow is refused earlier).
+  value_max_ = std::max(value_max_, largest * (1 + 0x1p-8));
+}
+
 void Collection::Impl::check_pruning(const QueryOptions& options) const {
+  if (options.error_target) {
+    const float t = *options.error_target;
+    if (!(t >= 0.0f) || !std::isfinite(t))
+      throw Error(ErrorCode::invalid_argument, "error_target must be finite and >= 0 (0 asks for the exact answer), got " +
+                                                   detail::float_text(t));
+    if (options.top_k || options.epsilon) throw Error(ErrorCode::invalid_argument, "give error_target or top_k / epsilon, not both");
+    if (heads() > 1)
+      throw Error(ErrorCode::unsupported, "error_target is not supported on multi-head collections (heads = " + std::to_string(heads()) +
+                                              "): query without it");
+    if (detail::has_mask(options))
+      throw Error(ErrorCode::unsupported, "error_target is not supported with a mask (tags_any, tag_range, exclude_ids) yet: query without one of them");
+    return;
+  }
   if (!options.top_k && !options.epsilon) return;
   if (options.top_k && options.epsilon) throw Error(ErrorCode::invalid_argument, "give top_k or epsilon, not both");
   if (heads() > 1)

@@ -99,6 +99,8 @@ class Collection::Impl {
   [[nodiscard]] std::size_t key_row_bytes() const noexcept { return keys_.row_bytes(); }
   /// Bytes a soft pass reads per row (key and value as stored).
   [[nodiscard]] std::size_t row_bytes() const noexcept { return keys_.row_bytes() + values_.row_bytes(); }
+  /// >= max_i ||v_i||_inf over the live rows (error_target's scale). Under the read lock.
+  [[nodiscard]] double value_max() const noexcept { return value_max_; }
 
   // ---- writes (each takes the exclusive lock itself) ----
   /// Validates rows (ids empty: an add) and returns them as stored; throws the caller's typed errors.
@@ -160,6 +162,8 @@ class Collection::Impl {
   std::span<const float> prepare_keys(std::span<const float> keys, std::vector<float>& buffer, std::string_view what) const;
   // Inserts or replaces one prepared row. Caller holds the exclusive lock.
   void put(std::uint64_t id, const float* key, const float* value, std::uint64_t tag);
+  // Raises value_max_ to cover a value row as stored.
+  void note_value(const float* value);
   // Stores prepared rows with their ids and tags (empty: all 0) and tells the index. Caller holds the exclusive lock.
   void store(std::span<const std::uint64_t> ids, const float* keys, const float* values, std::span<const std::uint64_t> tags);
   // Starts the background builder if the index asks for a (re)build. Caller holds the write lock.
@@ -178,6 +182,9 @@ class Collection::Impl {
   detail::TagZones zones_;           // the min-max zone map of tags_, kept with every write
   std::unordered_map<std::uint64_t, std::size_t> slot_of_;
   std::uint64_t next_id_ = 0;
+  // >= max_i ||v_i||_inf over the rows stored since the last restore (removes do not lower it): the
+  // scale of error_target (an upper bound, so the error allowed is never below what was asked).
+  double value_max_ = 0;
   std::unique_ptr<detail::PruningIndex> index_;  // null for IndexKind::exact; updated under the write lock
   std::atomic<std::size_t> size_hint_{0};        // ids_.size(), published after each write (read without the lock)
   // Coalescing is query-side machinery, not collection state: usable through a const collection.

@@ -1,6 +1,7 @@
 // Collection's queries: scale resolution, one scoring rule for every path, exact, pruned and batched
 // soft and hard retrieval, and the numeric checks that turn an unrepresentable answer into an error.
 #include <algorithm>
+#include <cstring>
 #include <exception>
 #include <cmath>
 #include <limits>
@@ -10,6 +11,7 @@
 #include "collection_impl.hpp"
 #include "heads_scan.hpp"
 #include "mask.hpp"
+#include "estimate.hpp"
 #include "pruning.hpp"
 #include "scan.hpp"
 #include "score_range.hpp"
@@ -180,7 +182,41 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
                                  return nodes * detail::kRandomRowCost + gathered;
                                },
                                budget};
+  bool walked_lists = false;  // an error_target query answered by a certified walk
   auto plan = [&]() -> detail::PrunedSoft {
+    if (options.error_target && *options.error_target > 0.0f && !options.exact) {
+      const double target = *options.error_target;
+      // Certified lists first: a walk whose guaranteed tail bound is <= target / 2 answers within the
+      // target for sure (dropping a share tau of the mass moves the blend by at most 2 tau max ||v||_inf),
+      // reading only the lists that hold the mass (peaked attention). It gives up early when the bounds
+      // show the mass is spread.
+      if (impl.use_index(options) && index->lists() != nullptr) {
+        const detail::ListTarget walk{0, target / 2, budget / 2};
+        if (std::optional<detail::PrunedSoft> walked = detail::certified_soft(
+                kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); }, walk, options.top_m)) {
+          walked->error_estimate = std::min(1.0, 2 * walked->tail_bound);
+          walked_lists = true;
+          return std::move(*walked);
+        }
+      }
+      // Then a sample of blocks of rows (spread attention), up to an eighth of the rows over all rounds; the
+      // rounds give up as soon as their error says the target needs more, and the exact scan answers.
+      std::uint64_t seed = 0xcbf29ce484222325ull;  // FNV-1a of the query: the same query draws the same blocks
+      for (std::size_t i = 0; i < impl.dim(); ++i) {
+        std::uint32_t bits = 0;
+        std::memcpy(&bits, q + i, sizeof bits);
+        seed = (seed ^ bits) * 0x100000001b3ull;
+      }
+      const bool small = budget == std::numeric_limits<std::size_t>::max();
+      const detail::EstimateTarget sample{target, impl.value_max(), small ? budget : span.rows / 8, seed};
+      std::optional<detail::PrunedSoft> estimated = detail::estimated_soft(kernels, q, f, span, sample);
+      if (!estimated) {
+        detail::PrunedSoft all = exact();
+        all.error_estimate = 0.0;
+        return all;
+      }
+      return std::move(*estimated);
+    }
     if (!prune) return mask ? scope.exact() : exact();
     if (!mask && index->lists() != nullptr) {  // certified lists: the walk keeps to the budget itself
       // top_k gets half the budget: whether the k-th score will beat the next bound shows only by walking
@@ -210,10 +246,17 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
   result.max_score = scan.state.max;
   result.candidates = pruned.k;
   result.tail_bound = pruned.tail_bound;
+  result.rows_scored = pruned.rows_scored != 0 ? pruned.rows_scored : pruned.k;
+  result.error_estimate = pruned.error_estimate.value_or(0.0);
   const bool scanned_all = pruned.k == (mask ? mask->count : span.rows);
-  result.searched_with = scanned_all ? IndexKind::exact : index->kind();
-  result.mask_filtered_after_search = filter_after && !scanned_all;
-  result.tail_bound_guaranteed = scanned_all || index->exact_top_k();
+  if (pruned.error_estimate) {  // error_target: a walk's guaranteed tail bound, or a sample's (nothing dropped: 0)
+    result.searched_with = walked_lists && !scanned_all ? index->kind() : IndexKind::exact;
+    result.tail_bound_guaranteed = true;
+  } else {
+    result.searched_with = scanned_all ? IndexKind::exact : index->kind();
+    result.mask_filtered_after_search = filter_after && !scanned_all;
+    result.tail_bound_guaranteed = scanned_all || index->exact_top_k();
+  }
   result.value = std::move(pruned.value);
   result.top.reserve(scan.top.size());
   for (const auto& item : scan.top)
@@ -282,6 +325,10 @@ void soft_pass(const Impl& impl, std::span<detail::SoftPending* const> members, 
     }
   }
 }
+
+// Whether a soft query takes a path of its own (pruned: top_k, epsilon; estimated: error_target) rather
+// than a pass over every row shared with other queries (a fused batch, a coalesced pass).
+bool answered_alone(const QueryOptions& options) { return options.top_k || options.epsilon || options.error_target; }
 
 // One hard query on its own: through an approximate index when it has one, else the exact scan.
 template <class Impl>
@@ -609,7 +656,7 @@ QueryResults Collection::query(std::span<const float> queries, Retrieval kind, c
       return std::move(out);
     });
   }
-  if (nq == 1 || options.top_m > 0 || options.top_k || options.epsilon) {  // contributors or pruning: one by one
+  if (nq == 1 || options.top_m > 0 || answered_alone(options)) {  // contributors, pruning or estimates: one by one
     for (std::size_t i = 0; i < nq; ++i) out.soft.push_back(query_soft(row(i), options));
     return out;
   }
@@ -684,7 +731,7 @@ SoftResult Collection::query_soft(std::span<const float> query, const QueryOptio
       const std::vector<float> q = scaled_queries(*impl_, x, scale, factor);
       impl_->check_pruning(options);
       // A masked query runs alone: a coalesced pass serves every member over the same rows.
-      if (!impl_->coalescing() || options.top_k || options.epsilon || detail::has_mask(options))
+      if (!impl_->coalescing() || answered_alone(options) || detail::has_mask(options))
         return soft_one(*impl_, q.data(), factor[0], options);
       detail::SoftPending pending;
       pending.query = q.data();
@@ -762,7 +809,9 @@ SoftBatchResult Collection::query_soft_batch(std::span<const float> queries, con
       return result;
     });
   }
-  if (options.iterations != 1) {  // one by one: each query iterates on its own
+  // One by one: each query iterates on its own, or takes a pruned or estimated path of its own (a
+  // fused pass over every row would answer it exactly and ignore top_k, epsilon or error_target).
+  if (options.iterations != 1 || answered_alone(options)) {
     const std::size_t d = impl_->dim();
     if (queries.empty() || queries.size() % d != 0)
       throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) + " floats, not a multiple of d = " +

@@ -264,6 +264,7 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
     std::transform(ids.begin(), ids.end(), rows.begin(), row_of);
     PrunedSoft result = soft_over_rows(kernels, query, scale, span, rows, top_m);
     result.tail_bound = tail;
+    result.rows_scored = ids.size();
     return result;
   }
   std::vector<std::uint64_t> chosen;
@@ -289,6 +290,7 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
   const double kth = *std::min_element(chosen_scores.begin(), chosen_scores.end());
   const double kth_high = std::isinf(kth) ? kth : kth + worst_error + kUnit * std::fabs(kth);
   result.tail_bound = std::min(share_of_rest(log_omitted, log_kept), tail_bound(span.rows, rows.size(), kth_high, log_kept));
+  result.rows_scored = ids.size();
   return result;
 }
 

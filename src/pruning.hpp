@@ -27,6 +27,8 @@ struct PrunedSoft {
   std::vector<float> value;  ///< the blended value over the candidates (blended_value)
   std::size_t k = 0;         ///< number of candidates (span.rows when the exact scan ran)
   double tail_bound = 0;     ///< bound on the mass outside the candidates (0 for the exact scan)
+  std::size_t rows_scored = 0;  ///< rows whose score was computed (0: k, as every path but a walk and an estimate)
+  std::optional<double> error_estimate{};  ///< estimated answers: the estimated error relative to max ||v||_inf
 };
 
 /// The exact scan over all of span, as a PrunedSoft with nothing omitted.

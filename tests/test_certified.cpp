@@ -11,58 +11,13 @@
 #include <thread>
 
 #include "reference.hpp"
+#include "regimes.hpp"
 #include "softkv/softkv.hpp"
 
 using namespace softkv;
 
 namespace {
 
-// The data regimes of the pruning bench, small: keys and queries.
-struct Regime {
-  std::string name;
-  std::vector<float> keys;
-  std::vector<float> queries;
-};
-
-Regime make_regime(int kind, std::size_t n, std::size_t d, std::size_t nq, std::uint64_t seed) {
-  Regime r;
-  switch (kind) {
-    case 0: {  // spread: Gaussian keys and queries
-      r.name = "gaussian";
-      r.keys = test::normal_floats(n * d, seed);
-      r.queries = test::normal_floats(nq * d, seed + 1);
-      break;
-    }
-    case 1:
-    case 2: {  // clustered keys; queries near keys (1) or out of distribution (2: between two clusters, wide noise)
-      r.name = kind == 1 ? "clustered, queries near keys" : "clustered, out-of-distribution queries";
-      const std::size_t clusters = std::max<std::size_t>(1, n / 20);
-      const auto centres = test::normal_floats(clusters * d, seed, 3.0f);
-      r.keys = test::normal_floats(n * d, seed + 1, 0.3f);
-      for (std::size_t i = 0; i < n; ++i)
-        for (std::size_t j = 0; j < d; ++j) r.keys[i * d + j] += centres[(i * 7 % clusters) * d + j];
-      const auto noise = test::normal_floats(nq * d, seed + 2, kind == 1 ? 0.1f : 2.0f);
-      r.queries.resize(nq * d);
-      for (std::size_t b = 0; b < nq; ++b)
-        for (std::size_t j = 0; j < d; ++j) {
-          const std::size_t a = (b * 13) % n, c = (b * 29 + 5) % n;
-          r.queries[b * d + j] = noise[b * d + j] + (kind == 1 ? r.keys[a * d + j] : 0.5f * (r.keys[a * d + j] + r.keys[c * d + j]));
-        }
-      break;
-    }
-    default: {  // heavy-tailed, as transformer keys: a shared offset and a few massive channels
-      r.name = "heavy-tailed keys";
-      r.keys = test::normal_floats(n * d, seed);
-      for (std::size_t i = 0; i < n; ++i) {
-        for (std::size_t j = 0; j < d; ++j) r.keys[i * d + j] += 2.0f;
-        for (std::size_t j = 0; j < 3 && j < d; ++j) r.keys[i * d + j] *= 25.0f;
-      }
-      r.queries = test::normal_floats(nq * d, seed + 3);
-      break;
-    }
-  }
-  return r;
-}
 
 // The true mass outside a result's candidates (top_m covers them all), in double, for keys given by id.
 double true_omitted(const Collection& c, const std::vector<float>& q, double scale, const SoftResult& r) {
@@ -138,7 +93,7 @@ void check_answers(const Collection& c, const Collection& flat, const std::vecto
 TEST_CASE("certified IVF: the exact top-k and a guaranteed tail bound on every data regime", "[certified][pruning]") {
   const std::size_t n = 2000, d = 16, dv = 3, nq = 4;
   const int kind = GENERATE(0, 1, 2, 3);
-  const Regime regime = make_regime(kind, n, d, nq, 100 + static_cast<std::uint64_t>(kind));
+  const test::Regime regime = test::make_regime(kind, n, d, nq, 100 + static_cast<std::uint64_t>(kind));
   INFO(regime.name);
   const auto values = test::normal_floats(n * dv, 7);
   Collection c(ivf_config(d, dv));
@@ -152,7 +107,7 @@ TEST_CASE("certified IVF: the exact top-k and a guaranteed tail bound on every d
 
 TEST_CASE("certified IVF: hard queries return the exact best key through the lists", "[certified][pruning]") {
   const std::size_t n = 3000, d = 12;
-  const Regime regime = make_regime(1, n, d, 6, 5);
+  const test::Regime regime = test::make_regime(1, n, d, 6, 5);
   Collection c(ivf_config(d, 1));
   c.add_batch(regime.keys, test::normal_floats(n, 3));
   c.wait_until_indexed();
@@ -166,7 +121,7 @@ TEST_CASE("certified IVF: hard queries return the exact best key through the lis
 
 TEST_CASE("certified IVF: bounds hold after adds far outside a list and upserts and removes and a snapshot", "[certified][pruning]") {
   const std::size_t n = 2500, d = 16, dv = 2;
-  const Regime regime = make_regime(1, n, d, 4, 31);
+  const test::Regime regime = test::make_regime(1, n, d, 4, 31);
   const auto values = test::normal_floats(n * dv, 32);
   Collection c(ivf_config(d, dv));
   CollectionConfig flat_config{d, dv, Metric::dot, {}, {.kind = IndexKind::flat}};
@@ -214,7 +169,7 @@ TEST_CASE("certified IVF: bounds hold after adds far outside a list and upserts 
 
 TEST_CASE("certified IVF: queries during concurrent writes see only live rows and stay exact afterwards", "[certified][concurrency]") {
   const std::size_t n = 3000, d = 8, dv = 1;
-  const Regime regime = make_regime(2, n, d, 8, 41);
+  const test::Regime regime = test::make_regime(2, n, d, 8, 41);
   Collection c(ivf_config(d, dv));
   c.add_batch(regime.keys, test::normal_floats(n * dv, 42));
   c.wait_until_indexed();
@@ -247,7 +202,7 @@ TEST_CASE("certified IVF: queries during concurrent writes see only live rows an
 
 TEST_CASE("certified IVF: option and configuration extremes", "[certified][pruning]") {
   const std::size_t n = 1200, d = 8, dv = 2;
-  const Regime regime = make_regime(1, n, d, 2, 51);
+  const test::Regime regime = test::make_regime(1, n, d, 2, 51);
   const auto values = test::normal_floats(n * dv, 52);
   CollectionConfig flat_config{d, dv, Metric::dot, {}, {.kind = IndexKind::flat}};
   Collection flat(flat_config);
@@ -294,7 +249,7 @@ TEST_CASE("the planner answers with the exact scan when pruning would cost more 
     CHECK(big.candidates == n);
   }
   // Clustered keys at a low temperature: the certified lists answer from a few lists.
-  const Regime regime = make_regime(1, n, d, 3, 64);
+  const test::Regime regime = test::make_regime(1, n, d, 3, 64);
   Collection c(ivf_config(d, dv));
   c.add_batch(regime.keys, values);
   c.wait_until_indexed();

@@ -97,6 +97,12 @@ struct QueryOptions {
   /// (ivf: lists visited until the bound is met; flat, hnsw: k doubles from 16). When that would cost more
   /// than the planner's budget (docs/PRUNING.md), the exact scan answers.
   std::optional<float> epsilon;
+  /// Estimated soft retrieval: the answer within this error, relative to max_i ||v_i||_inf, at 95%
+  /// confidence (SoftResult::error_estimate), reading as few rows as the data allow (docs/PRUNING.md,
+  /// "Estimated answers"). Finite and >= 0 (0: the exact answer); exclusive with top_k and epsilon; not on
+  /// multi-head collections or with a mask. When the target needs more rows than the planner's budget,
+  /// the exact scan answers.
+  std::optional<float> error_target;
   /// HNSW: candidate list size of the graph search (>= top_k is useful; 64 at least is advised);
   /// any value is accepted and clamped to [k, index size].
   std::size_t ef_search = 64;
@@ -160,6 +166,12 @@ struct SoftResult {
   /// A masked query pruned by hnsw/ivf: the index searched every entry and masked candidates were
   /// dropped afterwards (over-fetch and filter). False for scans and flat, which visit eligible rows only.
   bool mask_filtered_after_search = false;
+  /// Rows whose score was computed: every eligible row for a scan, the visited lists' rows of an ivf
+  /// walk, the candidates of flat and hnsw, and the rows of every sampling round of an error_target query.
+  std::size_t rows_scored = 0;
+  /// error_target queries: the estimated ||value - exact value||_inf / max_i ||v_i||_inf at 95% confidence
+  /// (0 when every row was scored); 0 for other queries, whose accuracy tail_bound states.
+  double error_estimate = 0;
   std::vector<Contributor> top;        ///< the top_m contributors, highest weight first
   /// Multi-head collections (h > 1): h entries, head j's lse, max score and contributors (lse,
   /// max_score and top above then repeat head 0's). Empty for h = 1.

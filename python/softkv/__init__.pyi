@@ -68,6 +68,8 @@ class SoftResult:
     searched_with: str
     top: Contributors
     mask_filtered_after_search: bool
+    rows_scored: int
+    error_estimate: float
     head_lse: npt.NDArray[np.float64]          # (h,) per head; empty for a single-head collection
     head_max_score: npt.NDArray[np.float32]    # (h,)
     head_top: tuple[Contributors, ...]         # h contributor lists
@@ -104,13 +106,16 @@ class SoftBatchResult:
     iterations_run: npt.NDArray[np.uint64]   # (B,)
     last_change: npt.NDArray[np.float64]     # (B,)
     mask_filtered_after_search: npt.NDArray[np.bool_]  # (B,)
+    rows_scored: npt.NDArray[np.uint64]  # (B,)
+    error_estimate: npt.NDArray[np.float64]  # (B,)
     def __init__(self, values: npt.NDArray[np.float32], lse: npt.NDArray[np.float64], max_score: npt.NDArray[np.float32],
                  candidates: npt.NDArray[np.uint64], tail_bound: npt.NDArray[np.float64],
                  tail_bound_guaranteed: npt.NDArray[np.bool_], searched_with: tuple[str, ...],
                  top: tuple[Contributors, ...], head_lse: Optional[npt.NDArray[np.float64]] = ...,
                  head_max_score: Optional[npt.NDArray[np.float32]] = ..., head_top: Optional[tuple] = ...,
                  iterations_run: Optional[npt.NDArray[np.uint64]] = ..., last_change: Optional[npt.NDArray[np.float64]] = ...,
-                 mask_filtered_after_search: Optional[npt.NDArray[np.bool_]] = ...) -> None: ...
+                 mask_filtered_after_search: Optional[npt.NDArray[np.bool_]] = ...,
+                 rows_scored: Optional[npt.NDArray[np.uint64]] = ..., error_estimate: Optional[npt.NDArray[np.float64]] = ...) -> None: ...
     @classmethod
     def from_results(cls, results: Sequence[SoftResult], value_dim: int) -> SoftBatchResult: ...
     def __len__(self) -> int: ...
@@ -164,22 +169,22 @@ class CollectionView:
                    top_m: int = 0, threads: int = 0, top_k: Optional[int] = None, epsilon: Optional[float] = None,
                    ef_search: int = 64, nprobe: int = 16, check_sample: int = 256, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
                    tag_range: Optional[tuple[int, int]] = None, exclude: Optional[Sequence[int]] = None,
-                   iterations: int = 1, tolerance: float = 0.0) -> SoftResult: ...
+                   iterations: int = 1, tolerance: float = 0.0, error_target: Optional[float] = None) -> SoftResult: ...
     def query_hard(self, query: ArrayLike, *, temperature: Optional[float] = None, scale: Optional[float] = None,
                    top_m: int = 0, threads: int = 0, top_k: Optional[int] = None, epsilon: Optional[float] = None,
                    ef_search: int = 64, nprobe: int = 16, check_sample: int = 256, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
                    tag_range: Optional[tuple[int, int]] = None, exclude: Optional[Sequence[int]] = None,
-                   iterations: int = 1, tolerance: float = 0.0) -> HardResult: ...
+                   iterations: int = 1, tolerance: float = 0.0, error_target: Optional[float] = None) -> HardResult: ...
     def query_soft_batch(self, queries: ArrayLike, *, temperature: Optional[float] = None, scale: Optional[float] = None,
                          top_m: int = 0, threads: int = 0, top_k: Optional[int] = None, epsilon: Optional[float] = None,
                          ef_search: int = 64, nprobe: int = 16, check_sample: int = 256, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
                    tag_range: Optional[tuple[int, int]] = None, exclude: Optional[Sequence[int]] = None,
-                   iterations: int = 1, tolerance: float = 0.0) -> SoftBatchResult: ...
+                   iterations: int = 1, tolerance: float = 0.0, error_target: Optional[float] = None) -> SoftBatchResult: ...
     def query_hard_batch(self, queries: ArrayLike, *, temperature: Optional[float] = None, scale: Optional[float] = None,
                          top_m: int = 0, threads: int = 0, top_k: Optional[int] = None, epsilon: Optional[float] = None,
                          ef_search: int = 64, nprobe: int = 16, check_sample: int = 256, exact: bool = False, tags_any: Optional[Sequence[int]] = None,
                    tag_range: Optional[tuple[int, int]] = None, exclude: Optional[Sequence[int]] = None,
-                   iterations: int = 1, tolerance: float = 0.0) -> HardBatchResult: ...
+                   iterations: int = 1, tolerance: float = 0.0, error_target: Optional[float] = None) -> HardBatchResult: ...
 
 class Collection(CollectionView):
     """(id, key, value) float vectors in this process, queried by soft or hard retrieval."""

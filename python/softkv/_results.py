@@ -48,7 +48,9 @@ class SoftResult:
     bound on the softmax mass outside the candidates (0: exact); tail_bound_guaranteed: proven (exact,
     flat) or an estimate (hnsw, ivf); searched_with: 'exact', 'flat', 'hnsw', 'ivf' or 'automatic';
     top: the top_m Contributors; mask_filtered_after_search: a masked pruned query whose index searched
-    every entry, its masked candidates dropped afterwards.
+    every entry, its masked candidates dropped afterwards; rows_scored: rows whose score was computed;
+    error_estimate: for error_target queries, the estimated ||value - exact||_inf / max ||v_i||_inf at 95%
+    confidence (0 otherwise).
 
     Multi-head collections (heads h > 1): head_lse (h,) float64, head_max_score (h,) float32 and head_top
     (h Contributors) hold each head's answer (lse, max_score and top repeat head 0's; value is the
@@ -57,7 +59,8 @@ class SoftResult:
     """
 
     __slots__ = ("value", "lse", "max_score", "candidates", "tail_bound", "tail_bound_guaranteed", "searched_with", "top",
-                 "mask_filtered_after_search", "head_lse", "head_max_score", "head_top", "iterations_run", "last_change")
+                 "mask_filtered_after_search", "head_lse", "head_max_score", "head_top", "iterations_run", "last_change",
+                 "rows_scored", "error_estimate")
 
     def __init__(self, value, lse, max_score, candidates, tail_bound=0.0, tail_bound_guaranteed=True,
                  searched_with="exact", top=None):
@@ -75,6 +78,8 @@ class SoftResult:
         self.head_top = ()
         self.iterations_run = 1
         self.last_change = 0.0
+        self.rows_scored = candidates
+        self.error_estimate = 0.0
 
     def __repr__(self) -> str:
         return (f"SoftResult(value={self.value!r}, lse={self.lse!r}, max_score={self.max_score!r}, candidates={self.candidates}, "
@@ -107,14 +112,16 @@ class SoftBatchResult:
     ``tail_bound_guaranteed`` (B,) bool, ``searched_with`` (B strings) and ``top`` (B Contributors);
     ``head_lse`` (B, h) float64 and ``head_max_score`` (B, h) float32 (h = 0 columns for a single-head
     collection), ``iterations_run`` (B,) uint64, ``last_change`` (B,) float64 and
-    ``mask_filtered_after_search`` (B,) bool. ``len(batch)`` is B and ``batch[i]`` is query i's SoftResult."""
+    ``mask_filtered_after_search`` (B,) bool, ``rows_scored`` (B,) uint64 and ``error_estimate`` (B,) float64.
+    ``len(batch)`` is B and ``batch[i]`` is query i's SoftResult."""
 
     __slots__ = ("values", "lse", "max_score", "candidates", "tail_bound", "tail_bound_guaranteed", "searched_with", "top",
-                 "head_lse", "head_max_score", "head_top", "iterations_run", "last_change", "mask_filtered_after_search")
+                 "head_lse", "head_max_score", "head_top", "iterations_run", "last_change", "mask_filtered_after_search",
+                 "rows_scored", "error_estimate")
 
     def __init__(self, values, lse, max_score, candidates, tail_bound, tail_bound_guaranteed, searched_with, top,
                  head_lse=None, head_max_score=None, head_top=None, iterations_run=None, last_change=None,
-                 mask_filtered_after_search=None):
+                 mask_filtered_after_search=None, rows_scored=None, error_estimate=None):
         self.values = values
         self.lse = lse
         self.max_score = max_score
@@ -131,6 +138,8 @@ class SoftBatchResult:
         self.last_change = np.zeros(b, dtype=np.float64) if last_change is None else last_change
         self.mask_filtered_after_search = (np.zeros(b, dtype=bool) if mask_filtered_after_search is None
                                            else mask_filtered_after_search)
+        self.rows_scored = np.asarray(candidates, dtype=np.uint64) if rows_scored is None else rows_scored
+        self.error_estimate = np.zeros(b, dtype=np.float64) if error_estimate is None else error_estimate
 
     @classmethod
     def from_results(cls, results, value_dim: int) -> "SoftBatchResult":
@@ -147,7 +156,9 @@ class SoftBatchResult:
                    tuple(r.head_top for r in results),
                    np.array([r.iterations_run for r in results], dtype=np.uint64),
                    np.array([r.last_change for r in results], dtype=np.float64),
-                   np.array([r.mask_filtered_after_search for r in results], dtype=bool))
+                   np.array([r.mask_filtered_after_search for r in results], dtype=bool),
+                   np.array([r.rows_scored for r in results], dtype=np.uint64),
+                   np.array([r.error_estimate for r in results], dtype=np.float64))
 
     def __len__(self) -> int:
         return len(self.values)
@@ -158,6 +169,7 @@ class SoftBatchResult:
         r.head_lse, r.head_max_score, r.head_top = self.head_lse[i], self.head_max_score[i], self.head_top[i]
         r.iterations_run, r.last_change = int(self.iterations_run[i]), float(self.last_change[i])
         r.mask_filtered_after_search = bool(self.mask_filtered_after_search[i])
+        r.rows_scored, r.error_estimate = int(self.rows_scored[i]), float(self.error_estimate[i])
         return r
 
     def __iter__(self):

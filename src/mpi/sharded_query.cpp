@@ -401,6 +401,8 @@ std::size_t detail::check_query(const Collection& shard, std::span<const float> 
   shard.check_options(options, kind);  // the same checks as one collection's, even on an empty shard
   if (options.iterations != 1)
     throw Error(ErrorCode::unsupported, "iterative retrieval (iterations > 1) is not supported on sharded collections");
+  if (options.error_target)
+    throw Error(ErrorCode::unsupported, "error_target (estimated answers) is not supported on sharded collections yet");
   if (shard.config().heads != 1)  // the partial records merge one softmax: a multi-head shard has h of them
     throw Error(ErrorCode::unsupported, "multi-head collections (heads > 1) are not supported on sharded collections");
   detail::mpi_count(queries.size(), "a query batch");

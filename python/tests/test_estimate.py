@@ -1,0 +1,59 @@
+"""error_target from Python: an estimated answer within the target against a float64 reference, its
+rows_scored and error_estimate fields (single and batch), and the typed errors of bad targets."""
+
+import math
+
+import numpy as np
+import pytest
+
+import softkv
+
+
+def reference(keys, values, q, scale):
+    s = scale * (keys.astype(np.float64) @ q.astype(np.float64))
+    w = np.exp(s - s.max())
+    return (w / w.sum()) @ values.astype(np.float64)
+
+
+def test_spread_attention_is_estimated_within_the_target_from_a_few_percent_of_the_rows():
+    rng = np.random.default_rng(3)
+    n, d = 100_000, 32
+    keys = rng.standard_normal((n, d), dtype=np.float32)
+    values = rng.standard_normal((n, d), dtype=np.float32)
+    c = softkv.Collection(d, d)
+    c.add_batch(keys, values)
+    queries = rng.standard_normal((6, d), dtype=np.float32)
+    vmax = float(np.abs(values).max())
+    batch = c.query_soft_batch(queries, error_target=0.05)
+    below_truth = 0
+    for i, q in enumerate(queries):
+        r = c.query_soft(q, error_target=0.05)
+        err = float(np.abs(r.value - reference(keys, values, q, 1 / math.sqrt(d))).max()) / vmax
+        assert 0 < r.rows_scored < n / 10
+        assert 0 < r.error_estimate <= 0.05
+        assert err <= 0.05
+        below_truth += err > r.error_estimate + 1e-5  # a 95% estimate: about one answer in 20 may be below
+        np.testing.assert_array_equal(batch.values[i], r.value)  # the same sample: drawn from the query
+        assert batch.rows_scored[i] == r.rows_scored
+        assert batch.error_estimate[i] == r.error_estimate
+        assert batch[i].error_estimate == r.error_estimate
+    assert below_truth <= 1
+    exact = c.query_soft(queries[0])
+    assert exact.rows_scored == n and exact.error_estimate == 0.0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -0.5, float("inf")])
+def test_a_bad_target_is_invalid_argument(bad):
+    c = softkv.Collection(2, 1)
+    c.add([1, 0], [1])
+    with pytest.raises(softkv.InvalidArgument):
+        c.query_soft([1, 0], error_target=bad)
+
+
+def test_a_target_with_top_k_or_a_mask_is_refused():
+    c = softkv.Collection(2, 1, index="flat")
+    c.add_batch([[1, 0], [0, 1]], [[1], [2]])
+    with pytest.raises(softkv.InvalidArgument):
+        c.query_soft([1, 0], error_target=0.1, top_k=1)
+    with pytest.raises(softkv.Unsupported):
+        c.query_soft([1, 0], error_target=0.1, exclude=[0])

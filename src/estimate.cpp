@@ -1,0 +1,129 @@
+// Estimated soft retrieval (estimate.hpp): Poisson sampling of blocks of rows and the Horvitz-Thompson
+// ratio estimate of the blend, with its linearised variance.
+//
+// Every block b is drawn with probability pi. With W_b = sum over its rows of e^{s_j - M} and
+// T_b = sum e^{s_j - M} v_j (what one soft_scan of the block leaves, shifted to a common M), Z = sum_b W_b
+// is estimated by sum over the sample of W_b / pi, Y likewise, and the answer by v^ = Y^ / Z^. Its error
+// is, to first order, (1 / Z) sum_sample (T_b - v^ W_b) / pi minus its expectation, whose variance under
+// Poisson sampling is estimated without bias by sum_sample (1 - pi) ((T_b - v^ W_b) / pi)^2 / Z^2, per
+// coordinate. The rows of a block are in storage order, which the data do not rank: a block is a small
+// random sample of its own, and whatever correlation its rows have is in the block totals the variance uses.
+#include "estimate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace softkv::detail {
+
+double simultaneous_z(std::size_t dv) {
+  // Two-sided tail 1 - kCheckConfidence shared by dv coordinates: solve erfc(z / sqrt 2) = alpha by bisection.
+  const double alpha = (1 - kCheckConfidence) / static_cast<double>(std::max<std::size_t>(dv, 1));
+  double lo = 0, hi = 40;
+  for (int i = 0; i < 100; ++i) {
+    const double mid = (lo + hi) / 2;
+    (std::erfc(mid / std::sqrt(2.0)) > alpha ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                                         const EstimateTarget& target) {
+  const std::size_t dv = span.value_dim, blocks = (span.rows + kEstimateBlockRows - 1) / kEstimateBlockRows;
+  if (blocks == 0) return std::nullopt;
+  const double z = simultaneous_z(dv);
+  std::mt19937_64 rng(target.seed);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  // The sample so far: every block drawn in any round, with its scan state (max, sum, acc). Each round
+  // draws every block with its own probability, independently; a block is in the union of the rounds
+  // with probability pi = 1 - prod (1 - pi_r), independently of the others: the union is a Poisson
+  // sample of its own, and the estimate uses all of it (a round only scans the blocks it adds).
+  std::vector<std::uint8_t> taken(blocks, 0);
+  std::vector<float> maxes, sums, accs;
+  std::vector<double> y(dv), t(dv);
+  std::size_t scored = 0;
+  double miss = 1;  // prod over the rounds of (1 - pi_r)
+  // Rounds: the first draws about 64 blocks; each later one as many as the last round's error says are
+  // needed (1.1 x (error / target)^2 times as many, at least 1.5 and at most 16 times), until the target is met by a sample whose weight
+  // is spread over enough blocks for the normal approximation.
+  double m = std::min<double>(64.0, static_cast<double>(blocks));
+  for (;;) {
+    const double want = std::min(1.0, m / static_cast<double>(blocks));  // the union's probability after this round
+    if (scored + static_cast<std::size_t>((want - (1 - miss)) * static_cast<double>(span.rows)) > target.budget_rows)
+      return std::nullopt;
+    const double pi_round = want >= 1 ? 1.0 : 1 - (1 - want) / miss;
+    const auto scan_block = [&](std::size_t b) {
+      if (taken[b] != 0) return true;
+      taken[b] = 1;
+      const std::size_t first = b * kEstimateBlockRows, rows = std::min(kEstimateBlockRows, span.rows - first);
+      maxes.push_back(-std::numeric_limits<float>::infinity());
+      sums.push_back(0.0f);
+      accs.resize(accs.size() + dv, 0.0f);
+      kernels.soft_scan(query, scale, span.sub(first, rows), maxes.back(), sums.back(), accs.data() + accs.size() - dv, nullptr);
+      scored += rows;
+      return std::isfinite(maxes.back()) && std::isfinite(sums.back());  // out of range: the exact path reports it
+    };
+    if (pi_round >= 1) {
+      for (std::size_t b = 0; b < blocks; ++b)
+        if (!scan_block(b)) return std::nullopt;
+    } else if (pi_round > 0) {  // each block with probability pi_round: geometric gaps between successive draws
+      const double log_miss = std::log1p(-pi_round);
+      for (double b = std::floor(std::log(1 - unit(rng)) / log_miss); b < static_cast<double>(blocks);
+           b += 1 + std::floor(std::log(1 - unit(rng)) / log_miss))
+        if (!scan_block(static_cast<std::size_t>(b))) return std::nullopt;
+    }
+    miss *= 1 - std::max(0.0, pi_round);
+    const double pi = 1 - miss;
+    const std::size_t n = maxes.size();
+    if (n == 0) {
+      m = std::min(m * 2, static_cast<double>(blocks));
+      continue;
+    }
+    const float best = *std::max_element(maxes.begin(), maxes.end());
+    // The totals shifted to the largest score: W_b = sum_b e^{m_b - best}, T_b = acc_b e^{m_b - best}.
+    double zsum = 0;
+    std::fill(y.begin(), y.end(), 0.0);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double f = std::exp(static_cast<double>(maxes[i]) - static_cast<double>(best));
+      zsum += static_cast<double>(sums[i]) * f;
+      for (std::size_t k = 0; k < dv; ++k) y[k] += static_cast<double>(accs[i * dv + k]) * f;
+    }
+    std::vector<float> value(dv);
+    for (std::size_t k = 0; k < dv; ++k) value[k] = static_cast<float>(y[k] / zsum);
+    // Var_k = (1 - pi) sum_b (T_bk - v^_k W_b)^2 / (Z^ pi)^2 with Z^ = zsum / pi: the pi cancel.
+    std::fill(t.begin(), t.end(), 0.0);
+    double w2 = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double f = std::exp(static_cast<double>(maxes[i]) - static_cast<double>(best));
+      const double w = static_cast<double>(sums[i]) * f;
+      w2 += w * w;
+      for (std::size_t k = 0; k < dv; ++k) {
+        const double u = static_cast<double>(accs[i * dv + k]) * f - y[k] / zsum * w;
+        t[k] += u * u;
+      }
+    }
+    double worst_var = 0;
+    for (std::size_t k = 0; k < dv; ++k) worst_var = std::max(worst_var, (1 - pi) * t[k] / (zsum * zsum));
+    const double error = target.value_max > 0 ? z * std::sqrt(worst_var) / target.value_max : 0.0;
+    // The effective number of blocks, (sum W)^2 / sum W^2: when a few blocks hold most of the sampled
+    // weight (peaked attention: a handful of rows outweigh the rest), the sample's variance says nothing
+    // of the rows it missed, and a larger sample (or the scan) must answer.
+    const bool spread = zsum * zsum >= kMinEffectiveBlocks * w2;
+    if ((error <= target.error_target && spread) || pi >= 1) {
+      PrunedSoft result{SoftScan{SoftmaxState(dv), {}}, {}, 0, 0.0};
+      result.scan.state.max = best;
+      result.scan.state.sum = static_cast<float>(zsum / pi);
+      result.value = std::move(value);
+      result.k = scored;
+      result.rows_scored = scored;
+      result.error_estimate = pi >= 1 ? 0.0 : error;
+      return result;
+    }
+    const double grow = spread ? std::clamp(error * error / (target.error_target * target.error_target) * 1.1, 1.5, 16.0) : 4.0;
+    m = std::min(m * grow, static_cast<double>(blocks));
+  }
+}
+
+}  // namespace softkv::detail

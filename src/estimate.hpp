@@ -1,0 +1,46 @@
+// Estimated soft retrieval (QueryOptions::error_target): the softmax-weighted blend estimated from a
+// sample of the rows, with an error estimate at 95% confidence (docs/PRUNING.md, "Estimated answers").
+// Collections with certified lists first try a walk whose guaranteed bound meets the target (collection_query.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "pruning.hpp"
+
+namespace softkv::detail {
+
+/// What an estimated query asks for.
+struct EstimateTarget {
+  double error_target = 0;      ///< the error allowed, relative to value_max (> 0)
+  double value_max = 0;         ///< an upper bound on max_i ||v_i||_inf over the live rows
+  std::size_t budget_rows = 0;  ///< most rows to score, all rounds together, before the exact scan is cheaper
+  std::uint64_t seed = 0;       ///< the sample's seed (the same query and seed draw the same rows)
+};
+
+/// z of a two-sided normal interval holding dv coordinates at once with probability kCheckConfidence
+/// (Bonferroni: each coordinate at 1 - (1 - confidence) / dv).
+double simultaneous_z(std::size_t dv);
+
+/// Rows of a block, the unit of the sample: blocks are contiguous in storage, so a sampled block is
+/// read at the scan's bandwidth (a row drawn alone costs a cache miss or two per row instead).
+inline constexpr std::size_t kEstimateBlockRows = 32;
+
+/// A sample is trusted only when its weight is spread over at least this many blocks' worth
+/// ((sum W_b)^2 / sum W_b^2, the effective sample size): below it a few heavy rows dominate, and the
+/// rows the sample missed may hold more (peaked attention is answered by the lists or the scan).
+inline constexpr double kMinEffectiveBlocks = 32;
+
+/// Estimates the soft answer from a sample of blocks of span: each block of kEstimateBlockRows rows is
+/// scanned (the kernels' soft_scan) with the same probability pi, and the blend is the Horvitz-Thompson
+/// ratio of the sampled blocks' totals. Rounds grow the sample until the estimated error (simultaneous_z
+/// x the linearised standard error of the largest coordinate, over value_max) is at most the target on a
+/// sample spread over kMinEffectiveBlocks or more; nullopt once the rounds would score more than
+/// budget_rows rows: the exact scan is cheaper. The
+/// result's k is the rows scored in the last round, rows_scored those of every round, error_estimate
+/// the estimate; top_m contributors are not reported (blocks are blended by the kernels in one pass).
+std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                                         const EstimateTarget& target);
+
+}  // namespace softkv::detail
