@@ -113,11 +113,12 @@ int main(int argc, char** argv) {
   auto* query = app.add_subcommand("query", "soft (default) or hard retrieval");
   query->footer("examples: softkv query animals --query 0.3,0.9,1,0 --temperature 0.5\n"
                 "          softkv query animals --query 0.3,0.9,1,0 --hard\n"
-                "          softkv query big --queries q.npy --epsilon 0.01 --out answers.npy");
+                "          softkv query big --queries q.npy --epsilon 0.01 --out answers.npy\n"
+                "          softkv query big --query 0.3,0.9,1,0 --error-target 0.01");
   std::string inline_query, queries_file, out_file;
   bool hard = false, exact = false;
   softkv::QueryOptions qo;
-  std::optional<float> temperature, scale, epsilon;
+  std::optional<float> temperature, scale, epsilon, error_target;
   std::optional<std::size_t> top_k;
   std::size_t top_m = 5;
   query->add_option("name", name, "collection name")->required();
@@ -129,6 +130,9 @@ int main(int argc, char** argv) {
   query->add_option("--top-m", top_m, "contributors to show (soft)")->capture_default_str();
   query->add_option("--top-k", top_k, "prune to the k best keys (needs an index; default: no pruning)");
   query->add_option("--epsilon", epsilon, "adaptive pruning: stop once the dropped weight is <= this (needs an index; default: none)");
+  query->add_option("--error-target", error_target,
+                    "soft: estimate the answer within this error relative to max |v| at 95% confidence, from a sample of the "
+                    "rows (protocol 3; default: none, the exact or pruned answer)");
   query->add_flag("--exact", exact, "hard: scan every key even with an index (default: off, hard queries use the index)");
   query->add_option("--out", out_file, "write the answers as a B x dv float32 .npy (default: print them)");
   std::string mask_tags, mask_range, mask_exclude;
@@ -200,6 +204,7 @@ int main(int argc, char** argv) {
       qo.temperature = temperature, qo.scale = scale, qo.epsilon = epsilon, qo.top_k = top_k, qo.exact = exact;
       qo.top_m = hard ? 0 : top_m;
       qo.iterations = iterations, qo.tolerance = tolerance;
+      qo.error_target = error_target;
       if (!mask_tags.empty()) qo.tags_any = parse_u64s(mask_tags, "--tags");
       if (!mask_exclude.empty()) qo.exclude_ids = parse_u64s(mask_exclude, "--exclude");
       if (!mask_range.empty()) {
@@ -225,6 +230,7 @@ int main(int argc, char** argv) {
           for (std::size_t i = 0; i < s.value.size() && i < 8; ++i) std::printf(i ? ", %.4g" : "%.4g", s.value[i]);
           std::printf(s.value.size() > 8 ? ", ...]\n" : "]\n");
           if (iterations > 1) std::printf("    iterations run %zu  last change %.3g\n", s.iterations_run, s.last_change);
+          if (error_target) std::printf("    rows scored %zu  error estimate %.3g\n", s.rows_scored, s.error_estimate);
           if (s.heads.empty()) {
             for (const softkv::Contributor& c : s.top) std::printf("    id %-10llu weight %.4f  score %.6g\n", (unsigned long long)c.id, c.weight, c.score);
           }

@@ -40,7 +40,7 @@ class Client::Impl {
     const int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (o.protocol_version < wire::kMinProtocolVersion || o.protocol_version > wire::kProtocolVersion)
-      throw Error(ErrorCode::invalid_argument, "ClientOptions::protocol_version " + std::to_string(o.protocol_version) + " is not one this client speaks (1 or 2)");
+      throw Error(ErrorCode::invalid_argument, "ClientOptions::protocol_version " + std::to_string(o.protocol_version) + " is not one this client speaks (1, 2 or 3)");
     const auto hello = std::get<wire::HelloReply>(call(wire::Hello{o.protocol_version}));
     if (hello.version < wire::kMinProtocolVersion || hello.version > o.protocol_version)
       throw Error(ErrorCode::protocol_error, "the server settled on protocol version " + std::to_string(hello.version) + ", which this client did not offer");

@@ -463,7 +463,7 @@ TEST_CASE("protocol corners behave as PROTOCOL.md specifies", "[server]") {
   // hello settles the connection's version on min(asked, the server's highest), 0 counting as 1; a
   // later hello settles it again. The connection stays open whatever was asked. It ends at
   // version 1, which the raw frames below are encoded in.
-  const std::pair<std::uint16_t, std::uint16_t> settles[] = {{0, 1}, {1, 1}, {2, 2}, {3, 2}, {0xFFFF, 2}, {1, 1}};
+  const std::pair<std::uint16_t, std::uint16_t> settles[] = {{0, 1}, {1, 1}, {2, 2}, {3, 3}, {4, 3}, {0xFFFF, 3}, {1, 1}};
   for (const auto& [asked, settled] : settles) {
     const auto hello = std::get<wire::HelloReply>(reply_to(wire::Hello{asked}, 1));
     CHECK(hello.version == settled);

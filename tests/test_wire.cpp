@@ -221,3 +221,75 @@ TEST_CASE("error messages go out as valid UTF-8: invalid bytes escaped, long one
   const auto back = std::get<ErrorReply>(decode_reply(Opcode::create, frame_of(reply)));
   CHECK(back.message == std::string(3999, 'y'));
 }
+
+TEST_CASE("every QueryOptions field on the wire survives a version-3 round trip, and versions 1-2 refuse what they cannot carry", "[wire]") {
+  // A field added to QueryOptions changes its size: this fails until the field is given a wire form here,
+  // in protocol.cpp (put_/get_ options, mask, iterations, estimate), in src/mpi's WireOptions and in
+  // docs/PROTOCOL.md, or is documented as not on the wire (threads: the server chooses it).
+  CHECK(sizeof(QueryOptions) == 184);  // x86-64, libstdc++
+  QueryOptions o;
+  o.temperature = 0.5f;
+  o.top_m = 0xFFFFFFFF;
+  o.threads = 3;  // not on the wire
+  o.top_k = 0xFFFFFFFF;
+  o.epsilon = 0.125f;
+  o.error_target = 0.0625f;
+  o.ef_search = 1;
+  o.nprobe = 0xFFFFFFFF;
+  o.check_sample = 0;
+  o.exact = true;
+  o.tags_any = {0, ~std::uint64_t{0}};
+  o.tag_range = TagRange{1, ~std::uint64_t{0}};
+  o.exclude_ids = {~std::uint64_t{0}};
+  o.iterations = 1000;
+  o.tolerance = 1e-30f;
+  const Query q{"c", QueryKind::soft, o, {1, 2}};
+  const auto back = std::get<Query>(decode_request(frame_of(encode_request(q, 7, 3)), 3));
+  CHECK(back.options.temperature == o.temperature);
+  CHECK_FALSE(back.options.scale.has_value());
+  CHECK(back.options.top_m == o.top_m);
+  CHECK(back.options.threads == 0);
+  CHECK(back.options.top_k == o.top_k);
+  CHECK(back.options.epsilon == o.epsilon);
+  CHECK(back.options.error_target == o.error_target);
+  CHECK(back.options.ef_search == o.ef_search);
+  CHECK(back.options.nprobe == o.nprobe);
+  CHECK(back.options.check_sample == 0);
+  CHECK(back.options.exact);
+  CHECK(back.options.tags_any == o.tags_any);
+  CHECK(back.options.tag_range->lo == 1);
+  CHECK(back.options.tag_range->hi == ~std::uint64_t{0});
+  CHECK(back.options.exclude_ids == o.exclude_ids);
+  CHECK(back.options.iterations == 1000);
+  CHECK(back.options.tolerance == 1e-30f);
+  for (std::uint16_t version : {std::uint16_t{1}, std::uint16_t{2}}) {
+    QueryOptions v3_only;
+    v3_only.error_target = 0.1f;
+    CHECK_THROWS_AS(encode_request(Query{"c", QueryKind::soft, v3_only, {1}}, 1, version), Error);
+    QueryOptions sample;
+    sample.check_sample = 8;
+    CHECK_THROWS_AS(encode_request(Query{"c", QueryKind::soft, sample, {1}}, 1, version), Error);
+    // A version-2 frame decoded as such leaves the v3 fields at their defaults.
+    const auto old = std::get<Query>(decode_request(frame_of(encode_request(Query{"c", QueryKind::soft, {}, {1}}, 1, version)), version));
+    CHECK_FALSE(old.options.error_target.has_value());
+    CHECK(old.options.check_sample == QueryOptions{}.check_sample);
+  }
+  // The flag byte of error_target takes 0 or 1 only.
+  auto bytes = encode_request(Query{"c", QueryKind::soft, {}, {1}}, 1, 3);
+  const std::size_t flag_at = bytes.size() - 4 - 4 - 4 - 4 - 1;  // before f32 target, u32 check_sample, u32 count + 1 float
+  REQUIRE(bytes[flag_at] == std::byte{0});
+  bytes[flag_at] = std::byte{2};
+  CHECK_THROWS_AS(decode_request(frame_of(bytes), 3), Error);
+
+  SoftResult s;
+  s.value = {1.0f};
+  s.candidates = 5;
+  s.rows_scored = 1u << 20;
+  s.error_estimate = 0.0078125;
+  const auto v3 = std::get<SoftReply>(decode_reply(Opcode::query, frame_of(encode_reply(Opcode::query, 5, SoftReply{{s}}, 3)), QueryKind::soft, 3));
+  CHECK(v3.results.at(0).rows_scored == s.rows_scored);
+  CHECK(v3.results.at(0).error_estimate == s.error_estimate);
+  const auto v2 = std::get<SoftReply>(decode_reply(Opcode::query, frame_of(encode_reply(Opcode::query, 5, SoftReply{{s}}, 2)), QueryKind::soft, 2));
+  CHECK(v2.results.at(0).rows_scored == 5);  // a version-2 reply says candidates
+  CHECK(v2.results.at(0).error_estimate == 0.0);
+}

@@ -20,7 +20,7 @@ struct ClientOptions {
   std::string token;                  ///< auth token; sent after hello when non-empty
   double timeout_seconds = 60;        ///< per send/receive; a slower server is an io_error
   std::uint32_t max_frame = 64u << 20;  ///< largest frame length sent or accepted (match the server's --max-frame); a larger request fails locally with frame_too_large
-  std::uint16_t protocol_version = 2;  ///< highest protocol version to speak (1 or 2); hello settles on min(this, the server's)
+  std::uint16_t protocol_version = 3;  ///< highest protocol version to speak (1, 2 or 3); hello settles on min(this, the server's)
 };
 
 /// Server-wide figures.

@@ -263,12 +263,14 @@ class Client:
                    top_m: int = 0, top_k: Optional[int] = None, epsilon: Optional[float] = None, ef_search: int = 64,
                    nprobe: int = 16, tags_any: Optional[Sequence[int]] = None,
                    tag_range: Optional[tuple[int, int]] = None, exclude: Optional[Sequence[int]] = None,
-                   iterations: int = 1, tolerance: float = 0.0) -> SoftResult: ...
+                   iterations: int = 1, tolerance: float = 0.0, error_target: Optional[float] = None,
+                   check_sample: int = 256) -> SoftResult: ...
     def query_soft_batch(self, name: str, queries: ArrayLike, temperature: Optional[float] = None,
                          scale: Optional[float] = None, top_m: int = 0, top_k: Optional[int] = None,
                          epsilon: Optional[float] = None, ef_search: int = 64, nprobe: int = 16, tags_any: Optional[Sequence[int]] = None,
                    tag_range: Optional[tuple[int, int]] = None, exclude: Optional[Sequence[int]] = None,
-                   iterations: int = 1, tolerance: float = 0.0) -> SoftBatchResult: ...
+                   iterations: int = 1, tolerance: float = 0.0, error_target: Optional[float] = None,
+                         check_sample: int = 256) -> SoftBatchResult: ...
     def query_hard(self, name: str, query: ArrayLike, temperature: Optional[float] = None, scale: Optional[float] = None,
                    exact: bool = False, ef_search: int = 64, nprobe: int = 16, tags_any: Optional[Sequence[int]] = None,
                    tag_range: Optional[tuple[int, int]] = None, exclude: Optional[Sequence[int]] = None) -> HardResult: ...

@@ -23,7 +23,7 @@ import numpy as np
 from ._errors import Error, make_error
 from ._results import Contributors, HardBatchResult, HardResult, SoftBatchResult, SoftResult
 
-PROTOCOL_VERSION = 2  # the highest protocol version this client speaks (docs/PROTOCOL.md)
+PROTOCOL_VERSION = 3  # the highest protocol version this client speaks (docs/PROTOCOL.md)
 _ERROR_OPCODE = 0xFF
 _REPLY_BIT = 0x80
 _OP = {
@@ -144,8 +144,8 @@ class Client:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 7878, token: str | None = None, timeout: float = 60.0,
                  max_frame: int = 64 << 20, protocol_version: int = PROTOCOL_VERSION):
-        if protocol_version not in (1, 2):
-            raise make_error(5, f"protocol_version {protocol_version} is not one this client speaks (1 or 2)")
+        if protocol_version not in (1, 2, 3):
+            raise make_error(5, f"protocol_version {protocol_version} is not one this client speaks (1, 2 or 3)")
         self.max_frame = max_frame
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -270,6 +270,10 @@ class Client:
         self._call("upsert", self._with_tags(w, tags))
 
     # ---- tags and masks: version-2 fields, refused (not dropped) on a version-1 connection ----
+    def _require_v3(self, what: str):
+        if self.protocol_version < 3:
+            raise make_error(12, f"{what} needs protocol version 3; this connection speaks {self.protocol_version}")
+
     def _require_v2(self, what: str):
         if self.protocol_version < 2:
             raise make_error(12, f"{what} need protocol version 2; this connection speaks {self.protocol_version}")
@@ -306,7 +310,8 @@ class Client:
         return (key, value, tag) if with_tag else (key, value)
 
     def _query(self, name, kind, queries, temperature, scale, top_m, top_k, epsilon, ef_search, nprobe, exact,
-               tags_any=None, tag_range=None, exclude=None, iterations=1, tolerance=0.0) -> _Reader:
+               tags_any=None, tag_range=None, exclude=None, iterations=1, tolerance=0.0, error_target=None,
+               check_sample=256) -> _Reader:
         flags = (temperature is not None) | (scale is not None) << 1 | (top_k is not None) << 2 | (epsilon is not None) << 3 | bool(exact) << 4
         w = _Writer().string(name).put("B", kind)
         w.put("BffIIfII", flags, temperature or 0.0, scale or 0.0, top_m, top_k or 0, epsilon or 0.0, ef_search, nprobe)
@@ -317,16 +322,23 @@ class Client:
             if not 0 <= iterations <= 0xFFFFFFFF:
                 raise make_error(5, f"iterations must lie in [1, 1000], got {iterations}")
             w.put("If", iterations, tolerance)
+        if error_target is not None or check_sample != 256:
+            self._require_v3("error_target" if error_target is not None else "a check_sample other than 256")
+        if self.protocol_version >= 3:  # (v3) the estimate's target and hnsw's sampled check; the server checks the ranges
+            if _u64(check_sample, "check_sample") > 0xFFFFFFFF:
+                raise make_error(5, f"check_sample must lie in [0, 2^32 - 1], got {check_sample}")
+            w.put("BfI", error_target is not None, 0.0 if error_target is None else error_target, check_sample)
         return self._call("query", w.array(queries, np.float32))
 
     def query_soft_batch(self, name: str, queries, temperature=None, scale=None, top_m=0, top_k=None, epsilon=None,
                          ef_search=64, nprobe=16, tags_any=None, tag_range=None, exclude=None, iterations=1,
-                         tolerance=0.0) -> SoftBatchResult:
+                         tolerance=0.0, error_target=None, check_sample=256) -> SoftBatchResult:
         """Soft retrieval for (B, d) queries; answers as the native Collection.query_soft_batch gives them.
         Masks (protocol 2): tags_any (tags), tag_range (lo, hi) inclusive, exclude (ids); all must hold.
-        Iterative retrieval (protocol 2): iterations (1..1000) and tolerance (>= 0), each query on its own."""
+        Iterative retrieval (protocol 2): iterations (1..1000) and tolerance (>= 0), each query on its own.
+        Estimated answers (protocol 3): error_target (>= 0, docs/PRUNING.md); check_sample: hnsw's sampled check."""
         r = self._query(name, 0, _queries(queries, 2, "queries"), temperature, scale, top_m, top_k, epsilon, ef_search,
-                        nprobe, False, tags_any, tag_range, exclude, iterations, tolerance)
+                        nprobe, False, tags_any, tag_range, exclude, iterations, tolerance, error_target, check_sample)
         return SoftBatchResult.from_results(self._soft_results(r), 0)
 
     def _soft_results(self, r: _Reader) -> list:
@@ -355,15 +367,17 @@ class Client:
                 result.head_lse = np.array(lse, dtype=np.float64)
                 result.head_max_score = np.array(mx, dtype=np.float32)
                 result.head_top = tuple(tops)
+            if self.protocol_version >= 3:  # (v3) rows scored and the estimate's error
+                result.rows_scored, result.error_estimate = r.get("Qd")
             results.append(result)
         return results
 
     def query_soft(self, name: str, query, temperature=None, scale=None, top_m=0, top_k=None, epsilon=None,
                    ef_search=64, nprobe=16, tags_any=None, tag_range=None, exclude=None, iterations=1,
-                   tolerance=0.0) -> SoftResult:
-        """Soft retrieval for one (d,) query: a SoftResult. Masks and iterations as in query_soft_batch."""
+                   tolerance=0.0, error_target=None, check_sample=256) -> SoftResult:
+        """Soft retrieval for one (d,) query: a SoftResult. Masks, iterations and estimates as in query_soft_batch."""
         r = self._query(name, 0, _queries(query, 1, "query"), temperature, scale, top_m, top_k, epsilon, ef_search, nprobe,
-                        False, tags_any, tag_range, exclude, iterations, tolerance)
+                        False, tags_any, tag_range, exclude, iterations, tolerance, error_target, check_sample)
         return self._soft_results(r)[0]
 
     def query_hard_batch(self, name: str, queries, temperature=None, scale=None, exact=False, ef_search=64,

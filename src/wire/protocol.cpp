@@ -75,6 +75,28 @@ void require_v2(std::uint16_t version, bool needed, std::string_view what) {
     throw Error(ErrorCode::unsupported, std::string(what) + " need protocol version 2; this connection speaks " + std::to_string(version));
 }
 
+// A field of version 3 (error_target, check_sample) is refused below it, as require_v2 does.
+void require_v3(std::uint16_t version, bool needed, std::string_view what) {
+  if (needed && version < 3)
+    throw Error(ErrorCode::unsupported, std::string(what) + " needs protocol version 3; this connection speaks " + std::to_string(version));
+}
+
+// ---- estimates and the sampled check (v3), after the iterations: u8 has_error_target, f32 error_target,
+// u32 check_sample (hnsw's sampled check; its range and the target's are checked by the collection).
+void put_estimate(ByteWriter& w, const QueryOptions& o) {
+  w.put(static_cast<std::uint8_t>(o.error_target.has_value()));
+  w.put(o.error_target.value_or(0.0f));
+  w.put(static_cast<std::uint32_t>(std::min<std::size_t>(o.check_sample, 0xFFFFFFFFu)));
+}
+
+void get_estimate(ByteReader& r, QueryOptions& o) {
+  const auto has = r.get<std::uint8_t>("error_target flag");
+  const auto target = r.get<float>("error_target");
+  if (has > 1) malformed("error_target flag " + std::to_string(int(has)) + " is neither 0 nor 1");
+  if (has == 1) o.error_target = target;
+  o.check_sample = r.get<std::uint32_t>("check_sample");
+}
+
 // ---- iterations (v2), after the mask: u32 iterations, f32 tolerance (ranges checked by the collection).
 void put_iterations(ByteWriter& w, const QueryOptions& o) {
   w.put(static_cast<std::uint32_t>(std::min<std::size_t>(o.iterations, 0xFFFFFFFFu)));
@@ -260,11 +282,14 @@ std::vector<std::byte> encode_request(const Request& request, std::uint64_t requ
                    require_v2(version, !m.options.tags_any.empty() || m.options.tag_range || !m.options.exclude_ids.empty(),
                               "query masks (tags_any, tag_range, exclude_ids)");
                    require_v2(version, m.options.iterations != 1 || m.options.tolerance != 0.0f, "iterations and tolerance");
+                   require_v3(version, m.options.error_target.has_value(), "error_target");
+                   require_v3(version, m.options.check_sample != QueryOptions{}.check_sample, "a check_sample other than the default");
                    w.put_string(m.name);
                    w.put(static_cast<std::uint8_t>(m.kind));
                    put_options(w, m.options);
                    if (version >= 2) put_mask(w, m.options);
                    if (version >= 2) put_iterations(w, m.options);
+                   if (version >= 3) put_estimate(w, m.options);
                    put_array(w, m.queries);
                  },
                  [&](const Snapshot&) {},
@@ -336,6 +361,7 @@ Request decode_request(const Frame& frame, std::uint16_t version) {
       m.options = get_options(r);
       if (version >= 2) get_mask(r, m.options);
       if (version >= 2) get_iterations(r, m.options);
+      if (version >= 3) get_estimate(r, m.options);
       m.decoded_version = version;
       m.queries = get_array<float>(r, "queries");
       out = std::move(m);
@@ -407,6 +433,9 @@ std::vector<std::byte> encode_reply(Opcode request, std::uint64_t request_id, co
                        w.put(head.max_score);
                        put_contributors(w, head.top);
                      }
+                     if (version < 3) continue;
+                     w.put(std::uint64_t{s.rows_scored});  // (v3) rows scored and the estimate's error
+                     w.put(s.error_estimate);
                    }
                  },
                  [&](const HardReply& m) {
@@ -529,6 +558,12 @@ Reply decode_reply(Opcode request, const Frame& frame, QueryKind kind, std::uint
                 head.top = get_contributors(r, "head contributor count");
                 s.heads.push_back(std::move(head));
               }
+            }
+            if (version >= 3) {
+              s.rows_scored = r.get<std::uint64_t>("rows scored");
+              s.error_estimate = r.get<double>("error estimate");
+            } else {
+              s.rows_scored = s.candidates;  // what a version-1/2 reply can say
             }
             m.results.push_back(std::move(s));
           }

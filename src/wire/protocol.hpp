@@ -18,7 +18,7 @@
 
 namespace softkv::wire {
 
-inline constexpr std::uint16_t kProtocolVersion = 2;     ///< the highest version this codec speaks (sent in hello)
+inline constexpr std::uint16_t kProtocolVersion = 3;     ///< the highest version this codec speaks (sent in hello)
 inline constexpr std::uint16_t kMinProtocolVersion = 1;  ///< the lowest; a connection starts at it until hello
 
 /// The version a connection uses after a hello that named requested: min(requested, kProtocolVersion),

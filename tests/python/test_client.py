@@ -89,7 +89,45 @@ class ClientTest(unittest.TestCase):
         with Client(port=PORT) as c:
             self.assertEqual(c.protocol_version, ARGS.protocol)
         with self.assertRaises(softkv.InvalidArgument):
-            softkv.Client(port=PORT, protocol_version=3)
+            softkv.Client(port=PORT, protocol_version=4)
+
+    def test_error_target_over_the_wire(self):
+        """(v3) error_target and check_sample travel; the answer is the module's on the same rows, with
+        rows_scored and error_estimate; below version 3 they are refused, not dropped."""
+        with Client(port=PORT) as c:
+            rng = np.random.default_rng(9)
+            n, d = 40_000, 16
+            keys = rng.standard_normal((n, d), dtype=np.float32)
+            values = rng.standard_normal((n, d), dtype=np.float32)
+            local = softkv.Collection(d, d)
+            local.add_batch(keys, values)
+            q = rng.standard_normal(d, dtype=np.float32)
+            if c.protocol_version < 3:
+                with self.assertRaises(softkv.Unsupported):
+                    c.query_soft("nope", q, error_target=0.1)
+                with self.assertRaises(softkv.Unsupported):
+                    c.query_soft("nope", q, check_sample=8)
+                return
+            c.create_collection("est", d, d)
+            for first in range(0, n, 10_000):
+                c.add("est", keys[first:first + 10_000], values[first:first + 10_000])
+            got = c.query_soft("est", q, error_target=0.05)
+            want = local.query_soft(q, error_target=0.05)
+            np.testing.assert_array_equal(got.value, want.value)  # the same blocks: drawn from the query's bytes
+            self.assertEqual(got.rows_scored, want.rows_scored)
+            self.assertEqual(got.error_estimate, want.error_estimate)
+            self.assertLess(got.rows_scored, n)
+            self.assertGreater(got.error_estimate, 0.0)
+            batch = c.query_soft_batch("est", np.stack([q, q]), error_target=0.05)
+            self.assertEqual(list(batch.rows_scored), [want.rows_scored] * 2)
+            exact = c.query_soft("est", q)
+            self.assertEqual(exact.rows_scored, n)
+            self.assertEqual(exact.error_estimate, 0.0)
+            with self.assertRaises(softkv.InvalidArgument):
+                c.query_soft("est", q, error_target=float("nan"))
+            with self.assertRaises(softkv.InvalidArgument):
+                c.query_soft("est", q, check_sample=1 << 32)
+            c.drop_collection("est")
 
     def test_soft_and_hard_match_a_float64_reference(self):
         with Client(port=PORT) as c:
