@@ -1,7 +1,7 @@
 // pruning_bench: pruned soft retrieval (flat, IVF, HNSW) against the exact scan on clustered data,
 // and the crossover size from which IVF beats the scan (the default of IndexConfig::auto_threshold).
 //
-// Usage: pruning_bench [--n 1000000] [--hnsw-n 100000] [--d 128] [--queries 200] [--nlist 4096] [--nprobe 8] [--kinds ivf flat hnsw] [--crossover]
+// Usage: pruning_bench [--n 1000000] [--hnsw-n 100000] [--d 128] [--queries 200] [--nlist 4096] [--nprobe 8] [--kinds ivf flat hnsw exact] [--crossover]
 //        pruning_bench --violations [--n 100000 --d 64 --queries 400 --check-sample 256]
 #include <CLI/CLI.hpp>
 
@@ -228,6 +228,9 @@ void violations(std::size_t n, std::size_t d, std::size_t nq, float temperature,
 
 // ---- data regimes (issue "pruned soft retrieval never slower than the exact scan") ----
 
+// The error_target the regimes measure (docs/PRUNING.md, "Estimated answers").
+constexpr float kErrorTarget = 1e-2f;
+
 struct Regime {
   std::string name;
   float temperature;
@@ -299,8 +302,12 @@ void regimes(std::size_t n, std::size_t hnsw_n, std::size_t d, std::size_t nq, c
     std::size_t lse_rows = 0;  // the double-precision references, shared by the indexes over the same rows
     std::vector<double> lse_all(nq);
     std::vector<std::vector<double>> scores(nq);
-    for (const softkv::IndexKind kind : {softkv::IndexKind::ivf, softkv::IndexKind::flat, softkv::IndexKind::hnsw}) {
-      const char* name = kind == softkv::IndexKind::ivf ? "ivf" : kind == softkv::IndexKind::flat ? "flat" : "hnsw";
+    for (const softkv::IndexKind kind : {softkv::IndexKind::ivf, softkv::IndexKind::flat, softkv::IndexKind::hnsw, softkv::IndexKind::exact}) {
+      const char* name = kind == softkv::IndexKind::ivf    ? "ivf"
+                         : kind == softkv::IndexKind::flat ? "flat"
+                         : kind == softkv::IndexKind::hnsw ? "hnsw"
+                                                           : "exact";
+      const bool pruning = kind != softkv::IndexKind::exact;  // top_k and epsilon need an index; error_target does not
       if (std::find(kinds.begin(), kinds.end(), name) == kinds.end()) continue;
       const std::size_t rows = kind == softkv::IndexKind::hnsw ? std::min(n, hnsw_n) : n;
       softkv::CollectionConfig config{d, d, softkv::Metric::dot, {}, {}};
@@ -317,25 +324,53 @@ void regimes(std::size_t n, std::size_t hnsw_n, std::size_t d, std::size_t nq, c
       lse_rows = rows;
       // The exact scan and both pruned forms query by query in turn (twice), so that a change in the
       // machine's load (a shared VM) hits all three alike; medians over 2 x nq calls each.
-      softkv::QueryOptions top{.temperature = g.temperature}, eps{.temperature = g.temperature};
+      softkv::QueryOptions top{.temperature = g.temperature}, eps{.temperature = g.temperature}, est{.temperature = g.temperature};
       top.top_k = 32;
       eps.epsilon = 1e-3f;
-      const softkv::QueryOptions forms[3] = {{.temperature = g.temperature, .exact = true}, top, eps};
-      Run runs[3];
-      std::vector<double> times[3];
+      est.error_target = kErrorTarget;
+      const softkv::QueryOptions forms[4] = {{.temperature = g.temperature, .exact = true}, top, eps, est};
+      Run runs[4];
+      std::vector<double> times[4];
       for (int rep = 0; rep < 2; ++rep)
         for (std::size_t b = 0; b < nq; ++b)
-          for (int f = 0; f < 3; ++f) {
+          for (int f = 0; f < 4; ++f) {
+            if (!pruning && (f == 1 || f == 2)) continue;
             const auto t0 = Clock::now();
             softkv::SoftResult r = c.query_soft(qs[b], forms[f]);
             times[f].push_back(1e3 * seconds_since(t0));
             if (rep == 0) runs[f].results.push_back(std::move(r));
           }
-      for (int f = 0; f < 3; ++f) {
+      for (int f = 0; f < 4; ++f) {
+        if (times[f].empty()) continue;
         std::sort(times[f].begin(), times[f].end());
         runs[f].ms = times[f][times[f].size() / 2];
       }
       const Run& exact = runs[0];
+      // error_target: the true error of each answer against the double reference, relative to max |v|.
+      {
+        double value_max = 0;
+        for (std::size_t i = 0; i < rows * d; ++i) value_max = std::max(value_max, std::fabs(double(g.values[i])));
+        std::size_t over = 0, below = 0;
+        std::vector<double> share;
+        for (std::size_t b = 0; b < nq; ++b) {
+          const softkv::SoftResult& r = runs[3].results[b];
+          std::vector<double> ref(d, 0.0);
+          for (std::size_t i = 0; i < rows; ++i) {
+            const double w = std::exp(scores[b][i] - lse_all[b]);
+            for (std::size_t j = 0; j < d; ++j) ref[j] += w * g.values[i * d + j];
+          }
+          double err = 0;
+          for (std::size_t j = 0; j < d; ++j) err = std::max(err, std::fabs(double(r.value[j]) - ref[j]));
+          err /= value_max;
+          over += err > kErrorTarget;
+          below += err > r.error_estimate + 1e-5;  // float rounding is outside the estimate (docs/PRECISION.md)
+          share.push_back(100.0 * double(r.rows_scored) / double(rows));
+        }
+        std::sort(share.begin(), share.end());
+        std::printf("  %-10s %-12s %9.3f %9.3f %8.2fx %10.2f%% rows   over target %zu/%zu  estimate < true %zu/%zu\n", name, "est 1e-2",
+                    runs[3].ms, exact.ms, exact.ms / runs[3].ms, share[nq / 2], over, nq, below, nq);
+      }
+      if (!pruning) continue;
       for (const bool adaptive : {false, true}) {
         const softkv::QueryOptions& o = adaptive ? eps : top;
         const Run& pruned = runs[adaptive ? 2 : 1];
@@ -400,7 +435,9 @@ int main(int argc, char** argv) {
   app.add_flag("--violations", only_violations, "only measure how often hnsw/ivf tail bounds are violated, with and without the sampled check");
   app.add_flag("--regimes", only_regimes, "only the data regimes: exact, flat, ivf and hnsw on peaked, out-of-distribution, spread and heavy-tailed data");
   app.add_option("--check-sample", sample, "rows the sampled check scores (with --violations)");
-  app.add_option("--kinds", kinds, "index kinds to measure")->check(CLI::IsMember({"ivf", "flat", "hnsw"}))->capture_default_str();
+  app.add_option("--kinds", kinds, "index kinds to measure (exact: no index, error_target only, in --regimes)")
+      ->check(CLI::IsMember({"ivf", "flat", "hnsw", "exact"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table line as it is measured (runs take minutes)
   std::printf("softkv %s pruning bench, kernel path %s; clustered keys (clusters of 20), queries near stored keys\n",

@@ -14,7 +14,7 @@ cmake --build build -j "$(nproc)" --target softkv_bench pruning_bench masks_benc
 /usr/bin/python3 bench/coalescing_bench.py --build build --seconds "${BENCH_SERVER_SECONDS:-6}"
 # Pruning on five data regimes (peaked, out-of-distribution, spread, heavy-tailed): certified ivf and flat
 # against the exact scan at 1M, with how often a bound was below the truth (docs/PRUNING.md, "Measured").
-./build/bench/pruning_bench --regimes --n 1000000 --queries 20 --d 128 --kinds ivf flat | tee bench/results/PRUNING_REGIMES.txt
+./build/bench/pruning_bench --regimes --n 1000000 --queries 20 --d 128 --kinds ivf flat exact | tee bench/results/PRUNING_REGIMES.txt
 # Masked queries (1% and 50% of 1M rows, grouped and scattered tags) vs the unmasked scan; the
 # annotated run is bench/results/MASKS.md, this writes the latest table next to it.
 ./build/bench/masks_bench | tee bench/results/masks_latest.md
