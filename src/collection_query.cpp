@@ -207,8 +207,8 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
         std::memcpy(&bits, q + i, sizeof bits);
         seed = (seed ^ bits) * 0x100000001b3ull;
       }
-      const bool small = budget == std::numeric_limits<std::size_t>::max();
-      const detail::EstimateTarget sample{target, impl.value_max(), small ? budget : span.rows / 8, seed};
+      // (Small collections too: a sample past an eighth of the rows would cost more than the scan.)
+      const detail::EstimateTarget sample{target, impl.value_max(), span.rows / 8, seed, options.top_m};
       std::optional<detail::PrunedSoft> estimated = detail::estimated_soft(kernels, q, f, span, sample);
       if (!estimated) {
         detail::PrunedSoft all = exact();
@@ -315,6 +315,7 @@ void soft_pass(const Impl& impl, std::span<detail::SoftPending* const> members, 
       Impl::check_lse(r.lse);
       r.max_score = states[b].max;
       r.candidates = span.rows;
+      r.rows_scored = span.rows;
       r.value = detail::blended_value(kernels, q.data() + b * d, factor[b], span, states[b]);
       if (m.top_m > 0)
         for (const auto& item : detail::top_k_scan(kernels, q.data() + b * d, factor[b], span, m.top_m, impl.parts_for(options, d)))
@@ -436,6 +437,7 @@ SoftResult heads_answer(const detail::KernelTable& kernels, const float* q, cons
   result.max_score = result.heads[0].max_score;
   result.top = result.heads[0].top;
   result.candidates = rows.count;
+  result.rows_scored = rows.count;
   return result;
 }
 
@@ -610,10 +612,14 @@ void check_iterations(const Impl& impl, const QueryOptions& options, Retrieval k
 
 QueryResults Collection::query(std::span<const float> queries, Retrieval kind, const QueryOptions& options) const {
   const std::size_t d = impl_->dim(), dv = impl_->value_dim();
-  if (queries.empty() || queries.size() % d != 0)
+  if (queries.empty())
+    throw Error(ErrorCode::dimension_mismatch, "no query: give at least one query of d = " + std::to_string(d) + " floats");
+  if (queries.size() % d != 0)
     throw Error(ErrorCode::dimension_mismatch, "queries hold " + std::to_string(queries.size()) + " floats, not a multiple of d = " +
                                                    std::to_string(d));
   const std::size_t nq = queries.size() / d;
+  // Checked whole here, so that a bad value is named by its row in the batch, whichever path answers.
+  detail::check_finite(queries, "query", d);
   auto row = [&](std::size_t i) { return queries.subspan(i * d, d); };
   QueryResults out;
   // Multi-head queries share one pass (heads_soft_scan_batch), unless they want contributors or iterate.
@@ -671,6 +677,7 @@ QueryResults Collection::query(std::span<const float> queries, Retrieval kind, c
       s.lse = b.lse[i];
       s.max_score = b.max_score[i];
       s.candidates = rows;
+      s.rows_scored = rows;
       out.soft.push_back(std::move(s));
     }
     return std::move(out);

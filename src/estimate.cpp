@@ -10,6 +10,8 @@
 // random sample of its own, and whatever correlation its rows have is in the block totals the variance uses.
 #include "estimate.hpp"
 
+#include "top_scores.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,6 +19,16 @@
 #include <vector>
 
 namespace softkv::detail {
+namespace {
+
+// Offers a block's scores to one TopScores over every sampled block (its rows' ids from the block's start).
+struct BlockSink final : ScoreSink {
+  TopScores* top = nullptr;
+  const std::uint64_t* ids = nullptr;
+  void offer(const float* scores, std::size_t first_row, std::size_t count) override { top->offer_ids(scores, ids + first_row, count); }
+};
+
+}  // namespace
 
 double simultaneous_z(std::size_t dv) {
   // Two-sided tail 1 - kCheckConfidence shared by dv coordinates: solve erfc(z / sqrt 2) = alpha by bisection.
@@ -45,6 +57,9 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
   std::vector<double> y(dv), t(dv);
   std::size_t scored = 0;
   double miss = 1;  // prod over the rounds of (1 - pi_r)
+  TopScores top(target.top_m, nullptr);
+  BlockSink sink;
+  sink.top = &top;
   // Rounds: the first draws about 64 blocks; each later one as many as the last round's error says are
   // needed (1.1 x (error / target)^2 times as many, at least 1.5 and at most 16 times), until the target is met by a sample whose weight
   // is spread over enough blocks for the normal approximation.
@@ -61,7 +76,9 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
       maxes.push_back(-std::numeric_limits<float>::infinity());
       sums.push_back(0.0f);
       accs.resize(accs.size() + dv, 0.0f);
-      kernels.soft_scan(query, scale, span.sub(first, rows), maxes.back(), sums.back(), accs.data() + accs.size() - dv, nullptr);
+      sink.ids = span.ids + first;
+      kernels.soft_scan(query, scale, span.sub(first, rows), maxes.back(), sums.back(), accs.data() + accs.size() - dv,
+                        target.top_m > 0 ? &sink : nullptr);
       scored += rows;
       return std::isfinite(maxes.back()) && std::isfinite(sums.back());  // out of range: the exact path reports it
     };
@@ -75,8 +92,8 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
         if (!scan_block(static_cast<std::size_t>(b))) return std::nullopt;
     }
     miss *= 1 - std::max(0.0, pi_round);
-    const double pi = 1 - miss;
     const std::size_t n = maxes.size();
+    const double pi = n == blocks ? 1.0 : 1 - miss;  // every block read: the exact answer, whatever the draws
     if (n == 0) {
       m = std::min(m * 2, static_cast<double>(blocks));
       continue;
@@ -119,6 +136,7 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
       result.k = scored;
       result.rows_scored = scored;
       result.error_estimate = pi >= 1 ? 0.0 : error;
+      result.scan.top = top.sorted();
       return result;
     }
     const double grow = spread ? std::clamp(error * error / (target.error_target * target.error_target) * 1.1, 1.5, 16.0) : 4.0;

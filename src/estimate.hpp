@@ -17,6 +17,7 @@ struct EstimateTarget {
   double value_max = 0;         ///< an upper bound on max_i ||v_i||_inf over the live rows
   std::size_t budget_rows = 0;  ///< most rows to score, all rounds together, before the exact scan is cheaper
   std::uint64_t seed = 0;       ///< the sample's seed (the same query and seed draw the same rows)
+  std::size_t top_m = 0;        ///< contributors to report: the sampled rows with the largest scores
 };
 
 /// z of a two-sided normal interval holding dv coordinates at once with probability kCheckConfidence
@@ -39,7 +40,8 @@ inline constexpr double kMinEffectiveBlocks = 32;
 /// sample spread over kMinEffectiveBlocks or more; nullopt once the rounds would score more than
 /// budget_rows rows: the exact scan is cheaper. The
 /// result's k is the rows scored in the last round, rows_scored those of every round, error_estimate
-/// the estimate; top_m contributors are not reported (blocks are blended by the kernels in one pass).
+/// the estimate; its top rows are the top_m sampled rows with the largest scores. A sample that came
+/// to hold every block is the exact answer (error_estimate 0).
 std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                                          const EstimateTarget& target);
 

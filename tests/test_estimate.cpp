@@ -135,8 +135,8 @@ TEST_CASE("error_target: its extremes, and the options it does not combine with"
   CHECK(zero.rows_scored == n);
   CHECK(zero.error_estimate == 0.0);
   // 1 (any blend of the values is within it): a first round of 64 blocks answers (without an index to walk).
-  Collection plain({d, dv});
-  plain.add_batch(keys, values);
+  Collection plain({d, dv});  // 40,000 rows: below 16,384 the scan answers at once
+  plain.add_batch(test::normal_floats(40000 * d, 25), test::normal_floats(40000 * dv, 26));
   const SoftResult loose = plain.query_soft(q, {.error_target = 1.0f});
   CHECK(loose.rows_scored >= 32 * 32);  // 64 blocks expected: each block is drawn on its own
   CHECK(loose.rows_scored <= 96 * 32);
@@ -218,5 +218,75 @@ TEST_CASE("error_target: fewer rows than a block, compact precisions, and remove
     const Tally t = run(c, rest, rest_values, n - 20000, d, dv, 1.0f, 0.05f);
     CHECK(t.over_target * 5 <= t.answers);
     CHECK(t.estimate_below_truth * 5 <= t.answers);
+  }
+}
+
+TEST_CASE("rows_scored on every path, top_m from a sample, and the small collections a sample cannot help", "[estimate]") {
+  const std::size_t d = 16, dv = 16;
+  {  // every exact path reports the rows it scored: single, fused batch, coalesced, multi-head
+    const std::size_t n = 3000;
+    const auto keys = test::normal_floats(n * d, 61), values = test::normal_floats(n * dv, 62), qs = test::normal_floats(4 * d, 63);
+    Collection c({d, dv});
+    c.add_batch(keys, values);
+    CHECK(c.query_soft({qs.data(), d}).rows_scored == n);
+    for (const SoftResult& r : c.query(qs, Retrieval::soft, {}).soft) CHECK(r.rows_scored == n);
+    CollectionConfig heads{d, dv};
+    heads.heads = 4;
+    Collection h(heads);
+    h.add_batch(keys, values);
+    CHECK(h.query_soft({qs.data(), d}).rows_scored == n);
+    for (const SoftResult& r : h.query(qs, Retrieval::soft, {}).soft) CHECK(r.rows_scored == n);
+  }
+  {  // below 16,384 rows the first round would pass an eighth of them: the scan answers, exactly
+    const std::size_t n = 2049;
+    const auto keys = test::normal_floats(n * d, 64), values = test::normal_floats(n * dv, 65), q = test::normal_floats(d, 66);
+    Collection c({d, dv});
+    c.add_batch(keys, values);
+    const SoftResult r = c.query_soft(q, {.error_target = 0.05f});
+    CHECK(r.rows_scored == n);
+    CHECK(r.candidates == n);
+    CHECK(r.error_estimate == 0.0);
+  }
+  {  // a sampled answer reports its sampled rows with the largest scores as contributors
+    const std::size_t n = 100000;
+    const auto keys = test::normal_floats(n * d, 67), values = test::normal_floats(n * dv, 68), q = test::normal_floats(d, 69);
+    Collection c({d, dv});
+    c.add_batch(keys, values);
+    const SoftResult r = c.query_soft(q, {.top_m = 5, .error_target = 0.1f});
+    REQUIRE(r.rows_scored < n);
+    REQUIRE(r.top.size() == 5);
+    for (std::size_t i = 1; i < 5; ++i) CHECK(r.top[i - 1].score >= r.top[i].score);
+    for (const Contributor& t : r.top) {  // each a real row, scored as the scan scores it
+      const auto e = c.get(t.id);
+      double dot = 0;
+      for (std::size_t j = 0; j < d; ++j) dot += double(q[j]) * e.key[j];
+      CHECK(std::fabs(dot / 4.0 - t.score) < 1e-4);
+      CHECK(t.weight > 0.0f);
+      CHECK(t.weight < 1.0f);
+    }
+  }
+}
+
+TEST_CASE("a bad value in a batch answered query by query is named by its row in the batch", "[estimate][errors]") {
+  const std::size_t d = 4;
+  Collection c({d, 2});
+  c.add(std::vector<float>{1, 0, 0, 0}, std::vector<float>{1, 2});
+  std::vector<float> qs(6 * d, 0.5f);
+  qs[5 * d + 3] = std::numeric_limits<float>::quiet_NaN();
+  for (const QueryOptions& o : {QueryOptions{.error_target = 0.1f}, QueryOptions{.top_m = 2}, QueryOptions{}}) {
+    try {
+      (void)c.query(qs, Retrieval::soft, o);
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::non_finite);
+      CHECK(std::string(e.what()).find("row 5") != std::string::npos);
+    }
+  }
+  try {
+    (void)c.query(std::vector<float>{}, Retrieval::soft, {});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::dimension_mismatch);
+    CHECK(std::string(e.what()).find("no query") != std::string::npos);
   }
 }

@@ -208,6 +208,7 @@ SoftResult soft_answer(PartialRecords& records, std::size_t i) {
   if (!std::isfinite(r.lse)) throw Error(ErrorCode::numeric_overflow, "sharded query: the merged log-sum-exp is not finite");
   r.max_score = s.max;
   r.candidates = records.header(i).rows;
+  r.rows_scored = r.candidates;
   for (std::size_t j = 0; j < records.header(i).top_count; ++j) {
     const float score = records.top_scores(i)[j];
     r.top.push_back({records.top_ids(i)[j], static_cast<float>(std::exp(static_cast<double>(score) - r.lse)), score});
