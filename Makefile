@@ -16,9 +16,10 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Only what the server needs (the library and softkv-server; not the tests, benchmarks or examples).
+# Only what the server needs (the library, softkv-server and the softkv command-line client it names at
+# start; not the tests, benchmarks, examples or the Python module).
 server: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target softkv-server
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target softkv-server softkv-cli
 
 # The main job on an embedded default: softkv-server on ./softkv-data, 127.0.0.1:7878 (Ctrl-C stops it
 # after finishing in-flight requests and writing a snapshot).

@@ -2,6 +2,8 @@
 // so answers over TCP equal the library's bit for bit.
 #include "handler.hpp"
 
+#include "error_of.hpp"
+
 #include <algorithm>
 #include <string>
 
@@ -103,17 +105,8 @@ wire::Reply Handler::handle(const wire::Request& request) {
 }
 
 wire::ErrorReply current_error_reply() {
-  try {
-    throw;
-  } catch (const Error& e) {
-    return wire::ErrorReply{e.code(), e.what()};
-  } catch (const std::bad_alloc&) {  // a resource limit, not the caller's mistake
-    return wire::ErrorReply{ErrorCode::resource_exhausted, "the request needs more memory than the server could allocate"};
-  } catch (const std::exception& e) {  // anything else escaping the engine is a bug: say so, and keep serving
-    return wire::ErrorReply{ErrorCode::internal, std::string("internal error (please report): ") + e.what()};
-  } catch (...) {
-    return wire::ErrorReply{ErrorCode::internal, "internal error (please report): an exception of unknown type"};
-  }
+  detail::ErrorOf e = detail::error_of(std::current_exception());  // anything but an Error escaping the engine is a bug: said so, and the server keeps serving
+  return wire::ErrorReply{e.code, std::move(e.message)};
 }
 
 }  // namespace softkv::server

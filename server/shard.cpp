@@ -15,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "error_of.hpp"
 #include "handler.hpp"
 #include "mpi/sharded_impl.hpp"
 #include "overloaded.hpp"
@@ -152,15 +153,10 @@ void Shard::agree(const Body& body) {
   std::string message;
   try {
     body();
-  } catch (const Error& e) {
-    code = static_cast<int>(e.code());
-    message = e.what();
-  } catch (const std::bad_alloc&) {
-    code = static_cast<int>(ErrorCode::resource_exhausted);
-    message = "out of memory on shard " + std::to_string(rank_);
-  } catch (const std::exception& e) {
-    code = static_cast<int>(ErrorCode::internal);
-    message = std::string("internal error (please report): ") + e.what();
+  } catch (...) {  // whatever it is, every rank must reach the reduction below
+    const detail::ErrorOf e = detail::error_of(std::current_exception());
+    code = static_cast<int>(e.code);
+    message = e.code == ErrorCode::resource_exhausted ? "out of memory on shard " + std::to_string(rank_) : e.message;
   }
   struct {
     int code;

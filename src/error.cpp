@@ -1,6 +1,10 @@
 // softkv::Error and the stable names of its codes.
 #include "softkv/error.hpp"
 
+#include <new>
+
+#include "error_of.hpp"
+
 namespace softkv {
 
 std::string_view to_string(ErrorCode code) noexcept {
@@ -48,3 +52,21 @@ std::string prefixed(ErrorCode code, const std::string& message) {
 Error::Error(ErrorCode code, const std::string& message) : std::runtime_error(prefixed(code, message)), code_(code) {}
 
 }  // namespace softkv
+
+namespace softkv::detail {
+
+ErrorOf error_of(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    return {e.code(), e.what()};
+  } catch (const std::bad_alloc&) {
+    return {ErrorCode::resource_exhausted, "out of memory: the request needs more memory than could be allocated"};
+  } catch (const std::exception& e) {
+    return {ErrorCode::internal, std::string("internal error (please report): ") + e.what()};
+  } catch (...) {
+    return {ErrorCode::internal, "internal error (please report): an exception of unknown type"};
+  }
+}
+
+}  // namespace softkv::detail

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "error_of.hpp"
 #include "mpi/sharded_impl.hpp"
 #include "mask.hpp"
 #include "pruning.hpp"
@@ -106,12 +107,10 @@ struct LocalFailure {
   void run(const Body& body) {
     try {
       body();
-    } catch (const Error& e) {
-      code = static_cast<std::uint32_t>(e.code());
-      message = e.what();
-    } catch (const std::bad_alloc&) {
-      code = static_cast<std::uint32_t>(ErrorCode::resource_exhausted);
-      message = "sharded query: out of memory on a shard";
+    } catch (...) {  // any exception (a FAISS one too): every rank must still reach the reduction that follows
+      const detail::ErrorOf e = detail::error_of(std::current_exception());
+      code = static_cast<std::uint32_t>(e.code);
+      message = e.code == ErrorCode::resource_exhausted ? "sharded query: out of memory on a shard" : e.message;
     }
   }
 
