@@ -1,4 +1,5 @@
-// The machine's limits, measured in the benchmark's own process: read bandwidth and sgemm throughput.
+// The machine's limits, measured in the benchmark's own process: read bandwidth, sgemm throughput and
+// the FMA peak.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,12 @@ class BandwidthProbe {
 
 /// GFLOP/s of OpenBLAS sgemm on n x n matrices with this many OpenBLAS threads (best of reps).
 double sgemm_gflops(std::size_t n, int threads, int reps);
+
+/// GFLOP/s of a register-only loop of independent float fused multiply-adds on threads threads, in the
+/// widest vectors the CPU runs (AVX-512, AVX2+FMA, else SSE2 multiply and add): the compute peak no
+/// kernel can pass, measured rather than taken from a datasheet (clocks and FMA units differ per CPU).
+/// Best of reps. isa receives the instruction set used.
+double fma_peak_gflops(unsigned threads, int reps, std::string* isa = nullptr);
 
 /// The CPU model from /proc/cpuinfo.
 std::string cpu_model();
