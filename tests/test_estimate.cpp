@@ -10,8 +10,10 @@
 #include <string>
 
 #include "errors.hpp"
+#include "estimate.hpp"
 #include "reference.hpp"
 #include "regimes.hpp"
+#include "simd/kernel_table.hpp"
 #include "softkv/softkv.hpp"
 
 using namespace softkv;
@@ -288,5 +290,47 @@ TEST_CASE("a bad value in a batch answered query by query is named by its row in
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::dimension_mismatch);
     CHECK(std::string(e.what()).find("no query") != std::string::npos);
+  }
+}
+
+namespace {
+
+// The kernels with soft_scan counting the rows it is given: what an estimate really scores.
+std::size_t counted_rows = 0;
+const detail::KernelTable* real_kernels = nullptr;
+
+void counting_soft_scan(const float* query, float scale, const detail::RowSpan& span, float& max, float& sum, float* acc,
+                        detail::ScoreSink* sink) {
+  counted_rows += span.rows;
+  real_kernels->soft_scan(query, scale, span, max, sum, acc, sink);
+}
+
+}  // namespace
+
+TEST_CASE("rows_scored of an estimate equals the rows its kernels scored", "[estimate]") {
+  const std::size_t n = 100000, d = 16, dv = 16;
+  const auto keys = test::normal_floats(n * d, 71), values = test::normal_floats(n * dv, 72), qs = test::normal_floats(6 * d, 73);
+  real_kernels = &detail::kernels();
+  detail::KernelTable counting = *real_kernels;
+  counting.soft_scan = counting_soft_scan;
+  std::vector<std::uint64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = i;
+  const detail::RowSpan with_ids{keys.data(), values.data(), ids.data(), n, d, dv};
+  double value_max = 0;
+  for (float v : values) value_max = std::max(value_max, std::fabs(static_cast<double>(v)));
+  for (float target : {0.2f, 0.05f, 0.02f}) {
+    for (std::size_t b = 0; b < 6; ++b) {
+      counted_rows = 0;
+      const detail::EstimateTarget t{target, value_max, n / 8, 1000 + b, 3};
+      const std::optional<detail::PrunedSoft> r = detail::estimated_soft(counting, qs.data() + b * d, 0.25f, with_ids, t);
+      if (!r) {  // gave up within the budget: it scored at most an eighth of the rows
+        CHECK(counted_rows <= n / 8 + 64 * detail::kEstimateBlockRows);
+        continue;
+      }
+      INFO("target " << target << ", query " << b);
+      CHECK(r->rows_scored == counted_rows);
+      CHECK(r->k == counted_rows);
+      CHECK(counted_rows % detail::kEstimateBlockRows == 0);  // whole blocks (n is a multiple of the block)
+    }
   }
 }
