@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "../examples/fashion_mnist_data.hpp"
 #include "softkv/softkv.hpp"
 
 namespace {
@@ -234,8 +236,39 @@ constexpr float kErrorTarget = 1e-2f;
 struct Regime {
   std::string name;
   float temperature;
-  std::vector<float> keys, values, queries;  // n x d, n x d, nq x d
+  std::vector<float> keys, values, queries;  // n x d, n x dv, nq x d
+  std::size_t d = 0, dv = 0;                 // 0: the bench's d for both
 };
+
+// Fashion-MNIST (Debian's dataset-fashion-mnist): the 60,000 training images as keys (unit length, as a
+// cosine collection stores them), their one-hot labels as values, and test images with their lower half
+// blanked as queries (renormalised): real data, queries unlike any stored key. None when the files are missing.
+std::optional<Regime> fashion_mnist_regime(std::size_t nq) {
+  namespace fm = softkv::fashion_mnist;
+  try {
+    const fm::Split train = fm::load(fm::kDefaultDir, "train", 60000), test = fm::load(fm::kDefaultDir, "t10k", 10000);
+    const auto unit = [](float* x) {
+      double s = 0;
+      for (std::size_t j = 0; j < fm::kPixels; ++j) s += double(x[j]) * x[j];
+      const float inv = s > 0 ? static_cast<float>(1 / std::sqrt(s)) : 0.0f;
+      for (std::size_t j = 0; j < fm::kPixels; ++j) x[j] *= inv;
+    };
+    Regime r{"Fashion-MNIST, half-blanked test images (T = 0.002: s = cosine x 17.9)", 0.002f, train.images, train.one_hot, {},
+             fm::kPixels, fm::kClasses};
+    for (std::size_t i = 0; i < 60000; ++i) unit(r.keys.data() + i * fm::kPixels);
+    for (std::size_t b = 0; b < nq; ++b) {
+      std::vector<float> q(test.images.begin() + static_cast<std::ptrdiff_t>(b * 97 % 10000 * fm::kPixels),
+                           test.images.begin() + static_cast<std::ptrdiff_t>((b * 97 % 10000 + 1) * fm::kPixels));
+      std::fill(q.begin() + fm::kPixels / 2, q.end(), 0.0f);
+      unit(q.data());
+      r.queries.insert(r.queries.end(), q.begin(), q.end());
+    }
+    return r;
+  } catch (const std::exception& e) {
+    std::printf(" (Fashion-MNIST regime skipped: %s)\n", e.what());
+    return std::nullopt;
+  }
+}
 
 // Gaussian keys with a shared offset and three massive channels (as transformer keys have).
 std::vector<float> heavy_tailed(std::size_t n, std::size_t d, std::uint64_t seed) {
@@ -271,6 +304,7 @@ std::vector<Regime> make_regimes(std::size_t n, std::size_t d, std::size_t nq) {
   out.push_back({"spread, Gaussian keys and queries (T = 1)", 1.0f, gaussian, values, gq});
   out.push_back({"Gaussian keys and queries (T = 0.3)", 0.3f, gaussian, values, gq});
   out.push_back({"heavy-tailed keys, Gaussian queries (T = 1)", 1.0f, heavy_tailed(n, d, 5), values, gq});
+  if (auto fm = fashion_mnist_regime(nq)) out.push_back(std::move(*fm));
   return out;
 }
 
@@ -292,13 +326,14 @@ double lse_of(const std::vector<float>& keys, const float* q, std::size_t d, dou
 // Each regime: exact, flat, ivf (certified) and hnsw (on the first hnsw_n rows), top_k 32 and epsilon 1e-3:
 // median ms, speed-up over the exact scan of the same collection, median candidates, and how many answers'
 // true omitted mass exceeded their reported bound (guaranteed bounds never may).
-void regimes(std::size_t n, std::size_t hnsw_n, std::size_t d, std::size_t nq, const std::vector<std::string>& kinds) {
+void regimes(std::size_t n_all, std::size_t hnsw_n, std::size_t d_all, std::size_t nq, const std::vector<std::string>& kinds) {
   std::printf("\nregimes: N = %zu (hnsw: %zu), d = dv = %zu, %zu queries each; speed-up = exact scan ms / pruned ms, same collection\n",
-              n, hnsw_n, d, nq);
+              n_all, hnsw_n, d_all, nq);
   std::printf("  %-10s %-12s %9s %9s %9s %11s %11s %6s\n", "index", "query", "ms", "exact ms", "speed-up", "candidates",
               "bound < true", "guar.");
-  for (const Regime& g : make_regimes(n, d, nq)) {
-    std::printf(" %s\n", g.name.c_str());
+  for (const Regime& g : make_regimes(n_all, d_all, nq)) {
+    const std::size_t d = g.d != 0 ? g.d : d_all, dv = g.dv != 0 ? g.dv : d_all, n = g.keys.size() / d;
+    std::printf(" %s%s\n", g.name.c_str(), g.d != 0 ? (" (N = " + std::to_string(n) + ", d = " + std::to_string(d) + ", dv = " + std::to_string(dv) + ")").c_str() : "");
     std::size_t lse_rows = 0;  // the double-precision references, shared by the indexes over the same rows
     std::vector<double> lse_all(nq);
     std::vector<std::vector<double>> scores(nq);
@@ -310,11 +345,11 @@ void regimes(std::size_t n, std::size_t hnsw_n, std::size_t d, std::size_t nq, c
       const bool pruning = kind != softkv::IndexKind::exact;  // top_k and epsilon need an index; error_target does not
       if (std::find(kinds.begin(), kinds.end(), name) == kinds.end()) continue;
       const std::size_t rows = kind == softkv::IndexKind::hnsw ? std::min(n, hnsw_n) : n;
-      softkv::CollectionConfig config{d, d, softkv::Metric::dot, {}, {}};
+      softkv::CollectionConfig config{d, dv, softkv::Metric::dot, {}, {}};
       config.index.kind = kind;
       softkv::Collection c(config);
       const std::vector<float> keys(g.keys.begin(), g.keys.begin() + static_cast<std::ptrdiff_t>(rows * d));
-      c.add_batch(keys, std::span(g.values).first(rows * d));
+      c.add_batch(keys, std::span(g.values).first(rows * dv));
       c.wait_until_indexed();
       const double scale = c.resolve_scale({.temperature = g.temperature});
       std::vector<std::vector<float>> qs;
@@ -349,18 +384,18 @@ void regimes(std::size_t n, std::size_t hnsw_n, std::size_t d, std::size_t nq, c
       // error_target: the true error of each answer against the double reference, relative to max |v|.
       {
         double value_max = 0;
-        for (std::size_t i = 0; i < rows * d; ++i) value_max = std::max(value_max, std::fabs(double(g.values[i])));
+        for (std::size_t i = 0; i < rows * dv; ++i) value_max = std::max(value_max, std::fabs(double(g.values[i])));
         std::size_t over = 0, below = 0;
         std::vector<double> share;
         for (std::size_t b = 0; b < nq; ++b) {
           const softkv::SoftResult& r = runs[3].results[b];
-          std::vector<double> ref(d, 0.0);
+          std::vector<double> ref(dv, 0.0);
           for (std::size_t i = 0; i < rows; ++i) {
             const double w = std::exp(scores[b][i] - lse_all[b]);
-            for (std::size_t j = 0; j < d; ++j) ref[j] += w * g.values[i * d + j];
+            for (std::size_t j = 0; j < dv; ++j) ref[j] += w * g.values[i * dv + j];
           }
           double err = 0;
-          for (std::size_t j = 0; j < d; ++j) err = std::max(err, std::fabs(double(r.value[j]) - ref[j]));
+          for (std::size_t j = 0; j < dv; ++j) err = std::max(err, std::fabs(double(r.value[j]) - ref[j]));
           err /= value_max;
           over += err > kErrorTarget;
           below += err > r.error_estimate + 1e-5;  // float rounding is outside the estimate (docs/PRECISION.md)

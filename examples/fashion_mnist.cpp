@@ -5,7 +5,6 @@
 // distribution, whose argmax is the prediction (a soft nearest-neighbour / kernel classifier). The
 // scale (Hopfield's beta) is chosen on a validation split carved out of the training set.
 // Usage: fashion_mnist [--data DIR] [--pruned-queries N (default 1000; 10000 for the whole test set)]
-#include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,66 +16,20 @@
 #include <string>
 #include <vector>
 
+#include "fashion_mnist_data.hpp"
 #include "softkv/softkv.hpp"
 
 namespace {
 
-constexpr std::size_t kPixels = 28 * 28;
-constexpr std::size_t kClasses = 10;
+using softkv::fashion_mnist::kClasses;
+using softkv::fashion_mnist::kPixels;
+using softkv::fashion_mnist::load;
+using softkv::fashion_mnist::Split;
 
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Reads a whole gzip file; throws with the path on failure.
-std::vector<unsigned char> read_gzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) throw std::runtime_error("cannot open " + path);
-  std::vector<unsigned char> data;
-  unsigned char buf[1 << 16];
-  int n;
-  while ((n = gzread(f, buf, sizeof buf)) > 0) data.insert(data.end(), buf, buf + n);
-  const bool failed = n < 0;
-  gzclose(f);
-  if (failed) throw std::runtime_error("corrupt gzip data in " + path);
-  return data;
-}
-
-std::uint32_t big_endian_u32(const unsigned char* p) {
-  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
-}
-
-// An idx file: magic 0x0000080N (N dimensions of unsigned bytes), N big-endian sizes, then the bytes.
-std::vector<unsigned char> read_idx(const std::string& path, std::uint32_t dims, std::size_t expect_count,
-                                    std::size_t expect_item_size) {
-  std::vector<unsigned char> raw = read_gzip(path);
-  const std::size_t header = 4 + 4 * std::size_t{dims};
-  if (raw.size() < header || big_endian_u32(raw.data()) != (0x800u | dims))
-    throw std::runtime_error(path + " is not an idx file of " + std::to_string(dims) + " dimension(s)");
-  std::size_t count = big_endian_u32(raw.data() + 4), item = 1;
-  for (std::uint32_t i = 1; i < dims; ++i) item *= big_endian_u32(raw.data() + 4 + 4 * i);
-  if (count != expect_count || item != expect_item_size || raw.size() != header + count * item)
-    throw std::runtime_error(path + " has an unexpected size");
-  return {raw.begin() + static_cast<std::ptrdiff_t>(header), raw.end()};
-}
-
-struct Split {
-  std::vector<float> images;  // n x 784, pixels in [0, 1]
-  std::vector<unsigned char> labels;
-  std::vector<float> one_hot;  // n x 10
-  [[nodiscard]] std::size_t size() const { return labels.size(); }
-};
-
-Split load(const std::string& dir, const std::string& prefix, std::size_t n) {
-  Split s;
-  const auto pixels = read_idx(dir + "/" + prefix + "-images-idx3-ubyte.gz", 3, n, kPixels);
-  s.labels = read_idx(dir + "/" + prefix + "-labels-idx1-ubyte.gz", 1, n, 1);
-  s.images.resize(pixels.size());
-  std::transform(pixels.begin(), pixels.end(), s.images.begin(), [](unsigned char p) { return p / 255.0f; });
-  s.one_hot.assign(n * kClasses, 0.0f);
-  for (std::size_t i = 0; i < n; ++i) s.one_hot[i * kClasses + s.labels[i]] = 1.0f;
-  return s;
-}
 
 std::size_t argmax(const float* v) { return static_cast<std::size_t>(std::max_element(v, v + kClasses) - v); }
 
@@ -104,7 +57,7 @@ softkv::Collection make_store(const Split& train, std::size_t n, softkv::IndexKi
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = "/usr/share/datasets/fashion-mnist";
+  std::string dir = softkv::fashion_mnist::kDefaultDir;
   std::size_t pruned_queries = 1000;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--data") == 0) dir = argv[i + 1];
