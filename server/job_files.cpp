@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 #include <fstream>
 #include <map>
 #include <random>
@@ -53,10 +54,21 @@ void write_checked(const fs::path& path, const std::string& body, bool sync) {
   if (sync) sync_path(path.parent_path(), O_RDONLY | O_DIRECTORY);
 }
 
+// Opens path for reading: Error(invalid_argument) "is missing" when it does not exist, Error(io_error)
+// with the reason when it exists but cannot be read (permissions: not to be mistaken for a missing file).
+std::ifstream open_existing(const fs::path& path) {
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (in) return in;
+  const int err = errno;
+  std::error_code ec;
+  if (!fs::exists(path, ec) && !ec) throw Error(ErrorCode::invalid_argument, path.string() + " is missing");
+  throw Error(ErrorCode::io_error, "cannot read " + path.string() + ": " + std::strerror(err != 0 ? err : EACCES));
+}
+
 // The "key value" lines of a file written by write_checked, its CRC line checked.
 Fields read_checked(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(ErrorCode::invalid_argument, path.string() + " is missing");
+  std::ifstream in = open_existing(path);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::size_t at = text.rfind("crc32 ");
   if (at == std::string::npos || (at != 0 && text[at - 1] != '\n') || text.substr(at + 6) != crc_hex(text.substr(0, at)) + "\n")
@@ -112,7 +124,7 @@ void check_not_sharded(const fs::path& dir) {
   std::error_code ec;
   const fs::path file = dir / "shards";
   if (!fs::exists(file, ec)) return;
-  std::ifstream in(file);
+  std::ifstream in = open_existing(file);
   std::string first;
   std::getline(in, first);
   std::size_t recorded = 0;
@@ -131,7 +143,7 @@ JobManifest open_job(const fs::path& dir, std::size_t ranks) {
   std::error_code ec;
   JobManifest job;
   if (fs::exists(file, ec)) {
-    std::ifstream in(file);
+    std::ifstream in = open_existing(file);
     std::string first;
     std::getline(in, first);
     if (first == "softkv sharded job") {
@@ -151,6 +163,13 @@ JobManifest open_job(const fs::path& dir, std::size_t ranks) {
                   dir.string() + " holds " + std::to_string(job.shards) + " shards (" + file.string() + ") but this job has " +
                       std::to_string(ranks) + " ranks: restart with mpirun -np " + std::to_string(job.shards) +
                       " (resharding, moving rows between shards, is not supported)");
+    for (const auto& e : fs::directory_iterator(dir, ec)) {  // a shard directory no rank of this job opens: renamed?
+      const std::string name = e.path().filename().string();
+      if (is_shard_dir(name) && (name.size() > 6 + 18 || std::stoull(name.substr(6)) >= job.shards))
+        throw Error(ErrorCode::invalid_argument, (dir / name).string() + " is not a shard of this job of " + std::to_string(job.shards) +
+                                                     " shards (shard-0 .. shard-" + std::to_string(job.shards - 1) +
+                                                     "): a renamed shard? Move it back to shard-<its rank>");
+    }
     if (job.upgraded) {  // identities come next (check_shard_identity); the progress record is written after the start
       write_checked(file, kManifestHead + ("shards " + std::to_string(job.shards) + "\njob " + job.job + "\n"), true);
     }

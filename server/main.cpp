@@ -110,7 +110,12 @@ int main(int argc, char** argv) {
 #ifdef SOFTKV_SERVER_MPI
     // Under mpirun with P > 1 ranks: the sharded server (every rank runs this; rank 0 serves TCP).
     if (softkv::server::mpi_world_size() > 1) return softkv::server::run_sharded(data, options, config, signal_pipe);
-    softkv::server::check_not_sharded(data);  // a sharded directory is refused without mpirun
+    try {  // a sharded directory is refused without mpirun, with the status of every refused start
+      softkv::server::check_not_sharded(data);
+    } catch (const softkv::Error& e) {
+      spdlog::error("{}", e.what());
+      return 2;
+    }
 #endif
     softkv::Database db(data, options);
     softkv::server::Server server(db, config);

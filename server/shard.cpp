@@ -107,13 +107,14 @@ CommitLog::CommitLog(const fs::path& path, bool sync, bool legacy) : sync_(sync)
   }
   if (n != static_cast<ssize_t>(kCommitBytes)) fail("has " + std::to_string(std::max<ssize_t>(n, 0)) + " bytes, not 48");
   if (std::memcmp(words, kCommitMagic, sizeof kCommitMagic) != 0) fail("has a damaged header");
-  bool any = false;
+  int valid = 0;
   for (int i = 1; i <= 2; ++i)
     if (words[2 * i + 1] == check_word(words[2 * i])) {
       last_ = std::max(last_, words[2 * i]);
-      any = true;
+      ++valid;
     }
-  if (!any) fail("is damaged: neither slot holds a valid commit point");
+  if (valid == 0) fail("is damaged: neither slot holds a valid commit point");
+  damaged_slot_ = valid == 1;
 }
 
 CommitLog::~CommitLog() { ::close(fd_); }

@@ -37,6 +37,8 @@ class CommitLog {
 
   // The last committed transaction (0: none).
   [[nodiscard]] std::uint64_t last() const { return last_; }
+  // Whether one of the two slots failed its check when the log was opened (last() is the other's).
+  [[nodiscard]] bool damaged_slot() const { return damaged_slot_; }
   // Records txn (> last()) as committed, on stable storage when sync.
   void commit(std::uint64_t txn);
 
@@ -44,6 +46,7 @@ class CommitLog {
   int fd_ = -1;
   bool sync_;
   std::uint64_t last_ = 0;
+  bool damaged_slot_ = false;
 };
 
 // The request a command or part file holds (a request frame at the highest protocol version).

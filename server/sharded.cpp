@@ -76,16 +76,15 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
       if (provided < MPI_THREAD_FUNNELED) throw Error(ErrorCode::unsupported, "the MPI library does not provide MPI_THREAD_FUNNELED");
       job = open_job(dir, static_cast<std::size_t>(size));
     } catch (const Error& e) {
+      spdlog::error("{}", e.what());  // whole here: the status the other ranks get holds only its start
       status = detail::status_of(e);
     } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
       status = detail::status_of(Error(ErrorCode::io_error, e.what()));
     }
   }
   MPI_Bcast(&status, sizeof(status), MPI_BYTE, 0, comm);
-  if (status.code != 0) {
-    if (rank == 0) spdlog::error("{}", status.message);
-    return finish(2);
-  }
+  if (status.code != 0) return finish(2);
   char id[33] = {};
   std::copy(job.job.begin(), job.job.end(), id);
   int flags[2] = {job.created ? 1 : 0, job.upgraded ? 1 : 0};
@@ -125,6 +124,12 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
     try {
       commits = std::make_unique<CommitLog>(dir / "commits", options.fsync == FsyncPolicy::always, job.upgraded);
       last_committed = commits->last();
+      if (commits->damaged_slot())
+        spdlog::warn("{}: one of its two slots is damaged (a write torn by a crash, or damage): the commit point is the "
+                     "other slot's, cross-shard write {}", (dir / "commits").string(), last_committed);
+    } catch (const Error& e) {
+      spdlog::error("{}", e.what());
+      failed = e.code() == ErrorCode::io_error ? 1 : 2;  // a missing or damaged commit log refuses the start, as the other job files
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
       failed = 1;
@@ -133,7 +138,7 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
   MPI_Bcast(&failed, 1, MPI_INT, 0, comm);
   if (failed != 0) {
     db.reset();
-    return finish(1);
+    return finish(failed);
   }
   MPI_Bcast(&last_committed, 1, MPI_UINT64_T, 0, comm);
   Shard shard(comm, *db, dir, commits.get(), options.fsync == FsyncPolicy::always);
@@ -157,7 +162,8 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
         if (!job.created && !job.upgraded) {
           for (const std::string& problem : behind_progress(read_progress(dir, job), applied)) {
             if (options.repair) {
-              spdlog::warn("--repair: {}", problem);
+              spdlog::warn("--repair: serving anyway, the writes that shard had applied since are lost for good (a start "
+                           "without --repair will not ask again): {}", problem);
             } else {
               spdlog::error("{}", problem);
               failed = 2;

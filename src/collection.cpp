@@ -347,8 +347,6 @@ void Collection::Impl::check_pruning(const QueryOptions& options) const {
     if (heads() > 1)
       throw Error(ErrorCode::unsupported, "error_target is not supported on multi-head collections (heads = " + std::to_string(heads()) +
                                               "): query without it");
-    if (detail::has_mask(options))
-      throw Error(ErrorCode::unsupported, "error_target is not supported with a mask (tags_any, tag_range, exclude_ids) yet: query without one of them");
     return;
   }
   if (!options.top_k && !options.epsilon) return;

@@ -190,7 +190,7 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
       // target for sure (dropping a share tau of the mass moves the blend by at most 2 tau max ||v||_inf),
       // reading only the lists that hold the mass (peaked attention). It gives up early when the bounds
       // show the mass is spread.
-      if (impl.use_index(options) && index->lists() != nullptr) {
+      if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (the walk visits every row of a list: no mask)
         const detail::ListTarget walk{0, target / 2, budget / 2};
         if (std::optional<detail::PrunedSoft> walked = detail::certified_soft(
                 kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); }, walk, options.top_m)) {
@@ -207,11 +207,12 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
         std::memcpy(&bits, q + i, sizeof bits);
         seed = (seed ^ bits) * 0x100000001b3ull;
       }
-      // (Small collections too: a sample past an eighth of the rows would cost more than the scan.)
-      const detail::EstimateTarget sample{target, impl.value_max(), span.rows / 8, seed, options.top_m};
-      std::optional<detail::PrunedSoft> estimated = detail::estimated_soft(kernels, q, f, span, sample);
+      // (Small collections too: a sample past an eighth of the rows would cost more than the scan.) With a
+      // mask, the sample draws from the eligible rows and the budget is an eighth of them.
+      const detail::EstimateTarget sample{target, impl.value_max(), (mask ? mask->count : span.rows) / 8, seed, options.top_m};
+      std::optional<detail::PrunedSoft> estimated = detail::estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr);
       if (!estimated) {
-        detail::PrunedSoft all = exact();
+        detail::PrunedSoft all = mask ? scope.exact() : exact();
         all.error_estimate = 0.0;
         return all;
       }

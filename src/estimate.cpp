@@ -10,6 +10,7 @@
 // random sample of its own, and whatever correlation its rows have is in the block totals the variance uses.
 #include "estimate.hpp"
 
+#include "mask.hpp"
 #include "top_scores.hpp"
 
 #include <algorithm>
@@ -42,8 +43,15 @@ double simultaneous_z(std::size_t dv) {
 }
 
 std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                                         const EstimateTarget& target) {
-  const std::size_t dv = span.value_dim, blocks = (span.rows + kEstimateBlockRows - 1) / kEstimateBlockRows;
+                                         const EstimateTarget& target, const EligibleRows* eligible) {
+  // The rows the sample draws from, as runs in storage order (every row of span without a mask), and
+  // where each run starts in the sequence of eligible rows: block b holds eligible rows [32 b, 32 b + 32).
+  const EligibleRows all{{RowRun{0, span.rows}}, span.rows};
+  const EligibleRows& rows_in = eligible != nullptr ? *eligible : all;
+  std::vector<std::size_t> run_start(rows_in.runs.size() + 1, 0);
+  for (std::size_t i = 0; i < rows_in.runs.size(); ++i) run_start[i + 1] = run_start[i] + rows_in.runs[i].count;
+  const std::size_t total = run_start.back();
+  const std::size_t dv = span.value_dim, blocks = (total + kEstimateBlockRows - 1) / kEstimateBlockRows;
   if (blocks == 0) return std::nullopt;
   const double z = simultaneous_z(dv);
   std::mt19937_64 rng(target.seed);
@@ -66,20 +74,29 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
   double m = std::min<double>(64.0, static_cast<double>(blocks));
   for (;;) {
     const double want = std::min(1.0, m / static_cast<double>(blocks));  // the union's probability after this round
-    if (scored + static_cast<std::size_t>((want - (1 - miss)) * static_cast<double>(span.rows)) > target.budget_rows)
+    if (scored + static_cast<std::size_t>((want - (1 - miss)) * static_cast<double>(total)) > target.budget_rows)
       return std::nullopt;
     const double pi_round = want >= 1 ? 1.0 : 1 - (1 - want) / miss;
     const auto scan_block = [&](std::size_t b) {
       if (taken[b] != 0) return true;
       taken[b] = 1;
-      const std::size_t first = b * kEstimateBlockRows, rows = std::min(kEstimateBlockRows, span.rows - first);
       maxes.push_back(-std::numeric_limits<float>::infinity());
       sums.push_back(0.0f);
       accs.resize(accs.size() + dv, 0.0f);
-      sink.ids = span.ids + first;
-      kernels.soft_scan(query, scale, span.sub(first, rows), maxes.back(), sums.back(), accs.data() + accs.size() - dv,
-                        target.top_m > 0 ? &sink : nullptr);
-      scored += rows;
+      // The block's eligible rows, piece by piece over the runs they fall in, folded into one state.
+      std::size_t at = b * kEstimateBlockRows;
+      const std::size_t end = std::min(at + kEstimateBlockRows, total);
+      std::size_t run = static_cast<std::size_t>(std::upper_bound(run_start.begin(), run_start.end(), at) - run_start.begin()) - 1;
+      while (at < end) {
+        const std::size_t offset = at - run_start[run], count = std::min(end, run_start[run + 1]) - at;
+        const std::size_t first = rows_in.runs[run].begin + offset;
+        sink.ids = span.ids + first;
+        kernels.soft_scan(query, scale, span.sub(first, count), maxes.back(), sums.back(), accs.data() + accs.size() - dv,
+                          target.top_m > 0 ? &sink : nullptr);
+        scored += count;
+        at += count;
+        ++run;
+      }
       return std::isfinite(maxes.back()) && std::isfinite(sums.back());  // out of range: the exact path reports it
     };
     if (pi_round >= 1) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "mask.hpp"
 #include "pruning.hpp"
 
 namespace softkv::detail {
@@ -42,7 +43,9 @@ inline constexpr double kMinEffectiveBlocks = 32;
 /// result's k is the rows scored in the last round, rows_scored those of every round, error_estimate
 /// the estimate; its top rows are the top_m sampled rows with the largest scores. A sample that came
 /// to hold every block is the exact answer (error_estimate 0).
+/// With eligible (a mask), only its rows are sampled: blocks are 32 consecutive eligible rows, which may
+/// lie in several runs.
 std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                                         const EstimateTarget& target);
+                                         const EstimateTarget& target, const EligibleRows* eligible = nullptr);
 
 }  // namespace softkv::detail

@@ -127,9 +127,6 @@ TEST_CASE("error_target: its extremes, and the options it does not combine with"
     CHECK(test::error_of([&] { (void)c.query_soft(q, {.error_target = bad}); }) == ErrorCode::invalid_argument);
   CHECK(test::error_of([&] { (void)c.query_soft(q, {.top_k = 5, .error_target = 0.1f}); }) == ErrorCode::invalid_argument);
   CHECK(test::error_of([&] { (void)c.query_soft(q, {.epsilon = 0.1f, .error_target = 0.1f}); }) == ErrorCode::invalid_argument);
-  QueryOptions masked{.error_target = 0.1f};
-  masked.exclude_ids = {1};
-  CHECK(test::error_of([&] { (void)c.query_soft(q, masked); }) == ErrorCode::unsupported);
   // 0: the exact answer, bit for bit the scan's.
   const SoftResult exact = c.query_soft(q);
   const SoftResult zero = c.query_soft(q, {.error_target = 0.0f});
@@ -333,4 +330,46 @@ TEST_CASE("rows_scored of an estimate equals the rows its kernels scored", "[est
       CHECK(counted_rows % detail::kEstimateBlockRows == 0);  // whole blocks (n is a multiple of the block)
     }
   }
+}
+
+TEST_CASE("error_target with a mask samples the eligible rows only", "[estimate][masks]") {
+  const std::size_t n = 120000, d = 16, dv = 16;
+  const auto keys = test::normal_floats(n * d, 81), values = test::normal_floats(n * dv, 82), qs = test::normal_floats(8 * d, 83);
+  std::vector<std::uint64_t> tags(n);
+  for (std::size_t i = 0; i < n; ++i) tags[i] = (i / 7) % 3;  // runs of 7 rows: eligible rows cross every block boundary
+  Collection c({d, dv});
+  c.add_batch(keys, values, tags);
+  // The eligible rows: tag 1, and not the excluded ids.
+  std::vector<std::size_t> rows;
+  std::vector<std::uint64_t> excluded;
+  for (std::size_t i = 0; i < n; ++i)
+    if (tags[i] == 1) (i % 11 == 0 ? excluded.push_back(i) : rows.push_back(i));
+  std::vector<float> ekeys, evalues;
+  for (std::size_t r : rows) {
+    ekeys.insert(ekeys.end(), keys.begin() + static_cast<std::ptrdiff_t>(r * d), keys.begin() + static_cast<std::ptrdiff_t>((r + 1) * d));
+    evalues.insert(evalues.end(), values.begin() + static_cast<std::ptrdiff_t>(r * dv), values.begin() + static_cast<std::ptrdiff_t>((r + 1) * dv));
+  }
+  double value_max = 0;
+  for (float v : values) value_max = std::max(value_max, std::fabs(static_cast<double>(v)));  // the collection's scale: every row
+  std::size_t sampled = 0, over = 0, below = 0;
+  for (std::size_t b = 0; b < 8; ++b) {
+    QueryOptions o{.top_m = 3, .error_target = 0.05f};
+    o.tags_any = {1};
+    o.exclude_ids = excluded;
+    const SoftResult r = c.query_soft({qs.data() + b * d, d}, o);
+    const test::SoftReference ref = test::soft_reference(qs.data() + b * d, ekeys.data(), evalues.data(), rows.size(), d, dv, 0.25);
+    const double err = relative_error(r.value, ref.value, value_max);
+    INFO("query " << b << ": " << r.rows_scored << " of " << rows.size() << " eligible rows, estimate " << r.error_estimate << ", true " << err);
+    CHECK(r.rows_scored <= rows.size());
+    for (const Contributor& t : r.top) {  // contributors are eligible rows
+      CHECK(tags[t.id] == 1);
+      CHECK(t.id % 11 != 0);
+    }
+    sampled += r.rows_scored < rows.size();
+    over += err > 0.05;
+    below += err > r.error_estimate + 1e-5;
+  }
+  CHECK(sampled >= 6);
+  CHECK(over == 0);
+  CHECK(below <= 1);
 }

@@ -433,7 +433,8 @@ void copy_job(const std::filesystem::path& src, const std::filesystem::path& dst
 std::string refused_start(const std::filesystem::path& data, std::size_t ranks, const std::filesystem::path& log) {
   Job job(data, ranks, log, /*wait_listening=*/false);
   const int status = job.wait();
-  CHECK(status != 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 2);  // every refused start exits with 2 (docs/SHARDING.md)
   return read_file(log);
 }
 
@@ -492,6 +493,9 @@ TEST_CASE("sharded server refuses a job directory whose shards are not the job's
   std::filesystem::rename(work / "shard-1", work / "shard-0");
   std::filesystem::rename(work / "swap", work / "shard-1");
   expect_refused("swapped shards", "holds this job's shard 1: shard directories were swapped");
+  copy_job(good, work);
+  std::filesystem::rename(work / last, work / ("shard-" + std::to_string(ranks + 2)));
+  expect_refused("a renamed shard", "shard-" + std::to_string(ranks + 2) + " is not a shard of this job");
   copy_job(good, work);
   std::filesystem::remove_all(work / "shard-1");
   std::filesystem::copy(old_copy, work / "shard-1", std::filesystem::copy_options::recursive);

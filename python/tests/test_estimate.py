@@ -50,10 +50,10 @@ def test_a_bad_target_is_invalid_argument(bad):
         c.query_soft([1, 0], error_target=bad)
 
 
-def test_a_target_with_top_k_or_a_mask_is_refused():
+def test_a_target_with_top_k_is_refused_and_with_a_mask_sees_the_eligible_rows_only():
     c = softkv.Collection(2, 1, index="flat")
     c.add_batch([[1, 0], [0, 1]], [[1], [2]])
     with pytest.raises(softkv.InvalidArgument):
         c.query_soft([1, 0], error_target=0.1, top_k=1)
-    with pytest.raises(softkv.Unsupported):
-        c.query_soft([1, 0], error_target=0.1, exclude=[0])
+    r = c.query_soft([1, 0], error_target=0.1, exclude=[0])  # two rows: scanned, and only id 1 is eligible
+    assert r.value.tolist() == [2.0] and r.rows_scored == 1 and r.error_estimate == 0.0
