@@ -301,8 +301,11 @@ std::vector<Regime> make_regimes(std::size_t n, std::size_t d, std::size_t nq) {
   out.push_back({"peaked, queries near keys (clusters of 20, T = 0.1)", 0.1f, clustered_keys, values, near});
   out.push_back({"peaked, out-of-distribution queries (T = 0.1)", 0.1f, clustered_keys, values, out_of_distribution(clustered_keys, d, nq)});
   const auto gaussian = softkv::bench::gaussian_floats(n * d, 3), gq = softkv::bench::gaussian_floats(nq * d, 4);
-  out.push_back({"spread, Gaussian keys and queries (T = 1)", 1.0f, gaussian, values, gq});
-  out.push_back({"Gaussian keys and queries (T = 0.3)", 0.3f, gaussian, values, gq});
+  // Gaussian values with the Gaussian keys (the other regimes' values are uniform in [-1, 1]): an estimate's
+  // rows depend on the values' spread relative to their largest magnitude (docs/PRUNING.md).
+  const auto gv = softkv::bench::gaussian_floats(n * d, 6);
+  out.push_back({"spread, Gaussian keys, queries and values (T = 1)", 1.0f, gaussian, gv, gq});
+  out.push_back({"Gaussian keys, queries and values (T = 0.3)", 0.3f, gaussian, gv, gq});
   out.push_back({"heavy-tailed keys, Gaussian queries (T = 1)", 1.0f, heavy_tailed(n, d, 5), values, gq});
   if (auto fm = fashion_mnist_regime(nq)) out.push_back(std::move(*fm));
   return out;

@@ -74,7 +74,7 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
   double m = std::min<double>(64.0, static_cast<double>(blocks));
   for (;;) {
     const double want = std::min(1.0, m / static_cast<double>(blocks));  // the union's probability after this round
-    if (scored + static_cast<std::size_t>((want - (1 - miss)) * static_cast<double>(total)) > target.budget_rows)
+    if (scored + static_cast<std::size_t>(std::max(0.0, want - (1 - miss)) * static_cast<double>(total)) > target.budget_rows)
       return std::nullopt;
     const double pi_round = want >= 1 ? 1.0 : 1 - (1 - want) / miss;
     const auto scan_block = [&](std::size_t b) {
