@@ -156,6 +156,9 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
       result.scan.top = top.sorted();
       return result;
     }
+    // Weight that stays on a few blocks in a sample of 256 (8,192 rows) will not spread in a larger one soon
+    // enough to pay (heavy-tailed or peaked attention without lists): the scan answers at once.
+    if (!spread && n >= kGiveUpBlocks) return std::nullopt;
     const double grow = spread ? std::clamp(error * error / (target.error_target * target.error_target) * 1.1, 1.5, 16.0) : 4.0;
     m = std::min(m * grow, static_cast<double>(blocks));
   }

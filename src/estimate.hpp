@@ -34,6 +34,9 @@ inline constexpr std::size_t kEstimateBlockRows = 32;
 /// rows the sample missed may hold more (peaked attention is answered by the lists or the scan).
 inline constexpr double kMinEffectiveBlocks = 32;
 
+/// A sample of this many blocks whose weight is still not spread gives up: the exact scan answers.
+inline constexpr std::size_t kGiveUpBlocks = 256;
+
 /// Estimates the soft answer from a sample of blocks of span: each block of kEstimateBlockRows rows is
 /// scanned (the kernels' soft_scan) with the same probability pi, and the blend is the Horvitz-Thompson
 /// ratio of the sampled blocks' totals. Rounds grow the sample until the estimated error (simultaneous_z
