@@ -78,7 +78,8 @@ class Client {
   Entry get(std::string_view name, std::uint64_t id);
 
   /// Soft retrieval for one query (d floats), as Collection::query_soft computes it. Masks and
-  /// iterations need protocol version 2; a version-1 query on a multi-head collection is Error(unsupported).
+  /// iterations need protocol version 2, error_target and a check_sample other than 256 version 3; a
+  /// version-1 query on a multi-head collection is Error(unsupported).
   SoftResult query_soft(std::string_view name, std::span<const float> query, const QueryOptions& options = {});
   /// Hard retrieval for one query, as Collection::query_hard computes it.
   HardResult query_hard(std::string_view name, std::span<const float> query, const QueryOptions& options = {});

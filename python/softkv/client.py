@@ -138,7 +138,7 @@ class Client:
 
     max_frame is the largest frame sent or accepted (match the server's --max-frame): a request
     that would exceed it raises softkv.FrameTooLarge before anything is sent. protocol_version is
-    the highest protocol version to speak (1 or 2); hello settles on min(it, the server's), kept in
+    the highest protocol version to speak (1, 2 or 3); hello settles on min(it, the server's), kept in
     the attribute protocol_version (server_version_number is the same number, its older name).
     """
 
