@@ -1,9 +1,6 @@
 // The sharded server's manifest, shard identities and progress record (job_files.hpp).
 #include "job_files.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -11,12 +8,15 @@
 #include <system_error>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <span>
 #include <random>
 #include <sstream>
 
 #include "codec/crc32.hpp"
 #include "shard.hpp"
 #include "softkv/error.hpp"
+#include "storage/file.hpp"
 
 namespace softkv::server {
 namespace {
@@ -31,27 +31,10 @@ std::string crc_hex(const std::string& body) {
   return hex;
 }
 
-void sync_path(const fs::path& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
-// Writes "body" + "crc32 <hex of body>\n" to path whole (a temporary file renamed over it).
-void write_checked(const fs::path& path, const std::string& body, bool sync) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
-    out << body << "crc32 " << crc_hex(body) << "\n";
-    out.flush();
-    if (!out) throw Error(ErrorCode::io_error, "cannot write " + tmp.string());
-  }
-  if (sync) sync_path(tmp, O_RDONLY);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw Error(ErrorCode::io_error, "cannot write " + path.string() + ": " + ec.message());
-  if (sync) sync_path(path.parent_path(), O_RDONLY | O_DIRECTORY);
+// Writes "body" + "crc32 <hex of body>\n" to path whole and durably (storage's atomic replace).
+void write_checked(const fs::path& path, const std::string& body) {
+  const std::string text = body + "crc32 " + crc_hex(body) + "\n";
+  detail::write_file_atomically(path, std::as_bytes(std::span(text.data(), text.size())));
 }
 
 // Opens path for reading: Error(invalid_argument) "is missing" when it does not exist, Error(io_error)
@@ -118,46 +101,48 @@ fs::path shard_dir(const fs::path& dir, std::size_t rank) { return dir / ("shard
 const char* const kManifestHead = "softkv sharded job\nversion 1\n";
 const char* const kRestoreHint = "restore the whole job directory (every shard-R, shards, progress, commits) from one backup: docs/SHARDING.md";
 
-}  // namespace
-
-void check_not_sharded(const fs::path& dir) {
+// The manifest DIR/shards as a job, or nullopt when there is none; the format before identities (a bare
+// count) is read as an upgraded job with a new id.
+std::optional<JobManifest> read_manifest(const fs::path& file) {
   std::error_code ec;
-  const fs::path file = dir / "shards";
-  if (!fs::exists(file, ec)) return;
+  if (!fs::exists(file, ec)) return std::nullopt;
   std::ifstream in = open_existing(file);
   std::string first;
   std::getline(in, first);
-  std::size_t recorded = 0;
+  JobManifest job;
   if (first == "softkv sharded job") {
-    recorded = static_cast<std::size_t>(number(read_checked(file), "shards", file));
-  } else {
-    std::istringstream(first) >> recorded;
+    const Fields f = read_checked(file);
+    if (number(f, "version", file) != 1) throw Error(ErrorCode::corrupt_file, file.string() + " has a version this softkv does not know");
+    job.shards = static_cast<std::size_t>(number(f, "shards", file));
+    job.job = field(f, "job", file);
+    if (job.shards < 2 || job.job.size() != 32) throw Error(ErrorCode::corrupt_file, file.string() + " does not describe a sharded job");
+  } else {  // the format before identities: the count alone
+    std::istringstream line(first);
+    if (!(line >> job.shards) || job.shards < 2) throw Error(ErrorCode::corrupt_file, file.string() + " does not hold a shard count");
+    job.upgraded = true;
+    job.job = new_job_id();
   }
-  throw Error(ErrorCode::invalid_argument, dir.string() + " is a sharded database of " + std::to_string(recorded) +
-                                               " shards: start it with mpirun -np " + std::to_string(recorded) +
-                                               " softkv-server --data " + dir.string());
+  return job;
+}
+
+void write_manifest(const fs::path& file, const JobManifest& job) {
+  write_checked(file, kManifestHead + ("shards " + std::to_string(job.shards) + "\njob " + job.job + "\n"));
+}
+
+}  // namespace
+
+void check_not_sharded(const fs::path& dir) {
+  if (const std::optional<JobManifest> job = read_manifest(dir / "shards"))
+    throw Error(ErrorCode::invalid_argument, dir.string() + " is a sharded database of " + std::to_string(job->shards) +
+                                                 " shards: start it with mpirun -np " + std::to_string(job->shards) +
+                                                 " softkv-server --data " + dir.string());
 }
 
 JobManifest open_job(const fs::path& dir, std::size_t ranks) {
   const fs::path file = dir / "shards";
   std::error_code ec;
-  JobManifest job;
-  if (fs::exists(file, ec)) {
-    std::ifstream in = open_existing(file);
-    std::string first;
-    std::getline(in, first);
-    if (first == "softkv sharded job") {
-      const Fields f = read_checked(file);
-      if (number(f, "version", file) != 1) throw Error(ErrorCode::corrupt_file, file.string() + " has a version this softkv does not know");
-      job.shards = static_cast<std::size_t>(number(f, "shards", file));
-      job.job = field(f, "job", file);
-      if (job.shards < 2 || job.job.size() != 32) throw Error(ErrorCode::corrupt_file, file.string() + " does not describe a sharded job");
-    } else {  // the format before identities: the count alone
-      std::istringstream line(first);
-      if (!(line >> job.shards) || job.shards < 2) throw Error(ErrorCode::corrupt_file, file.string() + " does not hold a shard count");
-      job.upgraded = true;
-      job.job = new_job_id();
-    }
+  if (std::optional<JobManifest> found = read_manifest(file)) {
+    JobManifest job = std::move(*found);
     if (job.shards != ranks)
       throw Error(ErrorCode::invalid_argument,
                   dir.string() + " holds " + std::to_string(job.shards) + " shards (" + file.string() + ") but this job has " +
@@ -170,9 +155,7 @@ JobManifest open_job(const fs::path& dir, std::size_t ranks) {
                                                      " shards (shard-0 .. shard-" + std::to_string(job.shards - 1) +
                                                      "): a renamed shard? Move it back to shard-<its rank>");
     }
-    if (job.upgraded) {  // identities come next (check_shard_identity); the progress record is written after the start
-      write_checked(file, kManifestHead + ("shards " + std::to_string(job.shards) + "\njob " + job.job + "\n"), true);
-    }
+    if (job.upgraded) write_manifest(file, job);  // identities come next (check_shard_identity); progress after the start
     return job;
   }
   fs::create_directories(dir, ec);
@@ -186,12 +169,10 @@ JobManifest open_job(const fs::path& dir, std::size_t ranks) {
       throw Error(ErrorCode::invalid_argument, dir.string() + " holds " + name + " but no " + file.string() +
                                                    " (the job's manifest): refusing to guess what it was; " + kRestoreHint);
   }
-  job.shards = ranks;
-  job.job = new_job_id();
-  job.created = true;
-  write_progress(dir, job, std::vector<std::uint64_t>(ranks, 0), true);
+  const JobManifest job{ranks, new_job_id(), true, false};
+  write_progress(dir, job, std::vector<std::uint64_t>(ranks, 0));
   CommitLog::create(dir / "commits");
-  write_checked(file, kManifestHead + ("shards " + std::to_string(ranks) + "\njob " + job.job + "\n"), true);  // the commit point
+  write_manifest(file, job);  // the commit point
   return job;
 }
 
@@ -204,7 +185,7 @@ void check_shard_identity(const fs::path& dir, const JobManifest& job, std::size
   if (!present && (job.created || job.upgraded)) {
     fs::create_directories(mine, ec);
     if (ec) throw Error(ErrorCode::io_error, "cannot create " + mine.string() + ": " + ec.message());
-    write_checked(file, body, true);
+    write_checked(file, body);
     return;
   }
   const std::string name = "shard " + std::to_string(rank) + " (" + mine.string() + ")";
@@ -233,10 +214,10 @@ std::vector<std::uint64_t> read_progress(const fs::path& dir, const JobManifest&
   return applied;
 }
 
-void write_progress(const fs::path& dir, const JobManifest& job, const std::vector<std::uint64_t>& applied, bool sync) {
+void write_progress(const fs::path& dir, const JobManifest& job, const std::vector<std::uint64_t>& applied) {
   std::string body = "softkv progress\nversion 1\njob " + job.job + "\n";
   for (std::size_t r = 0; r < applied.size(); ++r) body += "shard-" + std::to_string(r) + " " + std::to_string(applied[r]) + "\n";
-  write_checked(dir / "progress", body, sync);
+  write_checked(dir / "progress", body);
 }
 
 std::vector<std::string> behind_progress(const std::vector<std::uint64_t>& recorded, const std::vector<std::uint64_t>& applied) {

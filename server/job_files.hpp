@@ -44,9 +44,8 @@ void check_shard_identity(const std::filesystem::path& dir, const JobManifest& j
 /// another job.
 [[nodiscard]] std::vector<std::uint64_t> read_progress(const std::filesystem::path& dir, const JobManifest& job);
 
-/// Writes the progress record (on stable storage when sync).
-void write_progress(const std::filesystem::path& dir, const JobManifest& job, const std::vector<std::uint64_t>& applied,
-                    bool sync);
+/// Writes the progress record, on stable storage (a temporary file renamed over it).
+void write_progress(const std::filesystem::path& dir, const JobManifest& job, const std::vector<std::uint64_t>& applied);
 
 /// Checks each shard's logged writes against the progress record: a shard with fewer than recorded was
 /// restored from an older copy (or lost its log) and the job would serve without acknowledged writes.

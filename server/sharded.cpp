@@ -170,7 +170,7 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
             }
           }
         }
-        if (failed == 0) write_progress(dir, job, applied, true);
+        if (failed == 0) write_progress(dir, job, applied);
       } catch (const std::exception& e) {
         spdlog::error("{}", e.what());
         failed = 2;
@@ -243,7 +243,7 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
   const std::vector<std::uint64_t> applied = gather_applied(*db, rank, size, comm);
   if (rank == 0) {
     try {
-      write_progress(dir, job, applied, true);
+      write_progress(dir, job, applied);
     } catch (const std::exception& e) {
       spdlog::error("the progress record could not be written: {}", e.what());
       snapshot_failed = 1;

@@ -1,7 +1,6 @@
 // Collection's queries: scale resolution, one scoring rule for every path, exact, pruned and batched
 // soft and hard retrieval, and the numeric checks that turn an unrepresentable answer into an error.
 #include <algorithm>
-#include <cstring>
 #include <exception>
 #include <cmath>
 #include <limits>
@@ -201,15 +200,10 @@ SoftResult soft_one(const Impl& impl, const float* q, float f, const QueryOption
       }
       // Then a sample of blocks of rows (spread attention), up to an eighth of the rows over all rounds; the
       // rounds give up as soon as their error says the target needs more, and the exact scan answers.
-      std::uint64_t seed = 0xcbf29ce484222325ull;  // FNV-1a of the query: the same query draws the same blocks
-      for (std::size_t i = 0; i < impl.dim(); ++i) {
-        std::uint32_t bits = 0;
-        std::memcpy(&bits, q + i, sizeof bits);
-        seed = (seed ^ bits) * 0x100000001b3ull;
-      }
       // (Small collections too: a sample past an eighth of the rows would cost more than the scan.) With a
       // mask, the sample draws from the eligible rows and the budget is an eighth of them.
-      const detail::EstimateTarget sample{target, impl.value_max(), (mask ? mask->count : span.rows) / 8, seed, options.top_m};
+      const std::size_t rows = mask ? mask->count : span.rows;
+      const detail::EstimateTarget sample{target, impl.value_max(), rows / 8, detail::seed_of(q, impl.dim(), rows), options.top_m};
       std::optional<detail::PrunedSoft> estimated = detail::estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr);
       if (!estimated) {
         detail::PrunedSoft all = mask ? scope.exact() : exact();

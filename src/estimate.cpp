@@ -62,7 +62,7 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
   // sample of its own, and the estimate uses all of it (a round only scans the blocks it adds).
   std::vector<std::uint8_t> taken(blocks, 0);
   std::vector<float> maxes, sums, accs;
-  std::vector<double> y(dv), t(dv);
+  std::vector<double> y(dv), t(dv), shift;  // shift[i] = e^{max_i - best}, block i's factor to the common shift
   std::size_t scored = 0;
   double miss = 1;  // prod over the rounds of (1 - pi_r)
   TopScores top(target.top_m, nullptr);
@@ -119,8 +119,9 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
     // The totals shifted to the largest score: W_b = sum_b e^{m_b - best}, T_b = acc_b e^{m_b - best}.
     double zsum = 0;
     std::fill(y.begin(), y.end(), 0.0);
+    shift.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
-      const double f = std::exp(static_cast<double>(maxes[i]) - static_cast<double>(best));
+      const double f = shift[i] = std::exp(static_cast<double>(maxes[i]) - static_cast<double>(best));
       zsum += static_cast<double>(sums[i]) * f;
       for (std::size_t k = 0; k < dv; ++k) y[k] += static_cast<double>(accs[i * dv + k]) * f;
     }
@@ -130,7 +131,7 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
     std::fill(t.begin(), t.end(), 0.0);
     double w2 = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      const double f = std::exp(static_cast<double>(maxes[i]) - static_cast<double>(best));
+      const double f = shift[i];
       const double w = static_cast<double>(sums[i]) * f;
       w2 += w * w;
       for (std::size_t k = 0; k < dv; ++k) {

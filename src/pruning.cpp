@@ -10,6 +10,17 @@
 
 namespace softkv::detail {
 
+std::uint64_t seed_of(const float* query, std::size_t d, std::size_t rows) {
+  std::uint64_t h = 0x9E3779B97F4A7C15ull ^ rows;
+  for (std::size_t i = 0; i < d; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, query + i, sizeof bits);
+    h = (h ^ bits) * 0x100000001B3ull;
+  }
+  return h;
+}
+
+
 // The flat index ranks by the very scores used here, so no omitted score exceeds the k-th and the
 // bound holds without the slack; it covers the float rounding of lse_k, and for the approximate
 // indexes (whose bound is an estimate anyway) their own rounding of the ranking.
@@ -34,17 +45,6 @@ double log_add(double a, double b) {
   if (b == -std::numeric_limits<double>::infinity()) return a;
   const double m = std::max(a, b);
   return m + std::log(std::exp(a - m) + std::exp(b - m));
-}
-
-// A seed from the query's bits, so that the same query on the same rows gets the same answer.
-std::uint64_t seed_of(const float* query, std::size_t d, std::size_t rows) {
-  std::uint64_t h = 0x9E3779B97F4A7C15ull ^ rows;
-  for (std::size_t i = 0; i < d; ++i) {
-    std::uint32_t bits;
-    std::memcpy(&bits, query + i, sizeof bits);
-    h = (h ^ bits) * 0x100000001B3ull;
-  }
-  return h;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <vector>
@@ -47,6 +48,10 @@ struct PruneScope {
   std::function<PrunedSoft()> exact;                ///< the exact answer over exactly those rows
   const std::vector<std::uint8_t>* flags = nullptr; ///< one byte per span row, 1 where eligible
 };
+
+/// A seed from the query's bits and the rows it is drawn over: the same query on the same rows draws
+/// the same sample (the sampled check, estimated answers).
+std::uint64_t seed_of(const float* query, std::size_t d, std::size_t rows);
 
 /// Confidence of the sampled check's bound (docs/PRUNING.md, "Sampled check").
 inline constexpr double kCheckConfidence = 0.95;

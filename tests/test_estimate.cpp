@@ -141,6 +141,13 @@ TEST_CASE("error_target: its extremes, and the options it does not combine with"
   CHECK(loose.rows_scored <= 96 * 32);
   CHECK(loose.error_estimate <= 1.0);
   CHECK(loose.error_estimate > 0.0);
+  // The largest float: the first round answers too. The smallest subnormal: no sample meets it, the scan answers.
+  const SoftResult huge = plain.query_soft(q, {.error_target = std::numeric_limits<float>::max()});
+  CHECK(huge.rows_scored <= 96 * 32);
+  const SoftResult tiny = plain.query_soft(q, {.error_target = std::numeric_limits<float>::denorm_min()});
+  CHECK(tiny.rows_scored == 40000);
+  CHECK(tiny.error_estimate == 0.0);
+  CHECK(tiny.value == plain.query_soft(q).value);
   // A batch answers each query as query_soft would.
   const auto qs = test::normal_floats(3 * d, 24);
   const SoftBatchResult batch = c.query_soft_batch(qs, {.error_target = 0.2f});
