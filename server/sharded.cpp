@@ -129,7 +129,7 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
                      "other slot's, cross-shard write {}", (dir / "commits").string(), last_committed);
     } catch (const Error& e) {
       spdlog::error("{}", e.what());
-      failed = e.code() == ErrorCode::io_error ? 1 : 2;  // a missing or damaged commit log refuses the start, as the other job files
+      failed = 2;  // a missing, damaged or unreadable commit log refuses the start, as the other job files do
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
       failed = 1;
