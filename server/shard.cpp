@@ -19,6 +19,7 @@
 #include "handler.hpp"
 #include "mpi/sharded_impl.hpp"
 #include "overloaded.hpp"
+#include "query/plan.hpp"
 #include "softkv/simd.hpp"
 #include "softkv/version.hpp"
 
@@ -448,14 +449,7 @@ std::size_t Shard::one_pass_queries(const wire::Query& q) const {
     const Retrieval kind = q.kind == wire::QueryKind::hard ? Retrieval::hard : Retrieval::soft;
     const auto c = db_.collection(q.name);
     const std::size_t n = detail::check_query(*c, q.queries, kind, q.options);
-    const QueryOptions& o = q.options;
-    if (kind == Retrieval::soft) {
-      // ShardScan::answer: a pruned query runs alone; Collection::query: a top-m list, query by query.
-      const bool pruned = (o.top_k || o.epsilon) && !o.exact;
-      return pruned || o.top_m > 0 ? 0 : n;
-    }
-    const IndexKind index = c->config().index.kind;  // hnsw and ivf (automatic) search their index per query
-    return o.exact || index == IndexKind::exact || index == IndexKind::flat ? n : 0;
+    return detail::shares_a_pass(c->config(), q.options, kind) ? n : 0;  // the plan Collection::query follows
   } catch (const std::exception&) {  // its own run reports the error to its own client
     return 0;
   }

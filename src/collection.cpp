@@ -23,25 +23,25 @@
 namespace softkv {
 
 // ---------------------------------------------------------------------------------------------
-// Collection::Impl: writes and images
+// detail::CollectionImpl: writes and images
 
-Collection::Impl::Impl(const CollectionConfig& config)
+detail::CollectionImpl::CollectionImpl(const CollectionConfig& config)
     : config_(config),
       keys_(config.key_precision, config.dim),
       values_(config.value_precision, config.value_dim),
       index_(detail::make_pruning_index(config)) {}
 
-Collection::Impl::~Impl() {
+detail::CollectionImpl::~CollectionImpl() {
   if (builder_.joinable()) builder_.join();
 }
 
-std::optional<std::size_t> Collection::Impl::row_of(std::uint64_t id) const {
+std::optional<std::size_t> detail::CollectionImpl::row_of(std::uint64_t id) const {
   const auto it = slot_of_.find(id);
   if (it == slot_of_.end()) return std::nullopt;
   return it->second;
 }
 
-std::span<const float> Collection::Impl::prepare_keys(std::span<const float> keys, std::vector<float>& buffer,
+std::span<const float> detail::CollectionImpl::prepare_keys(std::span<const float> keys, std::vector<float>& buffer,
                                                       std::string_view what) const {
   if (config_.metric != Metric::cosine) return keys;
   buffer.assign(keys.begin(), keys.end());
@@ -49,7 +49,7 @@ std::span<const float> Collection::Impl::prepare_keys(std::span<const float> key
   return buffer;
 }
 
-Rows Collection::Impl::prepare(std::span<const std::uint64_t> ids, std::span<const float> keys,
+Rows detail::CollectionImpl::prepare(std::span<const std::uint64_t> ids, std::span<const float> keys,
                                std::span<const float> values, std::span<const std::uint64_t> tags) const {
   const std::size_t n = detail::row_count(keys.size(), dim(), "keys");
   const std::size_t nv = detail::row_count(values.size(), value_dim(), "values");
@@ -77,7 +77,7 @@ Rows Collection::Impl::prepare(std::span<const std::uint64_t> ids, std::span<con
   return rows;
 }
 
-void Collection::Impl::put(std::uint64_t id, const float* key, const float* value, std::uint64_t tag) {
+void detail::CollectionImpl::put(std::uint64_t id, const float* key, const float* value, std::uint64_t tag) {
   std::size_t slot;
   if (auto it = slot_of_.find(id); it != slot_of_.end()) {
     slot = it->second;
@@ -98,7 +98,7 @@ void Collection::Impl::put(std::uint64_t id, const float* key, const float* valu
   next_id_ = std::max(next_id_, id + 1);
 }
 
-void Collection::Impl::store(std::span<const std::uint64_t> ids, const float* keys, const float* values,
+void detail::CollectionImpl::store(std::span<const std::uint64_t> ids, const float* keys, const float* values,
                              std::span<const std::uint64_t> tags) {
   const std::size_t n = ids.size();
   // Room for n more rows, growing geometrically: reserving exactly size + n on every batch would copy
@@ -126,7 +126,7 @@ void Collection::Impl::store(std::span<const std::uint64_t> ids, const float* ke
   start_build_if_due();
 }
 
-void Collection::Impl::apply(const Rows& rows) {
+void detail::CollectionImpl::apply(const Rows& rows) {
   const std::size_t n = rows.ids.size();
   if (rows.keys.size() != n * dim() || rows.values.size() != n * value_dim() || (!rows.tags.empty() && rows.tags.size() != n))
     throw Error(ErrorCode::internal, "rows of " + std::to_string(rows.keys.size()) + " key and " +
@@ -136,7 +136,7 @@ void Collection::Impl::apply(const Rows& rows) {
   store(rows.ids, rows.keys.data(), rows.values.data(), rows.tags);
 }
 
-std::vector<std::uint64_t> Collection::Impl::add(Rows rows) {
+std::vector<std::uint64_t> detail::CollectionImpl::add(Rows rows) {
   const std::size_t n = rows.keys.size() / dim();
   std::unique_lock lock(mutex_);
   if (n > kReservedId - next_id_) throw Error(ErrorCode::invalid_argument, "the id space is exhausted");
@@ -146,7 +146,7 @@ std::vector<std::uint64_t> Collection::Impl::add(Rows rows) {
   return std::move(rows.ids);
 }
 
-void Collection::Impl::remove(std::span<const std::uint64_t> ids) {
+void detail::CollectionImpl::remove(std::span<const std::uint64_t> ids) {
   std::unique_lock lock(mutex_);
   if (ids.size() > 1) {  // all or nothing: every id present, once
     std::vector<std::uint64_t> sorted(ids.begin(), ids.end());
@@ -180,12 +180,12 @@ void Collection::Impl::remove(std::span<const std::uint64_t> ids) {
   start_build_if_due();
 }
 
-std::uint64_t Collection::Impl::next_id() const {
+std::uint64_t detail::CollectionImpl::next_id() const {
   std::shared_lock lock(mutex_);
   return next_id_;
 }
 
-CollectionImage Collection::Impl::image() const {
+CollectionImage detail::CollectionImpl::image() const {
   CollectionImage image;
   image.config = config_;
   std::shared_lock lock(mutex_);
@@ -203,7 +203,7 @@ CollectionImage Collection::Impl::image() const {
   return image;
 }
 
-std::string Collection::Impl::restore(CollectionImage image) {
+std::string detail::CollectionImpl::restore(CollectionImage image) {
   Rows& rows = image.rows;
   const std::size_t n = rows.ids.size();
   if (rows.keys.size() != n * dim() || rows.values.size() != n * value_dim() || (!rows.tags.empty() && rows.tags.size() != n))
@@ -249,7 +249,7 @@ std::string Collection::Impl::restore(CollectionImage image) {
   return why + "; rebuilt its index";
 }
 
-void Collection::Impl::start_build_if_due() {
+void detail::CollectionImpl::start_build_if_due() {
   if (!index_ || !index_->build_due()) return;
   std::lock_guard lock(build_mutex_);
   if (building_) return;
@@ -258,7 +258,7 @@ void Collection::Impl::start_build_if_due() {
   builder_ = std::thread([this] { run_builds(); });
 }
 
-void Collection::Impl::run_builds() {
+void detail::CollectionImpl::run_builds() {
   for (;;) {
     std::unique_ptr<detail::IndexBuild> build;
     {
@@ -283,19 +283,19 @@ void Collection::Impl::run_builds() {
   build_done_.notify_all();
 }
 
-void Collection::Impl::wait_until_indexed() const {
+void detail::CollectionImpl::wait_until_indexed() const {
   std::unique_lock lock(build_mutex_);
   build_done_.wait(lock, [&] { return !building_; });
 }
 
-bool Collection::Impl::index_building() const {
+bool detail::CollectionImpl::index_building() const {
   std::lock_guard lock(build_mutex_);
   return building_;
 }
 
 // ---- query helpers ----
 
-std::vector<float> Collection::Impl::prepare_queries(std::span<const float> queries, std::size_t& count) const {
+std::vector<float> detail::CollectionImpl::prepare_queries(std::span<const float> queries, std::size_t& count) const {
   count = detail::row_count(queries.size(), dim(), "queries");
   if (count == 0) throw Error(ErrorCode::dimension_mismatch, "queries is empty: give at least one row of d floats");
   detail::check_finite(queries, "query", dim());
@@ -305,11 +305,11 @@ std::vector<float> Collection::Impl::prepare_queries(std::span<const float> quer
   return buffer;
 }
 
-void Collection::Impl::require_entries() const {
+void detail::CollectionImpl::require_entries() const {
   if (ids_.empty()) throw Error(ErrorCode::empty_collection, "the collection has no entries to query");
 }
 
-detail::EligibleRows Collection::Impl::eligible(const QueryOptions& options) const {
+detail::EligibleRows detail::CollectionImpl::eligible(const QueryOptions& options) const {
   detail::EligibleRows rows = eligible_or_none(options);
   if (rows.count == 0)
     throw Error(ErrorCode::empty_collection, "the query's mask (tags_any, tag_range, exclude_ids) leaves no eligible entry of " +
@@ -317,7 +317,7 @@ detail::EligibleRows Collection::Impl::eligible(const QueryOptions& options) con
   return rows;
 }
 
-detail::EligibleRows Collection::Impl::eligible_or_none(const QueryOptions& options) const {
+detail::EligibleRows detail::CollectionImpl::eligible_or_none(const QueryOptions& options) const {
   std::vector<std::size_t> excluded;
   excluded.reserve(options.exclude_ids.size());
   for (std::uint64_t id : options.exclude_ids)
@@ -326,44 +326,18 @@ detail::EligibleRows Collection::Impl::eligible_or_none(const QueryOptions& opti
   return detail::eligible_rows(tags_, &zones_, options, excluded);
 }
 
-std::size_t Collection::Impl::parts_for(const QueryOptions& options, std::size_t floats_per_row) const {
+std::size_t detail::CollectionImpl::parts_for(const QueryOptions& options, std::size_t floats_per_row) const {
   return detail::choose_parts(ids_.size(), floats_per_row, options.threads, detail::ThreadPool::shared().concurrency());
 }
 
-void Collection::Impl::note_value(const float* value) {
+void detail::CollectionImpl::note_value(const float* value) {
   double largest = 0;
   for (std::size_t i = 0; i < value_dim(); ++i) largest = std::max(largest, std::fabs(static_cast<double>(value[i])));
   // As stored: f16 and bf16 round to nearest, at most 2^-8 of the value above it (an overflow is refused earlier).
   value_max_ = std::max(value_max_, largest * (1 + 0x1p-8));
 }
 
-void Collection::Impl::check_pruning(const QueryOptions& options) const {
-  if (options.error_target) {
-    const float t = *options.error_target;
-    if (!(t >= 0.0f) || !std::isfinite(t))
-      throw Error(ErrorCode::invalid_argument, "error_target must be finite and >= 0 (0 asks for the exact answer), got " +
-                                                   detail::float_text(t));
-    if (options.top_k || options.epsilon) throw Error(ErrorCode::invalid_argument, "give error_target or top_k / epsilon, not both");
-    if (heads() > 1)
-      throw Error(ErrorCode::unsupported, "error_target is not supported on multi-head collections (heads = " + std::to_string(heads()) +
-                                              "): query without it");
-    return;
-  }
-  if (!options.top_k && !options.epsilon) return;
-  if (options.top_k && options.epsilon) throw Error(ErrorCode::invalid_argument, "give top_k or epsilon, not both");
-  if (heads() > 1)
-    throw Error(ErrorCode::unsupported, "pruned queries (top_k, epsilon) are not supported on multi-head collections (heads = " +
-                                            std::to_string(heads()) + "): query without top_k and epsilon");
-  if (options.top_k && *options.top_k == 0) throw Error(ErrorCode::invalid_argument, "top_k must be >= 1");
-  if (options.epsilon && !(*options.epsilon > 0.0f && *options.epsilon < 1.0f))
-    throw Error(ErrorCode::invalid_argument, "epsilon must lie in (0, 1), got " + detail::float_text(*options.epsilon));
-  if (!index_)
-    throw Error(ErrorCode::invalid_argument,
-                "top_k and epsilon need a pruning index; create the collection with index.kind flat, hnsw, ivf or automatic");
-  if (options.ef_search == 0 || options.nprobe == 0) throw Error(ErrorCode::invalid_argument, "ef_search and nprobe must be >= 1");
-}
-
-std::vector<std::size_t> Collection::Impl::index_rows(const float* query, float scale, std::size_t k,
+std::vector<std::size_t> detail::CollectionImpl::index_rows(const float* query, float scale, std::size_t k,
                                                      const QueryOptions& options) const {
   const detail::IndexSearch search{.k = k, .ef_search = options.ef_search, .nprobe = options.nprobe,
                                    .parts = parts_for(options, dim())};
@@ -379,7 +353,7 @@ std::vector<std::size_t> Collection::Impl::index_rows(const float* query, float 
   return rows;
 }
 
-void Collection::Impl::check_lse(double lse) {
+void detail::CollectionImpl::check_lse(double lse) {
   if (lse == -std::numeric_limits<double>::infinity()) throw detail::EveryScoreBelowRange();  // no row weighs anything
   if (!std::isfinite(lse))
     throw Error(ErrorCode::numeric_overflow, "scores left the float range; use a smaller scale or a larger temperature");
@@ -390,7 +364,7 @@ void Collection::Impl::check_lse(double lse) {
 
 Collection::Collection(const CollectionConfig& config) {
   check_config(config);
-  impl_ = std::make_unique<Impl>(config);
+  impl_ = std::make_unique<detail::CollectionImpl>(config);
 }
 
 Collection::~Collection() = default;

@@ -1,4 +1,4 @@
-// Collection::Impl: a collection's rows, ids, id counter and index, behind the one lock that guards them.
+// detail::CollectionImpl (Collection's implementation): a collection's rows, ids, id counter and index, behind the one lock that guards them.
 // Only the Collection's own files include this header; the data is private and reached through the
 // methods below, so every invariant (row i holds ids[i], slot_of[ids[i]] == i, next_id > every id,
 // the index mirrors the rows) is kept in this file and in collection.cpp.
@@ -33,29 +33,27 @@ namespace softkv {
 namespace detail {
 /// A single soft query waiting in a coalescer: its prepared query (d floats, split with its scale) and answer.
 struct SoftPending : CoalescedQuery {
-  const float* query = nullptr;  ///< prepared query, owned by the waiting caller
-  float factor = 0;              ///< its score factor (split_scale)
-  const float* factors = nullptr;  ///< multi-head: one factor per head (factor unused)
-  std::size_t top_m = 0;         ///< contributors it wants
+  const float* query = nullptr;    ///< prepared query, owned by the waiting caller
+  const float* factors = nullptr;  ///< its score factor (split_scale), or one per head on a multi-head collection
+  std::size_t top_m = 0;           ///< contributors it wants
   SoftResult result;             ///< its answer
 };
 /// A single hard query waiting in a coalescer.
 struct HardPending : CoalescedQuery {
-  const float* query = nullptr;  ///< prepared query
-  float factor = 0;              ///< its score factor
-  const float* factors = nullptr;  ///< multi-head: one factor per head (factor unused)
+  const float* query = nullptr;    ///< prepared query
+  const float* factors = nullptr;  ///< its score factor, or one per head
   HardResult result;             ///< its answer
 };
 /// The most queries one coalesced pass serves: the batch kernel's sweet spot (measured in bench/).
 inline constexpr std::size_t kMaxCoalescedBatch = 64;
-}  // namespace detail
 
-class Collection::Impl {
+/// Collection's implementation: the rows, ids, tags, index and coalescers behind one lock.
+class CollectionImpl {
  public:
-  explicit Impl(const CollectionConfig& config);
-  ~Impl();  // joins the background builder
-  Impl(const Impl&) = delete;
-  Impl& operator=(const Impl&) = delete;
+  explicit CollectionImpl(const CollectionConfig& config);
+  ~CollectionImpl();  // joins the background builder
+  CollectionImpl(const CollectionImpl&) = delete;
+  CollectionImpl& operator=(const CollectionImpl&) = delete;
 
   // ---- shape ----
   [[nodiscard]] const CollectionConfig& config() const noexcept { return config_; }
@@ -136,7 +134,7 @@ class Collection::Impl {
   /// Whether a build runs now.
   [[nodiscard]] bool index_building() const;
 
-  // ---- query helpers (the query code in collection_query.cpp uses these with read_lock() held) ----
+  // ---- query helpers (the query paths in src/query/ use these with read_lock() held) ----
   /// Validates row-major queries (dimension, finiteness) and returns them ready to score (unit length for cosine).
   [[nodiscard]] std::vector<float> prepare_queries(std::span<const float> queries, std::size_t& count) const;
   /// Error(empty_collection) when there are no rows.
@@ -147,8 +145,6 @@ class Collection::Impl {
   [[nodiscard]] detail::EligibleRows eligible_or_none(const QueryOptions& options) const;
   /// Row slices for one scan reading floats_per_row floats per row.
   [[nodiscard]] std::size_t parts_for(const QueryOptions& options, std::size_t floats_per_row) const;
-  /// Pruning options are consistent and the collection has an index to prune with.
-  void check_pruning(const QueryOptions& options) const;
   /// Whether queries with these options search through the index rather than scanning.
   [[nodiscard]] bool use_index(const QueryOptions& options) const { return index_ && index_->ready() && !options.exact; }
   /// Rows of the index's candidates for a query split by split_scale into (query, scale) (live entries only).
@@ -198,4 +194,5 @@ class Collection::Impl {
   std::thread builder_;
 };
 
+}  // namespace detail
 }  // namespace softkv

@@ -1,6 +1,7 @@
 // StoredRows: one column of a collection's storage (its keys or its values), row-major at one precision.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 

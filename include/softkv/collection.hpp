@@ -13,6 +13,10 @@
 
 namespace softkv {
 
+namespace detail {
+class CollectionImpl;  ///< a collection's rows, index and lock (src/collection_impl.hpp)
+}  // namespace detail
+
 /// The one id no entry may have: it keeps "next id = largest id + 1" from wrapping.
 inline constexpr std::uint64_t kReservedId = ~std::uint64_t{0};
 
@@ -326,12 +330,14 @@ class Collection {
   /// for an inconsistent image (row sizes, an id twice, an id at or above next_id).
   [[nodiscard]] static Collection restore(CollectionImage image, std::string* note = nullptr);
 
-  /// The one query entry point: n >= 1 row-major queries (n x d), soft or hard. It picks the path
-  /// itself: the fused batch kernels (n > 1, soft without top_m/top_k/epsilon; hard unless an
-  /// hnsw/ivf/automatic index answers it), else each query on its own (query_soft / query_hard,
-  /// pruned when asked). Each answer equals what that path's method returns, bit for bit; a batch
-  /// answer has candidates = N (the eligible entries under a mask), tail_bound 0 and no contributors.
-  /// Multi-head collections and iterations > 1 run each query on its own. Throws the first query's error.
+  /// The one query entry point: n >= 1 row-major queries (n x d), soft or hard. A query plan decides
+  /// the path once (docs/DESIGN.md, "The data path of a query"): every query in one fused pass over the
+  /// eligible rows (n > 1 and a plain scan: no top_m for soft, no top_k / epsilon / error_target, no
+  /// hnsw/ivf/automatic index for hard, no iterations), else each query on its own (pruned, estimated or
+  /// through the index when asked; a plain scan may be coalesced with other callers' queries). A fused
+  /// answer has candidates = rows_scored = N (the eligible entries under a mask), tail_bound 0 and no
+  /// contributors. Throws the first failing query's error. query_soft, query_hard and the batch methods
+  /// are this call with one result shape or another.
   [[nodiscard]] QueryResults query(std::span<const float> queries, Retrieval kind, const QueryOptions& options = {}) const;
   /// Soft retrieval: softmax(s) . V over every entry (per head on a multi-head collection; iterated when
   /// options.iterations > 1). Throws on empty collection or bad query; top_k/epsilon on a multi-head
@@ -341,11 +347,12 @@ class Collection {
   /// HNSW or IVF index (and !options.exact) the best of the index's top 64 is taken (rescored, ties
   /// to the smallest id among them), which may miss the true best.
   [[nodiscard]] HardResult query_hard(std::span<const float> query, const QueryOptions& options = {}) const;
-  /// Soft retrieval for B row-major queries (B x d); reads the entries once for all of them.
-  /// Contributors are not reported in batches: options.top_m must be 0.
+  /// Soft retrieval for B row-major queries (B x d): query() with the answers side by side; a plain
+  /// scan reads the entries once for all of them. Contributors are not reported in batches: options.top_m must be 0.
   [[nodiscard]] SoftBatchResult query_soft_batch(std::span<const float> queries,
                                                  const QueryOptions& options = {}) const;
-  /// Hard retrieval for B row-major queries (B x d); reads the keys once for all of them.
+  /// Hard retrieval for B row-major queries (B x d): query() with the answers side by side; an exact
+  /// scan reads the keys once for all of them (hnsw, ivf and automatic answer through the index, query by query).
   [[nodiscard]] HardBatchResult query_hard_batch(std::span<const float> queries,
                                                  const QueryOptions& options = {}) const;
 
@@ -377,8 +384,7 @@ class Collection {
   void check_options(const QueryOptions& options, Retrieval kind) const;
 
  private:
-  class Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<detail::CollectionImpl> impl_;
 };
 
 }  // namespace softkv

@@ -11,6 +11,7 @@
 #include "mpi/sharded_impl.hpp"
 #include "mask.hpp"
 #include "pruning.hpp"
+#include "query/plan.hpp"
 #include "score_range.hpp"
 #include "validate.hpp"
 
@@ -411,9 +412,9 @@ std::size_t detail::check_query(const Collection& shard, std::span<const float> 
 
 QueryResults detail::ShardScan::answer(const std::vector<float>& q, std::size_t n, Retrieval kind,
                                        const QueryOptions& opts) const {
-  // check_options refused top_k/epsilon without an index; options.exact scans everything (as use_index says).
-  const bool prune = kind == Retrieval::soft && (opts.top_k || opts.epsilon) && !opts.exact;
-  if (!prune) return exact(q, n, kind, opts);
+  // The plan Collection::query follows (checked by check_query at the root): pruned soft queries run
+  // here, one by one; everything else is each shard's Collection::query and a merge.
+  if (detail::plan_query(shard.config(), false, opts, n, kind).single != detail::SinglePath::pruned) return exact(q, n, kind, opts);
   // Pruned queries run one by one (as Collection::query does), each in lockstep on every rank.
   // The global N of the tail bound: the eligible rows of every shard (all rows without a mask).
   LocalFailure failure;

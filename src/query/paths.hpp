@@ -1,0 +1,85 @@
+// The paths a query plan (plan.hpp) runs: each takes prepared queries (validated, normalised for
+// cosine, split with the scale by split_scale: `q` with one factor per query, or per head slice on a
+// multi-head collection) and answers under the collection's read lock. Only Collection::query and
+// these files include it.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <new>
+#include <span>
+#include <vector>
+
+#include "softkv/collection.hpp"
+#include "softkv/error.hpp"
+#include "query/plan.hpp"
+
+namespace softkv::detail {
+
+class CollectionImpl;
+struct ArgMax;
+
+/// Runs a query body; an allocation failure (a huge batch, top_m or top_k) becomes Error(resource_exhausted).
+template <class F>
+auto guard_memory(F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::resource_exhausted, "the query needs more memory than is available");
+  }
+}
+
+/// A batch's results, or its first failing query's error (a call answers all its queries or throws).
+template <class Result>
+std::vector<Result> all_or_throw(std::vector<Result> results, const std::vector<std::exception_ptr>& errors) {
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  return results;
+}
+
+/// Error(numeric_overflow) for a best score that left the float range; EveryScoreBelowRange when no row scored above -FLT_MAX.
+void check_best(const ArgMax& best);
+
+// ---- preparing queries ----
+/// Validated row-major queries, normalised for cosine, each split with scale; factors gets one per query.
+[[nodiscard]] std::vector<float> scaled_queries(const CollectionImpl& impl, std::span<const float> queries, float scale,
+                                                std::vector<float>& factors);
+/// The same per head slice (normalised per slice for cosine): factors gets n x h, head j scoring as slice j alone would.
+[[nodiscard]] std::vector<float> head_queries(const CollectionImpl& impl, std::span<const float> queries, float scale,
+                                              std::vector<float>& factors);
+
+// ---- one query on its own (single.cpp) ----
+/// Soft: the exact scan, or pruned (top_k, epsilon) or estimated (error_target) as `path` says, within
+/// the planner's budget (an index not built yet: the exact scan).
+[[nodiscard]] SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options, SinglePath path);
+/// Hard: through an approximate index when the plan says so and it is ready, else the exact scan.
+[[nodiscard]] HardResult hard_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options);
+
+// ---- every query in one pass (passes.cpp); a failure that belongs to one query is errors[b] ----
+/// Soft, over the eligible rows; top_m (empty, or one per query) asks for contributors (unmasked only).
+[[nodiscard]] std::vector<SoftResult> soft_fused(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
+                                                 const QueryOptions& options, std::span<const std::size_t> top_m,
+                                                 std::vector<std::exception_ptr>& errors);
+/// Hard, over the eligible keys.
+[[nodiscard]] std::vector<HardResult> hard_fused(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
+                                                 const QueryOptions& options, std::vector<std::exception_ptr>& errors);
+
+// ---- multi-head (heads.cpp): every head from one pass over the eligible rows ----
+/// One soft query, with its heads' contributors when options.top_m > 0.
+[[nodiscard]] SoftResult soft_heads(const CollectionImpl& impl, const float* q, const float* factors, const QueryOptions& options);
+/// One hard query.
+[[nodiscard]] HardResult hard_heads(const CollectionImpl& impl, const float* q, const float* factors, const QueryOptions& options);
+/// n soft queries in one pass (no contributors).
+[[nodiscard]] std::vector<SoftResult> soft_heads_fused(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
+                                                       const QueryOptions& options, std::vector<std::exception_ptr>& errors);
+/// n hard queries in one pass.
+[[nodiscard]] std::vector<HardResult> hard_heads_fused(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
+                                                       const QueryOptions& options, std::vector<std::exception_ptr>& errors);
+
+// ---- coalesced single queries (passes.cpp): at once, or in a shared pass with other callers' ----
+/// A soft scan (heads: factors holds one per head; else factors[0]).
+[[nodiscard]] SoftResult soft_coalesced(const CollectionImpl& impl, const float* q, const float* factors, const QueryOptions& options);
+/// A hard scan.
+[[nodiscard]] HardResult hard_coalesced(const CollectionImpl& impl, const float* q, const float* factors, const QueryOptions& options);
+
+}  // namespace softkv::detail

@@ -1,0 +1,256 @@
+// One query on its own (paths.hpp): the soft query's pruned, estimated or exact path with the
+// planner's budget (docs/PRUNING.md, "The planner"), and the hard query through an index or the scan.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "collection_impl.hpp"
+#include "estimate.hpp"
+#include "mask.hpp"
+#include "pruning.hpp"
+#include "query/paths.hpp"
+#include "scan.hpp"
+#include "score_range.hpp"
+#include "simd/kernel_table.hpp"
+
+namespace softkv::detail {
+namespace {
+
+// Candidates an approximate index is asked for when a hard query goes through it: rescored with our
+// kernel, the best wins with ties to the smallest id, so up to this many tied keys are ordered right.
+constexpr std::size_t kHardCandidates = 64;
+
+// Rows of up to k candidates for a masked pruned query. flat (filter_after false): its fused top-k pass
+// runs over the eligible rows only, so they are exactly the top k eligible rows. hnsw/ivf: over-fetch
+// and filter (flags marks eligible rows): ask for k * rows / eligible, then 4x more until k eligible
+// ones come back; past a quarter of the rows a search costs about what the exact masked scan does,
+// so none then (pruned_soft runs the exact scan of its scope).
+std::vector<std::size_t> masked_candidates(const CollectionImpl& impl, const KernelTable& kernels, const float* q, float f,
+                                           const EligibleRows& mask, const std::vector<std::uint8_t>& flags, std::size_t k,
+                                           std::size_t parts, const QueryOptions& options, bool filter_after) {
+  const RowSpan span = impl.span();
+  std::vector<std::size_t> kept;
+  if (!filter_after) {
+    for (const auto& item : masked_top_k_scan(kernels, q, f, span, mask, k, parts)) kept.push_back(*impl.row_of(item.id));
+    return kept;
+  }
+  for (std::size_t ask = std::max(k, k * span.rows / mask.count);; ask *= 4) {
+    if (ask > span.rows / 4) return {};
+    kept.clear();
+    for (std::size_t row : impl.index_rows(q, f, ask, options)) {
+      if (flags[row] == 0) continue;
+      kept.push_back(row);
+      if (kept.size() == k) break;
+    }
+    if (kept.size() == k) return kept;
+  }
+}
+
+}  // namespace
+
+void check_best(const ArgMax& best) {
+  if (best.overflow)
+    throw Error(ErrorCode::numeric_overflow, "a score left the float range; use a smaller scale or a larger temperature");
+  if (best.row == ArgMax::kNoRow) throw EveryScoreBelowRange();
+}
+
+std::vector<float> scaled_queries(const CollectionImpl& impl, std::span<const float> queries, float scale, std::vector<float>& factors) {
+  std::size_t count = 0;
+  std::vector<float> q = impl.prepare_queries(queries, count);
+  const std::size_t d = impl.dim();
+  factors.resize(count);
+  for (std::size_t b = 0; b < count; ++b) factors[b] = split_scale(std::span<float>(q.data() + b * d, d), scale);
+  return q;
+}
+
+std::vector<float> head_queries(const CollectionImpl& impl, std::span<const float> queries, float scale, std::vector<float>& factors) {
+  std::size_t count = 0;
+  std::vector<float> q = impl.prepare_queries(queries, count);
+  const std::size_t d = impl.dim(), h = impl.heads(), dh = d / h;
+  factors.resize(count * h);
+  for (std::size_t b = 0; b < count; ++b)
+    for (std::size_t j = 0; j < h; ++j) factors[b * h + j] = split_scale(std::span<float>(q.data() + b * d + j * dh, dh), scale);
+  return q;
+}
+
+// One soft query on its own (prepared and split: q, f), pruned or exact, contributors included.
+SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options, SinglePath path) {
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const RowSpan span = impl.span();
+  const std::size_t parts = impl.parts_for(options, impl.dim() + impl.value_dim());
+  const KernelTable& kernels = detail::kernels();
+  const bool prune = path == SinglePath::pruned && impl.use_index(options);  // not built yet: the scan
+  const PruningIndex* index = impl.index();
+  // The planner's budget: what a pruned path may spend before the exact scan costs less (pruning.hpp).
+  const std::size_t budget = prune_budget(span.rows, impl.row_bytes());
+  auto exact = [&] { return exact_soft(kernels, q, f, span, options.top_m, parts); };
+  // flat with epsilon: every search reads all keys, so after a first cheap try (k = 16) one pass
+  // fetches everything the doubling could still ask for (up to a quarter of the rows or the budget,
+  // best first) and later k take its prefixes, which are exactly the top-k of a fresh pass.
+  std::vector<std::size_t> best_first;
+  const bool reuse = prune && options.epsilon && index->exact_top_k() && index->lists() == nullptr;
+  // A mask: the scans visit eligible rows only (scope.exact); candidates come from masked_candidates.
+  std::optional<EligibleRows> mask;
+  std::vector<std::uint8_t> flags;
+  PruneScope scope;
+  if (has_mask(options)) {
+    mask = impl.eligible(options);
+    scope.n = mask->count;
+    scope.exact = [&] {
+      PrunedSoft r{masked_soft_scan(kernels, q, f, span, *mask, parts, options.top_m), {}, mask->count, 0.0};
+      r.value = masked_blended_value(kernels, q, f, span, *mask, r.scan.state);
+      return r;
+    };
+    if (prune && !index->exact_top_k()) {
+      flags = eligible_flags(*mask, span.rows);
+      scope.flags = &flags;
+    }
+  }
+  const CandidateFinder index_find = [&](std::size_t k) {
+    if (!reuse) return impl.index_rows(q, f, k, options);
+    if (best_first.size() < k)
+      best_first = impl.index_rows(q, f, best_first.empty() ? k : std::max(k, std::min(span.rows / 4, budget)), options);
+    return std::vector<std::size_t>(best_first.begin(), best_first.begin() + static_cast<std::ptrdiff_t>(std::min(k, best_first.size())));
+  };
+  const bool filter_after = prune && mask && !index->exact_top_k();
+  const CandidateFinder masked_find = [&](std::size_t k) {
+    return masked_candidates(impl, kernels, q, f, *mask, flags, k, parts, options, filter_after);
+  };
+  const CandidateFinder& find = mask ? masked_find : index_find;
+  const PruneScope* in_scope = mask ? &scope : nullptr;
+  const std::size_t check = prune && !index->exact_top_k() ? options.check_sample : 0;
+  // What a round of the pruned path costs in row-equivalents (pruning.hpp): the keys it reads (flat: all
+  // of them, hnsw: 2M neighbours of ef graph nodes), and the candidates and sampled rows it gathers out of order.
+  const double key_share = static_cast<double>(impl.key_row_bytes()) / static_cast<double>(impl.row_bytes());
+  const RoundCost cost{[&](std::size_t k) -> std::size_t {
+                                 const std::size_t gathered = (k + check) * kRandomRowCost;
+                                 if (index->exact_top_k()) return static_cast<std::size_t>(key_share * static_cast<double>(span.rows)) + gathered;
+                                 // HNSW's search reads up to 2M neighbours of each of its ef closest nodes, out of order.
+                                 const std::size_t nodes = 2 * std::max(options.ef_search, k) * impl.config().index.hnsw_m;
+                                 return nodes * kRandomRowCost + gathered;
+                               },
+                               budget};
+  bool walked_lists = false;  // an error_target query answered by a certified walk
+  auto plan = [&]() -> PrunedSoft {
+    if (path == SinglePath::estimated) {
+      const double target = *options.error_target;
+      // Certified lists first: a walk whose guaranteed tail bound is <= target / 2 answers within the
+      // target for sure (dropping a share tau of the mass moves the blend by at most 2 tau max ||v||_inf),
+      // reading only the lists that hold the mass (peaked attention). It gives up early when the bounds
+      // show the mass is spread.
+      if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (the walk visits every row of a list: no mask)
+        const ListTarget walk{0, target / 2, budget / 2};
+        if (std::optional<PrunedSoft> walked = certified_soft(
+                kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); }, walk, options.top_m)) {
+          walked->error_estimate = std::min(1.0, 2 * walked->tail_bound);
+          walked_lists = true;
+          return std::move(*walked);
+        }
+      }
+      // Then a sample of blocks of rows (spread attention), up to an eighth of the rows over all rounds; the
+      // rounds give up as soon as their error says the target needs more, and the exact scan answers.
+      // (Small collections too: a sample past an eighth of the rows would cost more than the scan.) With a
+      // mask, the sample draws from the eligible rows and the budget is an eighth of them.
+      const std::size_t rows = mask ? mask->count : span.rows;
+      const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), options.top_m};
+      std::optional<PrunedSoft> estimated = estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr);
+      if (!estimated) {
+        PrunedSoft all = mask ? scope.exact() : exact();
+        all.error_estimate = 0.0;
+        return all;
+      }
+      return std::move(*estimated);
+    }
+    if (!prune) return mask ? scope.exact() : exact();
+    if (!mask && index->lists() != nullptr) {  // certified lists: the walk keeps to the budget itself
+      // top_k gets half the budget: whether the k-th score will beat the next bound shows only by walking
+      // (the bounds alone rarely rule it out), so a hopeless walk wastes what it may spend.
+      const ListTarget target{options.top_k.value_or(0), options.epsilon.value_or(0.0f), options.top_k ? budget / 2 : budget};
+      std::optional<PrunedSoft> walked;
+      if (!options.top_k || *options.top_k < span.rows)
+        walked = certified_soft(kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); },
+                                        target, options.top_m);
+      return walked ? std::move(*walked) : exact();
+    }
+    if (options.top_k) {
+      // A single round: when it alone costs more than the exact scan would, the scan answers.
+      const bool small = budget == std::numeric_limits<std::size_t>::max();
+      if (!mask && !small && cost(*options.top_k) >= span.rows) return exact();
+      return pruned_soft(kernels, q, f, span, *options.top_k, options.top_m, parts, find, check, in_scope);
+    }
+    return adaptive_soft(kernels, q, f, span, *options.epsilon, options.top_m, parts, find, check, in_scope,
+                                 mask ? RoundCost{} : cost);
+  };
+  PrunedSoft pruned = plan();
+  SoftScan& scan = pruned.scan;
+
+  SoftResult result;
+  result.lse = scan.state.lse();
+  CollectionImpl::check_lse(result.lse);
+  result.max_score = scan.state.max;
+  result.candidates = pruned.k;
+  result.tail_bound = pruned.tail_bound;
+  result.rows_scored = pruned.rows_scored != 0 ? pruned.rows_scored : pruned.k;
+  result.error_estimate = pruned.error_estimate.value_or(0.0);
+  const bool scanned_all = pruned.k == (mask ? mask->count : span.rows);
+  if (pruned.error_estimate) {  // error_target: a walk's guaranteed tail bound, or a sample's (nothing dropped: 0)
+    result.searched_with = walked_lists && !scanned_all ? index->kind() : IndexKind::exact;
+    result.tail_bound_guaranteed = true;
+  } else {
+    result.searched_with = scanned_all ? IndexKind::exact : index->kind();
+    result.mask_filtered_after_search = filter_after && !scanned_all;
+    result.tail_bound_guaranteed = scanned_all || index->exact_top_k();
+  }
+  result.value = std::move(pruned.value);
+  result.top.reserve(scan.top.size());
+  for (const auto& item : scan.top)
+    result.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - result.lse)), item.score});
+  return result;
+}
+
+// One hard query on its own: through an approximate index when it has one, else the exact scan.
+HardResult hard_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options) {
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const RowSpan span = impl.span();
+  const KernelTable& kernels = detail::kernels();
+  ArgMax best;
+  HardResult result;
+  const IndexKind index_kind = impl.use_index(options) ? impl.index()->kind() : IndexKind::exact;
+  std::optional<EligibleRows> mask;
+  std::vector<std::uint8_t> flags;
+  if (has_mask(options)) mask = impl.eligible(options);
+  if (index_kind == IndexKind::hnsw || index_kind == IndexKind::ivf) {
+    // The index's best candidates (hnsw: approximate; ivf: the exact top 1), rescored with our kernel (ties to the smallest id); flat would
+    // read every key like the scan below, so it gains nothing here. A mask over-fetches and filters.
+    std::size_t ask = impl.index()->exact_top_k() ? 1 : kHardCandidates;  // certified lists: the true best
+    if (mask) {
+      flags = eligible_flags(*mask, span.rows);
+      ask = std::max(ask, ask * span.rows / mask->count);
+      if (ask > span.rows / 4) ask = 0;  // a search that large costs what the exact masked scan does
+    }
+    for (std::size_t row : ask == 0 ? std::vector<std::size_t>{} : impl.index_rows(q, f, ask, options)) {
+      if (mask && flags[row] == 0) continue;
+      const RowSpan one = span.sub(row, 1);
+      ArgMax candidate;
+      kernels.hard_scan(q, f, one, candidate);
+      if (candidate.row != ArgMax::kNoRow) candidate.row = row;
+      merge_argmax(candidate, span.ids, best);
+    }
+    result.searched_with = index_kind;
+  }
+  if (best.row == ArgMax::kNoRow && !best.overflow) {
+    const std::size_t parts = impl.parts_for(options, impl.dim());
+    best = mask ? masked_hard_scan(kernels, q, f, span, *mask, parts) : hard_scan_split(kernels, q, f, span, parts);
+    result.searched_with = IndexKind::exact;
+  }
+  check_best(best);
+  result.id = span.ids[best.row];
+  result.score = best.score;
+  result.value = value_vector(span, best.row);
+  return result;
+}
+
+}  // namespace softkv::detail

@@ -1,0 +1,133 @@
+// The query plan (src/query/plan.hpp): every routing rule, decided once, over every option that moves
+// a query from one path to another; and every door (query, query_soft/hard, the batch methods, the
+// sharded server's merge rule) follows it.
+#include <catch2/catch.hpp>
+
+#include <optional>
+
+#include "query/plan.hpp"
+#include "reference.hpp"
+#include "softkv/softkv.hpp"
+
+using namespace softkv;
+using detail::QueryPath;
+using detail::SinglePath;
+
+namespace {
+
+CollectionConfig config_of(IndexKind kind, std::size_t heads = 1) {
+  CollectionConfig c{8, 8, Metric::dot, {}, {}};
+  c.heads = heads;
+  c.index.kind = kind;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("the plan groups a call's queries: one fused pass for plain scans, each on its own otherwise", "[query][plan]") {
+  const CollectionConfig plain = config_of(IndexKind::exact), flat = config_of(IndexKind::flat);
+  const CollectionConfig hnsw = config_of(IndexKind::hnsw), ivf = config_of(IndexKind::ivf), automatic = config_of(IndexKind::automatic);
+  const CollectionConfig heads = config_of(IndexKind::exact, 4);
+  for (const Retrieval kind : {Retrieval::soft, Retrieval::hard}) {
+    CHECK(detail::plan_query(plain, true, {}, 5, kind).path == QueryPath::fused);
+    CHECK(detail::plan_query(plain, true, {}, 1, kind).path == QueryPath::each);  // one query: its own path, which may coalesce
+    CHECK(detail::plan_query(plain, true, {}, 1, kind).coalesce);
+    CHECK_FALSE(detail::plan_query(plain, false, {}, 1, kind).coalesce);  // coalescing off
+    CHECK(detail::plan_query(heads, true, {}, 5, kind).path == QueryPath::heads_fused);
+    CHECK(detail::plan_query(plain, true, {.tags_any = {1}}, 5, kind).path == QueryPath::fused);  // masks fuse
+    CHECK_FALSE(detail::plan_query(plain, true, {.tags_any = {1}}, 1, kind).coalesce);         // but never wait
+  }
+  // Soft: contributors, pruning, estimates and iterations take each query on its own path.
+  CHECK(detail::plan_query(plain, true, {.top_m = 3}, 5, Retrieval::soft).path == QueryPath::each);
+  CHECK(detail::plan_query(plain, true, {.top_m = 3}, 1, Retrieval::soft).coalesce);  // a coalesced pass serves contributors
+  CHECK_FALSE(detail::plan_query(heads, true, {.top_m = 3}, 1, Retrieval::soft).coalesce);  // a multi-head query's come from its own pass
+  CHECK(detail::plan_query(heads, true, {.top_m = 3}, 5, Retrieval::hard).path == QueryPath::heads_fused);  // hard ignores top_m
+  for (const CollectionConfig& c : {flat, hnsw, ivf}) {
+    const detail::QueryPlan top_k = detail::plan_query(c, true, {.top_k = 4}, 5, Retrieval::soft);
+    CHECK(top_k.path == QueryPath::each);
+    CHECK(top_k.single == SinglePath::pruned);
+    CHECK_FALSE(top_k.coalesce);
+    CHECK(detail::plan_query(c, true, {.epsilon = 0.01f}, 5, Retrieval::soft).single == SinglePath::pruned);
+    // exact = true: the scan, fused and coalesced like a plain collection's
+    CHECK(detail::plan_query(c, true, {.top_k = 4, .exact = true}, 5, Retrieval::soft).path == QueryPath::fused);
+  }
+  const detail::QueryPlan estimated = detail::plan_query(plain, true, {.error_target = 0.01f}, 5, Retrieval::soft);
+  CHECK(estimated.path == QueryPath::each);
+  CHECK(estimated.single == SinglePath::estimated);
+  CHECK_FALSE(estimated.coalesce);
+  CHECK(detail::plan_query(plain, true, {.error_target = 0.0f}, 5, Retrieval::soft).path == QueryPath::fused);  // 0: the exact answer
+  const CollectionConfig square = config_of(IndexKind::exact);
+  CHECK(detail::plan_query(square, true, {.iterations = 3}, 5, Retrieval::soft).path == QueryPath::each);
+  // Hard: hnsw, ivf and automatic answer through their index, query by query; flat and exact scan.
+  for (const CollectionConfig& c : {hnsw, ivf, automatic}) {
+    const detail::QueryPlan p = detail::plan_query(c, true, {}, 5, Retrieval::hard);
+    CHECK(p.path == QueryPath::each);
+    CHECK(p.single == SinglePath::through_index);
+    CHECK_FALSE(p.coalesce);
+    CHECK(detail::plan_query(c, true, {.exact = true}, 5, Retrieval::hard).path == QueryPath::fused);
+    CHECK(detail::plan_query(c, true, {.top_k = 4}, 5, Retrieval::hard).single == SinglePath::through_index);  // soft-only fields ignored
+  }
+  CHECK(detail::plan_query(flat, true, {}, 5, Retrieval::hard).path == QueryPath::fused);
+}
+
+TEST_CASE("the plan checks the options once for every door", "[query][plan][errors]") {
+  const CollectionConfig plain = config_of(IndexKind::exact), heads = config_of(IndexKind::flat, 2);
+  auto code = [](auto&& f) -> std::optional<ErrorCode> {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return std::nullopt;
+  };
+  CHECK(code([&] { (void)detail::plan_query(plain, true, {.temperature = 1.0f, .scale = 1.0f}, 1, Retrieval::soft); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code([&] { (void)detail::plan_query(plain, true, {.top_k = 4}, 1, Retrieval::soft); }) == ErrorCode::invalid_argument);  // no index
+  CHECK(code([&] { (void)detail::plan_query(plain, true, {.top_k = 4}, 1, Retrieval::hard); }) == std::nullopt);  // hard ignores it
+  CHECK(code([&] { (void)detail::plan_query(heads, true, {.top_k = 4}, 1, Retrieval::soft); }) == ErrorCode::unsupported);
+  CHECK(code([&] { (void)detail::plan_query(heads, true, {.error_target = 0.1f}, 1, Retrieval::soft); }) == ErrorCode::unsupported);
+  CHECK(code([&] { (void)detail::plan_query(plain, true, {.iterations = 2}, 1, Retrieval::hard); }) == ErrorCode::invalid_argument);
+  CHECK(code([&] { (void)detail::plan_query(plain, true, {.error_target = -1.0f}, 1, Retrieval::soft); }) == ErrorCode::invalid_argument);
+  CHECK(code([&] { (void)detail::plan_query(plain, true, {}, 1, static_cast<Retrieval>(7)); }) == ErrorCode::invalid_argument);
+  // The scale the plan resolves is the one Collection::resolve_scale reports.
+  const Collection c(plain);
+  for (const QueryOptions& o : {QueryOptions{}, QueryOptions{.temperature = 0.25f}, QueryOptions{.scale = 3.0f}})
+    CHECK(detail::plan_query(plain, true, o, 1, Retrieval::soft).scale == c.resolve_scale(o));
+}
+
+TEST_CASE("the sharded server merges exactly the requests the plan answers in one pass", "[query][plan]") {
+  const CollectionConfig plain = config_of(IndexKind::exact), hnsw = config_of(IndexKind::hnsw);
+  CHECK(detail::shares_a_pass(plain, {}, Retrieval::soft));
+  CHECK(detail::shares_a_pass(plain, {}, Retrieval::hard));
+  CHECK_FALSE(detail::shares_a_pass(plain, {.top_m = 2}, Retrieval::soft));
+  CHECK(detail::shares_a_pass(plain, {.top_m = 2}, Retrieval::hard));
+  CHECK_FALSE(detail::shares_a_pass(hnsw, {.top_k = 8}, Retrieval::soft));
+  CHECK(detail::shares_a_pass(hnsw, {.top_k = 8, .exact = true}, Retrieval::soft));
+  CHECK_FALSE(detail::shares_a_pass(hnsw, {}, Retrieval::hard));
+  CHECK_THROWS_AS(detail::shares_a_pass(plain, {.temperature = -1.0f}, Retrieval::soft), Error);  // refused as plan_query refuses
+}
+
+TEST_CASE("every door answers as query() plans: the batch methods equal query() on an index-searched collection", "[query][plan]") {
+  CollectionConfig config{16, 4, Metric::dot, {}, {}};
+  config.index.kind = IndexKind::hnsw;
+  config.index.hnsw_ef_construction = 40;
+  Collection c(config);
+  c.add_batch(test::normal_floats(2000 * 16, 1), test::normal_floats(2000 * 4, 2));
+  c.wait_until_indexed();
+  const auto qs = test::normal_floats(6 * 16, 3);
+  const QueryResults all = c.query(qs, Retrieval::hard);
+  const HardBatchResult batch = c.query_hard_batch(qs);
+  REQUIRE(all.hard.size() == 6);
+  for (std::size_t b = 0; b < 6; ++b) {
+    CHECK(all.hard[b].searched_with == IndexKind::hnsw);  // through the index, as a single query would
+    CHECK(batch.ids[b] == all.hard[b].id);
+    CHECK(batch.scores[b] == all.hard[b].score);
+    CHECK(c.query_hard(std::span(qs).subspan(b * 16, 16)).id == all.hard[b].id);
+  }
+  // One soft query through the batch door takes the single path (equal to query_soft, bit for bit).
+  const auto one = std::span(qs).subspan(0, 16);
+  const SoftBatchResult sb = c.query_soft_batch(one, {.temperature = 0.5f});
+  const SoftResult s = c.query_soft(one, {.temperature = 0.5f});
+  CHECK(sb.values == s.value);
+  CHECK(sb.lse == std::vector<double>{s.lse});
+}
