@@ -1,5 +1,5 @@
 // Collection: the state side (validated writes in two doors, images for snapshots, background index
-// builds); the queries over its rows are in collection_query.cpp.
+// builds); the queries over its rows are in collection_query.cpp and src/query/.
 #include "softkv/collection.hpp"
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // Estimated soft retrieval (QueryOptions::error_target): the softmax-weighted blend estimated from a
 // sample of the rows, with an error estimate at 95% confidence (docs/PRUNING.md, "Estimated answers").
-// Collections with certified lists first try a walk whose guaranteed bound meets the target (collection_query.cpp).
+// Collections with certified lists first try a walk whose guaranteed bound meets the target (src/query/single.cpp).
 #pragma once
 
 #include <cstddef>
