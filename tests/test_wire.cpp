@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "softkv/error.hpp"
+#include "codec/options.hpp"
 #include "wire/protocol.hpp"
 
 using namespace softkv;
@@ -223,9 +224,9 @@ TEST_CASE("error messages go out as valid UTF-8: invalid bytes escaped, long one
 }
 
 TEST_CASE("every QueryOptions field on the wire survives a version-3 round trip, and versions 1-2 refuse what they cannot carry", "[wire]") {
-  // A field added to QueryOptions changes its size: this fails until the field is given a wire form here,
-  // in protocol.cpp (put_/get_ options, mask, iterations, estimate), in src/mpi's WireOptions and in
-  // docs/PROTOCOL.md, or is documented as not on the wire (threads: the server chooses it).
+  // A field added to QueryOptions changes its size: this fails until the field is given its form in
+  // src/codec/options.cpp (the one codec of the wire and of MPI), here and in the full-form test
+  // below, and in docs/PROTOCOL.md (or is documented as not on the wire, as threads: the server chooses it).
   CHECK(sizeof(QueryOptions) == 184);  // x86-64, libstdc++
   QueryOptions o;
   o.temperature = 0.5f;
@@ -292,4 +293,71 @@ TEST_CASE("every QueryOptions field on the wire survives a version-3 round trip,
   const auto v2 = std::get<SoftReply>(decode_reply(Opcode::query, frame_of(encode_reply(Opcode::query, 5, SoftReply{{s}}, 2)), QueryKind::soft, 2));
   CHECK(v2.results.at(0).rows_scored == 5);  // a version-2 reply says candidates
   CHECK(v2.results.at(0).error_estimate == 0.0);
+}
+
+TEST_CASE("the full form of QueryOptions (MPI) carries every field, threads included, and no form truncates a count", "[wire]") {
+  QueryOptions o;
+  o.scale = 3.5f;
+  o.top_m = 0xFFFFFFFF;
+  o.threads = ~std::size_t{0};
+  o.epsilon = 0.5f;
+  o.error_target = 0.25f;
+  o.ef_search = 0xFFFFFFFF;
+  o.nprobe = 1;
+  o.check_sample = 12345;
+  o.tags_any = {7};
+  o.exclude_ids = {0, 1, 2};
+  o.tag_range = TagRange{0, 0};
+  o.iterations = 7;
+  o.tolerance = 0.5f;
+  detail::ByteWriter w;
+  detail::put_query_options(w, o, detail::OptionsForm::full);
+  detail::ByteReader r(w.bytes(), ErrorCode::internal);
+  const QueryOptions back = detail::get_query_options(r, detail::OptionsForm::full);
+  CHECK(r.remaining() == 0);
+  CHECK(back.scale == o.scale);
+  CHECK_FALSE(back.temperature.has_value());
+  CHECK(back.top_m == o.top_m);
+  CHECK(back.threads == o.threads);
+  CHECK(back.epsilon == o.epsilon);
+  CHECK_FALSE(back.top_k.has_value());
+  CHECK(back.error_target == o.error_target);
+  CHECK(back.ef_search == o.ef_search);
+  CHECK(back.nprobe == o.nprobe);
+  CHECK(back.check_sample == o.check_sample);
+  CHECK_FALSE(back.exact);
+  CHECK(back.tags_any == o.tags_any);
+  CHECK(back.exclude_ids == o.exclude_ids);
+  REQUIRE(back.tag_range.has_value());
+  CHECK(back.tag_range->hi == 0);
+  CHECK(back.iterations == o.iterations);
+  CHECK(back.tolerance == o.tolerance);
+  // Every prefix of the bytes is a truncation error with the reader's code.
+  for (std::size_t cut = 0; cut < w.bytes().size(); ++cut) {
+    detail::ByteReader part(std::span(w.bytes()).first(cut), ErrorCode::internal);
+    try {
+      (void)detail::get_query_options(part, detail::OptionsForm::full);
+      FAIL("a prefix of " << cut << " bytes decoded");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::internal);
+    }
+  }
+  // A count wider than its u32 field is refused in every form, never truncated (2^32 + 5 would read as 5).
+  for (const auto form : {detail::OptionsForm::wire_v1, detail::OptionsForm::wire_v3, detail::OptionsForm::full}) {
+    for (int field = 0; field < 4; ++field) {
+      QueryOptions wide;
+      const std::size_t big = (std::size_t{1} << 32) + 5;
+      if (field == 0) wide.top_m = big;
+      if (field == 1) wide.top_k = big;
+      if (field == 2) wide.ef_search = big;
+      if (field == 3) wide.nprobe = big;
+      detail::ByteWriter ww;
+      try {
+        detail::put_query_options(ww, wide, form);
+        FAIL("field " << field << " was encoded");
+      } catch (const Error& e) {
+        CHECK(e.code() == ErrorCode::invalid_argument);
+      }
+    }
+  }
 }

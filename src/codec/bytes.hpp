@@ -69,6 +69,8 @@ class ByteReader {
   }
   [[nodiscard]] std::size_t remaining() const noexcept { return bytes_.size() - at_; }
   [[nodiscard]] std::size_t offset() const noexcept { return at_; }
+  /// The code its errors carry.
+  [[nodiscard]] ErrorCode code() const noexcept { return code_; }
 
  private:
   std::span<const std::byte> take(std::size_t n, std::string_view what) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "codec/options.hpp"
 #include "error_of.hpp"
 #include "mpi/sharded_impl.hpp"
 #include "mask.hpp"
@@ -22,73 +23,13 @@ using detail::PartialRecords;
 using detail::RecordKind;
 using detail::SoftmaxState;
 
-// The QueryOptions fields as one flat record for MPI_Bcast (root's options rule every rank). A field
-// added to QueryOptions must be added here too, or the other ranks query with its default. The mask's
-// lists do not fit a fixed record: it holds their lengths, and a second MPI_Bcast carries the ids
-// (tags_any, then exclude_ids) when either is non-empty.
-struct WireOptions {
-  std::uint8_t has_temperature = 0, has_scale = 0, has_top_k = 0, has_epsilon = 0, exact = 0, has_tag_range = 0;
-  float temperature = 0, scale = 0, epsilon = 0;
-  std::uint64_t top_m = 0, threads = 0, top_k = 0, ef_search = 0, nprobe = 0, check_sample = 0;
-  std::uint64_t tag_lo = 0, tag_hi = 0, tags_any = 0, exclude_ids = 0;  // the tag range; the lists' lengths
-};
-
-WireOptions flatten(const QueryOptions& o) {
-  WireOptions w;
-  w.has_temperature = o.temperature.has_value();
-  w.temperature = o.temperature.value_or(0);
-  w.has_scale = o.scale.has_value();
-  w.scale = o.scale.value_or(0);
-  w.has_top_k = o.top_k.has_value();
-  w.top_k = o.top_k.value_or(0);
-  w.has_epsilon = o.epsilon.has_value();
-  w.epsilon = o.epsilon.value_or(0);
-  w.exact = o.exact;
-  w.top_m = o.top_m;
-  w.threads = o.threads;
-  w.ef_search = o.ef_search;
-  w.nprobe = o.nprobe;
-  w.check_sample = o.check_sample;
-  w.has_tag_range = o.tag_range.has_value();
-  w.tag_lo = o.tag_range ? o.tag_range->lo : 0;
-  w.tag_hi = o.tag_range ? o.tag_range->hi : 0;
-  w.tags_any = o.tags_any.size();
-  w.exclude_ids = o.exclude_ids.size();
-  return w;
-}
-
-QueryOptions unflatten(const WireOptions& w) {
-  QueryOptions o;
-  if (w.has_temperature) o.temperature = w.temperature;
-  if (w.has_scale) o.scale = w.scale;
-  if (w.has_top_k) o.top_k = w.top_k;
-  if (w.has_epsilon) o.epsilon = w.epsilon;
-  o.exact = w.exact != 0;
-  o.top_m = w.top_m;
-  o.threads = w.threads;
-  o.ef_search = w.ef_search;
-  o.nprobe = w.nprobe;
-  o.check_sample = w.check_sample;
-  if (w.has_tag_range) o.tag_range = TagRange{w.tag_lo, w.tag_hi};
-  return o;
-}
-
-// The mask's lists from root's options into o on every rank (one MPI_Bcast, only when w says they are
-// non-empty, which every rank knows from the header). Root checked their lengths. Collective.
-void broadcast_mask_lists(const WireOptions& w, const QueryOptions& at_root, bool is_root, int root, MPI_Comm comm,
-                          QueryOptions& o) {
-  const std::size_t n = static_cast<std::size_t>(w.tags_any + w.exclude_ids);
-  if (n == 0) return;
-  std::vector<std::uint64_t> lists;
-  if (is_root) {
-    lists = at_root.tags_any;
-    lists.insert(lists.end(), at_root.exclude_ids.begin(), at_root.exclude_ids.end());
-  }
-  lists.resize(n);
-  MPI_Bcast(lists.data(), static_cast<int>(n), MPI_UINT64_T, root, comm);
-  const auto split = lists.begin() + static_cast<std::ptrdiff_t>(w.tags_any);
-  o.tags_any.assign(lists.begin(), split);
-  o.exclude_ids.assign(split, lists.end());
+// Root's options in every rank (one codec for every QueryOptions field: codec/options.hpp, its full
+// form). bytes is root's encoding (its length is in the header every rank has); collective.
+QueryOptions broadcast_options(std::vector<std::byte> bytes, std::uint64_t size, int root, MPI_Comm comm) {
+  bytes.resize(static_cast<std::size_t>(size));
+  MPI_Bcast(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, root, comm);
+  detail::ByteReader r(bytes, ErrorCode::internal);
+  return detail::get_query_options(r, detail::OptionsForm::full);
 }
 
 // The Error of a query that no entry takes part in: an empty collection, or a mask keeping no entry.
@@ -442,23 +383,27 @@ QueryResults ShardedCollection::query(std::span<const float> queries, Retrieval 
   // Root checks the request and broadcasts it with its options; every rank then throws or proceeds.
   struct Header {
     detail::RootStatus status;
-    WireOptions options;
+    std::uint64_t options_bytes = 0;
     std::uint64_t n = 0;
   } h;
+  std::vector<std::byte> options_bytes;
   if (is_root) {
     try {
       h.n = detail::check_query(im.shard_, queries, kind, options);
+      detail::ByteWriter w;
+      detail::put_query_options(w, options, detail::OptionsForm::full);
+      options_bytes = std::move(w.bytes());
+      detail::mpi_count(options_bytes.size(), "the query options");
+      h.options_bytes = options_bytes.size();
     } catch (const Error& e) {
       h.status = detail::status_of(e);
     } catch (const std::bad_alloc&) {  // root alone must not leave the collective: the others wait on it
       h.status = detail::status_of(Error(ErrorCode::resource_exhausted, "query: out of memory at the root"));
     }
-    h.options = flatten(options);
   }
   MPI_Bcast(&h, sizeof(h), MPI_BYTE, root, im.comm_);
   if (h.status.code != 0) throw Error(static_cast<ErrorCode>(h.status.code), h.status.message);
-  QueryOptions opts = unflatten(h.options);
-  broadcast_mask_lists(h.options, options, is_root, root, im.comm_, opts);
+  const QueryOptions opts = broadcast_options(std::move(options_bytes), h.options_bytes, root, im.comm_);
   std::vector<float> q(is_root ? queries.begin() : queries.end(), queries.end());
   q.resize(h.n * d);
   MPI_Bcast(q.data(), static_cast<int>(q.size()), MPI_FLOAT, root, im.comm_);

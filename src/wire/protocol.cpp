@@ -8,6 +8,7 @@
 #include "overloaded.hpp"
 #include "codec/bytes.hpp"
 #include "codec/config.hpp"
+#include "codec/options.hpp"
 
 namespace softkv::wire {
 
@@ -23,103 +24,12 @@ ByteReader reader(const Frame& f) { return ByteReader(f.payload, ErrorCode::prot
 
 [[noreturn]] void malformed(const std::string& what) { throw Error(ErrorCode::protocol_error, what); }
 
-
-// Options: u8 flags (1 temperature, 2 scale, 4 top_k, 8 epsilon, 16 exact), then every field.
-void put_options(ByteWriter& w, const QueryOptions& o) {
-  const std::uint8_t flags = (o.temperature ? 1 : 0) | (o.scale ? 2 : 0) | (o.top_k ? 4 : 0) | (o.epsilon ? 8 : 0) | (o.exact ? 16 : 0);
-  w.put(flags);
-  w.put(o.temperature.value_or(0.0f));
-  w.put(o.scale.value_or(0.0f));
-  w.put(static_cast<std::uint32_t>(o.top_m));
-  w.put(static_cast<std::uint32_t>(o.top_k.value_or(0)));
-  w.put(o.epsilon.value_or(0.0f));
-  w.put(static_cast<std::uint32_t>(o.ef_search));
-  w.put(static_cast<std::uint32_t>(o.nprobe));
-}
-
-QueryOptions get_options(ByteReader& r) {
-  QueryOptions o;
-  const auto flags = r.get<std::uint8_t>("option flags");
-  const auto temperature = r.get<float>("temperature");
-  const auto scale = r.get<float>("scale");
-  o.top_m = r.get<std::uint32_t>("top_m");
-  const auto top_k = r.get<std::uint32_t>("top_k");
-  const auto epsilon = r.get<float>("epsilon");
-  o.ef_search = r.get<std::uint32_t>("ef_search");
-  o.nprobe = r.get<std::uint32_t>("nprobe");
-  constexpr std::uint8_t kKnownFlags = 1 | 2 | 4 | 8 | 16;
-  if ((flags & ~kKnownFlags) != 0) malformed("option flags " + std::to_string(int(flags)) + " set bits other than 0-4");
-  if (flags & 1) o.temperature = temperature;
-  if (flags & 2) o.scale = scale;
-  if (flags & 4) o.top_k = top_k;
-  if (flags & 8) o.epsilon = epsilon;
-  o.exact = (flags & 16) != 0;
-  return o;
-}
-
-// ---- masks (v2), after every other option field: tags_any array, u8 has_range, u64 lo, u64 hi,
-// exclude_ids array. Their limits are the collection's (check_mask): the frame bounds the arrays.
-void put_mask(ByteWriter& w, const QueryOptions& o) {
-  w.put(static_cast<std::uint32_t>(o.tags_any.size()));
-  w.put_array(std::span<const std::uint64_t>(o.tags_any));
-  w.put(static_cast<std::uint8_t>(o.tag_range.has_value()));
-  const TagRange range = o.tag_range.value_or(TagRange{});
-  w.put(range.lo), w.put(range.hi);
-  w.put(static_cast<std::uint32_t>(o.exclude_ids.size()));
-  w.put_array(std::span<const std::uint64_t>(o.exclude_ids));
-}
-
 // A field version 1 cannot carry is refused rather than dropped: the answer would silently differ.
 void require_v2(std::uint16_t version, bool needed, std::string_view what) {
   if (needed && version < 2)
     throw Error(ErrorCode::unsupported, std::string(what) + " need protocol version 2; this connection speaks " + std::to_string(version));
 }
 
-// A field of version 3 (error_target, check_sample) is refused below it, as require_v2 does.
-void require_v3(std::uint16_t version, bool needed, std::string_view what) {
-  if (needed && version < 3)
-    throw Error(ErrorCode::unsupported, std::string(what) + " needs protocol version 3; this connection speaks " + std::to_string(version));
-}
-
-// ---- estimates and the sampled check (v3), after the iterations: u8 has_error_target, f32 error_target,
-// u32 check_sample (hnsw's sampled check; its range and the target's are checked by the collection).
-void put_estimate(ByteWriter& w, const QueryOptions& o) {
-  w.put(static_cast<std::uint8_t>(o.error_target.has_value()));
-  w.put(o.error_target.value_or(0.0f));
-  w.put(static_cast<std::uint32_t>(std::min<std::size_t>(o.check_sample, 0xFFFFFFFFu)));
-}
-
-void get_estimate(ByteReader& r, QueryOptions& o) {
-  const auto has = r.get<std::uint8_t>("error_target flag");
-  const auto target = r.get<float>("error_target");
-  if (has > 1) malformed("error_target flag " + std::to_string(int(has)) + " is neither 0 nor 1");
-  if (has == 1) o.error_target = target;
-  o.check_sample = r.get<std::uint32_t>("check_sample");
-}
-
-// ---- iterations (v2), after the mask: u32 iterations, f32 tolerance (ranges checked by the collection).
-void put_iterations(ByteWriter& w, const QueryOptions& o) {
-  w.put(static_cast<std::uint32_t>(std::min<std::size_t>(o.iterations, 0xFFFFFFFFu)));
-  w.put(o.tolerance);
-}
-
-void get_iterations(ByteReader& r, QueryOptions& o) {
-  o.iterations = r.get<std::uint32_t>("iterations");
-  o.tolerance = r.get<float>("tolerance");
-}
-
-void get_mask(ByteReader& r, QueryOptions& o) {
-  const auto any = r.get<std::uint32_t>("tags_any count");
-  o.tags_any = detail::to_vector<std::uint64_t>(r.take_array<std::uint64_t>(any, "tags_any"));
-  const auto has_range = r.get<std::uint8_t>("tag range flag");
-  TagRange range;
-  range.lo = r.get<std::uint64_t>("tag range lo");
-  range.hi = r.get<std::uint64_t>("tag range hi");
-  if (has_range > 1) malformed("tag range flag " + std::to_string(int(has_range)) + " is neither 0 nor 1");
-  if (has_range == 1) o.tag_range = range;
-  const auto excluded = r.get<std::uint32_t>("exclude_ids count");
-  o.exclude_ids = detail::to_vector<std::uint64_t>(r.take_array<std::uint64_t>(excluded, "exclude_ids"));
-}
 
 // A top-m list: u32 count, then count x (u64 id, f32 weight, f32 score). No reserve: every read is
 // bounded by the frame.
@@ -279,17 +189,9 @@ std::vector<std::byte> encode_request(const Request& request, std::uint64_t requ
                  [&](const Remove& m) { w.put_string(m.name), put_array(w, m.ids); },
                  [&](const Get& m) { w.put_string(m.name), w.put(m.id); },
                  [&](const Query& m) {
-                   require_v2(version, !m.options.tags_any.empty() || m.options.tag_range || !m.options.exclude_ids.empty(),
-                              "query masks (tags_any, tag_range, exclude_ids)");
-                   require_v2(version, m.options.iterations != 1 || m.options.tolerance != 0.0f, "iterations and tolerance");
-                   require_v3(version, m.options.error_target.has_value(), "error_target");
-                   require_v3(version, m.options.check_sample != QueryOptions{}.check_sample, "a check_sample other than the default");
                    w.put_string(m.name);
                    w.put(static_cast<std::uint8_t>(m.kind));
-                   put_options(w, m.options);
-                   if (version >= 2) put_mask(w, m.options);
-                   if (version >= 2) put_iterations(w, m.options);
-                   if (version >= 3) put_estimate(w, m.options);
+                   detail::put_query_options(w, m.options, detail::options_form(version));
                    put_array(w, m.queries);
                  },
                  [&](const Snapshot&) {},
@@ -358,10 +260,7 @@ Request decode_request(const Frame& frame, std::uint16_t version) {
       const auto kind = r.get<std::uint8_t>("query kind");
       if (kind > 1) malformed("unknown query kind " + std::to_string(kind));
       m.kind = static_cast<QueryKind>(kind);
-      m.options = get_options(r);
-      if (version >= 2) get_mask(r, m.options);
-      if (version >= 2) get_iterations(r, m.options);
-      if (version >= 3) get_estimate(r, m.options);
+      m.options = detail::get_query_options(r, detail::options_form(version));
       m.decoded_version = version;
       m.queries = get_array<float>(r, "queries");
       out = std::move(m);
