@@ -8,7 +8,6 @@
 // reach and the most mass the unvisited lists can hold: the exact top-k and a guaranteed tail bound.
 #include "index/certified_lists.hpp"
 
-#include <faiss/Clustering.h>
 #include <faiss/IndexFlat.h>
 #include <faiss/impl/FaissException.h>
 
@@ -18,6 +17,7 @@
 #include <unordered_map>
 
 #include "codec/bytes.hpp"
+#include "index/kmeans.hpp"
 #include "precision.hpp"
 #include "scan.hpp"
 #include "thread_pool.hpp"
@@ -50,39 +50,6 @@ double norm_up(const float* a, std::size_t d) {
   double s = 0;
   for (std::size_t j = 0; j < d; ++j) s += static_cast<double>(a[j]) * a[j];
   return std::sqrt(s) * (1 + 1e-12);
-}
-
-// k-means centroids (L2) of n points, k <= n, on FAISS's copies under shift; returned at the keys' scale.
-std::vector<float> kmeans(const float* x, std::size_t n, std::size_t k, std::size_t d, int shift) {
-  if (k >= n) {
-    std::vector<float> out(x, x + n * d);
-    return out;
-  }
-  faiss::ClusteringParameters cp;
-  cp.niter = 12;
-  cp.verbose = false;
-  cp.min_points_per_centroid = 1;   // small lists are the point; FAISS would warn on stderr otherwise
-  cp.max_points_per_centroid = 64;  // a sample of 64 points per centroid trains well
-  faiss::Clustering clustering(static_cast<int>(d), k, cp);
-  faiss::IndexFlatL2 assign(static_cast<faiss::Index::idx_t>(d));
-  const std::vector<float> safe = faiss_copy(x, n * d, shift);
-  clustering.train(static_cast<faiss::Index::idx_t>(n), safe.data(), assign);
-  std::vector<float> out(clustering.centroids.begin(), clustering.centroids.end());
-  for (float& v : out) v = std::ldexp(v, shift);
-  return out;
-}
-
-// The nearest of the centroids (given as FAISS holds them) for each of n keys; FAISS copies under shift.
-std::vector<std::uint32_t> nearest(const faiss::IndexFlatL2& centroids, const float* keys, std::size_t n, std::size_t d, int shift) {
-  std::vector<std::uint32_t> out(n, 0);
-  if (n == 0 || centroids.ntotal == 0) return out;
-  const std::vector<float> safe = faiss_copy(keys, n * d, shift);
-  std::vector<float> dist(n);
-  std::vector<faiss::Index::idx_t> label(n);
-  centroids.search(static_cast<faiss::Index::idx_t>(n), safe.data(), 1, dist.data(), label.data());
-  // A key whose distances overflow gets no label: any list is correct (its radius grows to cover it).
-  for (std::size_t i = 0; i < n; ++i) out[i] = label[i] < 0 ? 0 : static_cast<std::uint32_t>(label[i]);
-  return out;
 }
 
 // One list: its members in insertion order (dead ones stay until a rebuild), their keys, its radius.
@@ -301,7 +268,7 @@ struct Lists {
   // (grow), a key more than twice its list's radius away from its centroid (one added far from the data
   // the lists were trained on) starts a list of its own instead of widening that list's bound for every query.
   void append(const std::uint64_t* ids, const float* keys, std::size_t n, bool grow = true) {
-    std::vector<std::uint32_t> to = nearest(*quantizer, keys, n, dim, shift);
+    std::vector<std::uint32_t> to = nearest_centroid(*quantizer, keys, n, dim, shift);
     for (std::size_t i = 0; i < n; ++i) {
       kill(ids[i]);  // a replaced entry (or an id repeated in the batch) keeps only its newest key
       const float* key = keys + i * dim;
@@ -321,37 +288,6 @@ struct Lists {
     }
   }
 };
-
-// Trains centroids for n keys: one k-means for a few hundred lists; for more, a coarse k-means and a
-// fine one inside each coarse cell (FAISS's k-means costs n x lists x d per iteration: 1M keys into
-// 62,500 lists at once would take an hour on two cores, in two levels it takes seconds).
-std::vector<float> train(const float* keys, std::size_t n, std::size_t d, std::size_t nlist, int shift) {
-  if (nlist <= 256) {
-    const std::size_t sample = std::min(n, 64 * nlist);
-    std::vector<float> x(sample * d);
-    for (std::size_t i = 0; i < sample; ++i) std::copy_n(keys + (i * n / sample) * d, d, x.begin() + static_cast<std::ptrdiff_t>(i * d));
-    return kmeans(x.data(), sample, nlist, d, shift);
-  }
-  const auto coarse_count = static_cast<std::size_t>(std::ceil(std::sqrt(static_cast<double>(nlist))));
-  const std::vector<float> coarse = train(keys, n, d, coarse_count, shift);
-  faiss::IndexFlatL2 coarse_index(static_cast<faiss::Index::idx_t>(d));
-  const std::vector<float> safe = faiss_copy(coarse.data(), coarse.size(), shift);
-  coarse_index.add(static_cast<faiss::Index::idx_t>(coarse.size() / d), safe.data());
-  const std::vector<std::uint32_t> cell = nearest(coarse_index, keys, n, d, shift);
-  std::vector<std::vector<std::size_t>> members(coarse.size() / d);
-  for (std::size_t i = 0; i < n; ++i) members[cell[i]].push_back(i);
-  std::vector<float> out;
-  std::vector<float> x;
-  for (const auto& m : members) {
-    if (m.empty()) continue;
-    const std::size_t k = std::clamp<std::size_t>((nlist * m.size() + n / 2) / n, 1, m.size());
-    x.resize(m.size() * d);
-    for (std::size_t i = 0; i < m.size(); ++i) std::copy_n(keys + m[i] * d, d, x.begin() + static_cast<std::ptrdiff_t>(i * d));
-    const std::vector<float> fine = kmeans(x.data(), m.size(), k, d, shift);
-    out.insert(out.end(), fine.begin(), fine.end());
-  }
-  return out;
-}
 
 class CertifiedIndex;
 
@@ -441,7 +377,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     b.dim = d;
     b.shift = faiss_shift(keys, n * d);
     b.trained_rows = n;
-    b.set_centroids(train(keys, n, d, nlist_for(n), b.shift));
+    b.set_centroids(train_centroids(keys, n, d, nlist_for(n), b.shift));
     b.append(ids, keys, n, false);
     b.refine();
     return b;
@@ -616,154 +552,6 @@ void ListsBuild::run() {
 }
 
 }  // namespace
-
-namespace {
-
-// A list's bounded mass live e^{ub - top} is counted as live e^{b/8}, b = ceil(8 (ub - top)) (at most
-// 1/8 nat above it, never below), from a table: no exp per list, and a walk subtracts exactly what it
-// added. Bounds more than 128 nats below the top count as e^-128.
-constexpr int kBucketsPerNat = 8;
-constexpr int kLowestBucket = -128 * kBucketsPerNat;
-
-const std::vector<double> kBucketMass = [] {
-  std::vector<double> t(-kLowestBucket + 1);
-  for (int b = 0; b <= -kLowestBucket; ++b) t[b] = std::exp(-static_cast<double>(b) / kBucketsPerNat);
-  return t;
-}();
-
-// The bucket of a bound: 0 for the top, kBucketMass.size() - 1 for 128 nats or more below it.
-int bucket_of(double ub, double top) {
-  // <= 0 up to rounding; nudged up past that rounding, so that truncation toward zero is a ceiling.
-  const double x = (ub - top) * kBucketsPerNat + 1e-9;
-  return x >= 0 ? 0 : x <= kLowestBucket ? -kLowestBucket : -static_cast<int>(x);
-}
-
-double bucket_mass(double ub, double top) { return kBucketMass[static_cast<std::size_t>(bucket_of(ub, top))]; }
-
-// The buffers of the last walk on this thread, reused by the next.
-struct WalkBuffers {
-  std::vector<double> ub;
-  std::vector<std::uint32_t> live, cold;
-  std::vector<std::pair<double, std::uint32_t>> heap;
-};
-thread_local WalkBuffers walk_buffers;
-
-}  // namespace
-
-ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor) {
-  ub_.swap(walk_buffers.ub);
-  live_.swap(walk_buffers.live);
-  cold_.swap(walk_buffers.cold);
-  heap_.swap(walk_buffers.heap);
-  cold_.clear();
-  heap_.clear();
-  lists.bounds(query, factor, ub_, live_);
-  // The shift of the masses: at least every finite ub_c + log live_c (so each term is at most 1), from
-  // the largest bound and the largest list, without a log per list.
-  double top_ub = -kInf;
-  std::uint32_t most = 1;
-  for (std::size_t c = 0; c < ub_.size(); ++c) {
-    if (live_[c] == 0) continue;
-    rows_left_ += live_[c];
-    most = std::max(most, live_[c]);
-    if (!std::isinf(ub_[c])) top_ub = std::max(top_ub, ub_[c]);
-  }
-  top_ = top_ub + std::log(static_cast<double>(most));
-  // Only the lists near the top bound go into the heap at once; the rest wait, unordered, until the
-  // walk reaches their largest bound (peaked attention never does, and a heap of every list costs as
-  // much as the centroid pass).
-  const double hot = top_ub - kHotNats;
-  counts_.assign(kBucketMass.size(), 0);
-  for (std::size_t c = 0; c < ub_.size(); ++c) {
-    if (live_[c] == 0) continue;
-    if (std::isinf(ub_[c])) infinite_ = true;
-    else counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
-    if (!(ub_[c] < hot)) {
-      heap_.emplace_back(ub_[c], static_cast<std::uint32_t>(c));
-    } else {
-      cold_.push_back(static_cast<std::uint32_t>(c));
-      cold_max_ = std::max(cold_max_, ub_[c]);
-    }
-  }
-  std::make_heap(heap_.begin(), heap_.end());
-  rest_ = total_ = counted();
-}
-
-double ListWalk::counted() const {
-  double sum = 0;
-  for (std::size_t b = 0; b < counts_.size(); ++b)
-    if (counts_[b] != 0) sum += static_cast<double>(counts_[b]) * kBucketMass[b];
-  return sum;
-}
-
-ListWalk::~ListWalk() {
-  ub_.swap(walk_buffers.ub);
-  live_.swap(walk_buffers.live);
-  cold_.swap(walk_buffers.cold);
-  heap_.swap(walk_buffers.heap);
-}
-
-void ListWalk::warm() {
-  for (std::uint32_t c : cold_) heap_.emplace_back(ub_[c], c);
-  cold_.clear();
-  cold_max_ = -kInf;
-  std::make_heap(heap_.begin(), heap_.end());
-}
-
-void ListWalk::recount() {
-  infinite_ = std::any_of(heap_.begin(), heap_.end(), [](const auto& e) { return std::isinf(e.first); }) ||
-              std::any_of(cold_.begin(), cold_.end(), [&](std::uint32_t c) { return std::isinf(ub_[c]); });
-  rest_ = total_ = counted();
-}
-
-std::size_t ListWalk::next() {
-  if (heap_.empty() || heap_.front().first < cold_max_) warm();
-  std::pop_heap(heap_.begin(), heap_.end());
-  const auto [ub, c] = heap_.back();
-  heap_.pop_back();
-  rows_left_ -= live_[c];
-  if (std::isinf(ub)) {
-    recount();
-  } else {
-    const auto b = static_cast<std::size_t>(bucket_of(ub, top_));
-    counts_[b] -= live_[c];
-    rest_ -= static_cast<double>(live_[c]) * kBucketMass[b];
-    // The running difference loses digits once it falls far below the total it was counted from:
-    // count it afresh from the buckets' exact counts then (O(buckets), not O(lists)).
-    if (!(rest_ > 1e-3 * total_)) rest_ = total_ = counted();
-  }
-  return c;
-}
-
-bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_max, double log_visited) const {
-  if (infinite_ || heap_.empty()) return true;  // (a walk that has reached the cold lists is judged by the budget alone)
-  std::vector<std::pair<double, std::uint32_t>> heap = heap_;
-  const double kth_most = std::max(known_max, heap.front().first);  // no score, visited or not, exceeds it
-  const double visited = log_visited == -kInf ? 0.0 : std::exp(std::min(log_visited - top_, 700.0));
-  std::size_t rows = 0;
-  double in_reach = 0;
-  while (!heap.empty()) {
-    const auto [ub, c] = heap.front();
-    if (rows > budget_rows) return top_k > 0 ? kth_most > ub : rest_ - in_reach <= epsilon * (visited + rest_) * (1 + 1e-9);
-    if (ub < cold_max_) return true;  // the lists in reach go on among the cold ones: no verdict
-    std::pop_heap(heap.begin(), heap.end());
-    heap.pop_back();
-    rows += live_[c];
-    in_reach += static_cast<double>(live_[c]) * bucket_mass(ub, top_);
-  }
-  return true;  // every list is within reach
-}
-
-double ListWalk::next_bound() const noexcept { return std::max(heap_.empty() ? -kInf : heap_.front().first, cold_max_); }
-
-double ListWalk::log_rest() {
-  if (done()) return -kInf;
-  if (infinite_) return kInf;
-  // The running sum's own rounding: each term and each subtraction errs by at most 2^-53 of the total it
-  // was counted from, over at most the buckets plus two per list.
-  const double error = 4 * static_cast<double>(counts_.size() + ub_.size() + 1) * 0x1p-53 * total_;
-  return rest_ + error > 0 ? top_ + std::log(rest_ + error) : -kInf;
-}
 
 std::unique_ptr<PruningIndex> make_certified_index(const CollectionConfig& config) {
   return std::make_unique<CertifiedIndex>(config);

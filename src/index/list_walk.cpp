@@ -1,0 +1,166 @@
+// The walk over certified lists (ListWalk, certified_lists.hpp): lists by decreasing upper bound, and
+// the bound on the mass of the lists not visited yet, kept in buckets without an exp per list.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "index/certified_lists.hpp"
+
+namespace softkv::detail {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+}  // namespace
+
+namespace {
+
+// A list's bounded mass live e^{ub - top} is counted as live e^{b/8}, b = ceil(8 (ub - top)) (at most
+// 1/8 nat above it, never below), from a table: no exp per list, and a walk subtracts exactly what it
+// added. Bounds more than 128 nats below the top count as e^-128.
+constexpr int kBucketsPerNat = 8;
+constexpr int kLowestBucket = -128 * kBucketsPerNat;
+
+const std::vector<double> kBucketMass = [] {
+  std::vector<double> t(-kLowestBucket + 1);
+  for (int b = 0; b <= -kLowestBucket; ++b) t[b] = std::exp(-static_cast<double>(b) / kBucketsPerNat);
+  return t;
+}();
+
+// The bucket of a bound: 0 for the top, kBucketMass.size() - 1 for 128 nats or more below it.
+int bucket_of(double ub, double top) {
+  // <= 0 up to rounding; nudged up past that rounding, so that truncation toward zero is a ceiling.
+  const double x = (ub - top) * kBucketsPerNat + 1e-9;
+  return x >= 0 ? 0 : x <= kLowestBucket ? -kLowestBucket : -static_cast<int>(x);
+}
+
+double bucket_mass(double ub, double top) { return kBucketMass[static_cast<std::size_t>(bucket_of(ub, top))]; }
+
+// The buffers of the last walk on this thread, reused by the next.
+struct WalkBuffers {
+  std::vector<double> ub;
+  std::vector<std::uint32_t> live, cold;
+  std::vector<std::pair<double, std::uint32_t>> heap;
+};
+thread_local WalkBuffers walk_buffers;
+
+}  // namespace
+
+ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor) {
+  ub_.swap(walk_buffers.ub);
+  live_.swap(walk_buffers.live);
+  cold_.swap(walk_buffers.cold);
+  heap_.swap(walk_buffers.heap);
+  cold_.clear();
+  heap_.clear();
+  lists.bounds(query, factor, ub_, live_);
+  // The shift of the masses: at least every finite ub_c + log live_c (so each term is at most 1), from
+  // the largest bound and the largest list, without a log per list.
+  double top_ub = -kInf;
+  std::uint32_t most = 1;
+  for (std::size_t c = 0; c < ub_.size(); ++c) {
+    if (live_[c] == 0) continue;
+    rows_left_ += live_[c];
+    most = std::max(most, live_[c]);
+    if (!std::isinf(ub_[c])) top_ub = std::max(top_ub, ub_[c]);
+  }
+  top_ = top_ub + std::log(static_cast<double>(most));
+  // Only the lists near the top bound go into the heap at once; the rest wait, unordered, until the
+  // walk reaches their largest bound (peaked attention never does, and a heap of every list costs as
+  // much as the centroid pass).
+  const double hot = top_ub - kHotNats;
+  counts_.assign(kBucketMass.size(), 0);
+  for (std::size_t c = 0; c < ub_.size(); ++c) {
+    if (live_[c] == 0) continue;
+    if (std::isinf(ub_[c])) infinite_ = true;
+    else counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
+    if (!(ub_[c] < hot)) {
+      heap_.emplace_back(ub_[c], static_cast<std::uint32_t>(c));
+    } else {
+      cold_.push_back(static_cast<std::uint32_t>(c));
+      cold_max_ = std::max(cold_max_, ub_[c]);
+    }
+  }
+  std::make_heap(heap_.begin(), heap_.end());
+  rest_ = total_ = counted();
+}
+
+double ListWalk::counted() const {
+  double sum = 0;
+  for (std::size_t b = 0; b < counts_.size(); ++b)
+    if (counts_[b] != 0) sum += static_cast<double>(counts_[b]) * kBucketMass[b];
+  return sum;
+}
+
+ListWalk::~ListWalk() {
+  ub_.swap(walk_buffers.ub);
+  live_.swap(walk_buffers.live);
+  cold_.swap(walk_buffers.cold);
+  heap_.swap(walk_buffers.heap);
+}
+
+void ListWalk::warm() {
+  for (std::uint32_t c : cold_) heap_.emplace_back(ub_[c], c);
+  cold_.clear();
+  cold_max_ = -kInf;
+  std::make_heap(heap_.begin(), heap_.end());
+}
+
+void ListWalk::recount() {
+  infinite_ = std::any_of(heap_.begin(), heap_.end(), [](const auto& e) { return std::isinf(e.first); }) ||
+              std::any_of(cold_.begin(), cold_.end(), [&](std::uint32_t c) { return std::isinf(ub_[c]); });
+  rest_ = total_ = counted();
+}
+
+std::size_t ListWalk::next() {
+  if (heap_.empty() || heap_.front().first < cold_max_) warm();
+  std::pop_heap(heap_.begin(), heap_.end());
+  const auto [ub, c] = heap_.back();
+  heap_.pop_back();
+  rows_left_ -= live_[c];
+  if (std::isinf(ub)) {
+    recount();
+  } else {
+    const auto b = static_cast<std::size_t>(bucket_of(ub, top_));
+    counts_[b] -= live_[c];
+    rest_ -= static_cast<double>(live_[c]) * kBucketMass[b];
+    // The running difference loses digits once it falls far below the total it was counted from:
+    // count it afresh from the buckets' exact counts then (O(buckets), not O(lists)).
+    if (!(rest_ > 1e-3 * total_)) rest_ = total_ = counted();
+  }
+  return c;
+}
+
+bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_max, double log_visited) const {
+  if (infinite_ || heap_.empty()) return true;  // (a walk that has reached the cold lists is judged by the budget alone)
+  std::vector<std::pair<double, std::uint32_t>> heap = heap_;
+  const double kth_most = std::max(known_max, heap.front().first);  // no score, visited or not, exceeds it
+  const double visited = log_visited == -kInf ? 0.0 : std::exp(std::min(log_visited - top_, 700.0));
+  std::size_t rows = 0;
+  double in_reach = 0;
+  while (!heap.empty()) {
+    const auto [ub, c] = heap.front();
+    if (rows > budget_rows) return top_k > 0 ? kth_most > ub : rest_ - in_reach <= epsilon * (visited + rest_) * (1 + 1e-9);
+    if (ub < cold_max_) return true;  // the lists in reach go on among the cold ones: no verdict
+    std::pop_heap(heap.begin(), heap.end());
+    heap.pop_back();
+    rows += live_[c];
+    in_reach += static_cast<double>(live_[c]) * bucket_mass(ub, top_);
+  }
+  return true;  // every list is within reach
+}
+
+double ListWalk::next_bound() const noexcept { return std::max(heap_.empty() ? -kInf : heap_.front().first, cold_max_); }
+
+double ListWalk::log_rest() {
+  if (done()) return -kInf;
+  if (infinite_) return kInf;
+  // The running sum's own rounding: each term and each subtraction errs by at most 2^-53 of the total it
+  // was counted from, over at most the buckets plus two per list.
+  const double error = 4 * static_cast<double>(counts_.size() + ub_.size() + 1) * 0x1p-53 * total_;
+  return rest_ + error > 0 ? top_ + std::log(rest_ + error) : -kInf;
+}
+
+}  // namespace softkv::detail
