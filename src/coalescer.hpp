@@ -14,7 +14,7 @@
 #include <span>
 #include <vector>
 
-#include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 
 namespace softkv::detail {
 

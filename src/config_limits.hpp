@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 
 namespace softkv::detail {
 

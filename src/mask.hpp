@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "scan.hpp"
-#include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 
 namespace softkv::detail {
 

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 #include "softkv/database.hpp"
 
 namespace softkv {

@@ -3,6 +3,7 @@
 
 #include "softkv/client.hpp"
 #include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 #include "softkv/database.hpp"
 #include "softkv/error.hpp"
 #include "softkv/simd.hpp"

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "codec/bytes.hpp"
-#include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 
 namespace softkv::detail {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "codec/bytes.hpp"
-#include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 
 namespace softkv::detail {
 

@@ -11,7 +11,7 @@
 #include <variant>
 #include <vector>
 
-#include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 
 namespace softkv::detail {
 

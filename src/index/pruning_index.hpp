@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "simd/kernel_table.hpp"
-#include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 
 namespace softkv::detail {
 

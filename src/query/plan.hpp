@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 
 namespace softkv::detail {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 
 namespace softkv::detail {
 

@@ -12,7 +12,7 @@
 #include <variant>
 #include <vector>
 
-#include "softkv/collection.hpp"
+#include "softkv/types.hpp"
 #include "softkv/database.hpp"
 #include "softkv/error.hpp"
 
