@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "error_of.hpp"
 #include "arrays.hpp"
 #include "bindings.hpp"
 
@@ -102,9 +103,10 @@ py::dict config_dict(const CollectionConfig& c) {
 
 namespace {
 
-std::string error_message(const Error& e) {
-  const std::string what = e.what(), prefix = std::string(to_string(e.code())) + ": ";
-  return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
+// The message without the "code: " prefix softkv::Error puts before it (Python's exception class names the code).
+std::string error_message(const detail::ErrorOf& e) {
+  const std::string prefix = std::string(to_string(e.code)) + ": ";
+  return e.message.rfind(prefix, 0) == 0 ? e.message.substr(prefix.size()) : e.message;
 }
 
 }  // namespace
@@ -127,26 +129,20 @@ PYBIND11_MODULE(_softkv, m) {
   const char* const names[] = {"exact", "flat", "hnsw", "ivf", "automatic"};
   for (std::size_t i = 0; i < 5; ++i) t.index_names[i] = py::str(names[i]).release();
 
-  // The error tiers of softkv-server's replies: an Error keeps its code, a failed allocation is
-  // resource_exhausted, any other C++ exception from the library is internal (a bug to report).
-  // pybind11's own exceptions (a Python error in flight, a failed argument cast) pass through unchanged.
+  // The error tiers of softkv-server's replies, from the same mapping (error_of.hpp): an Error keeps its
+  // code, a failed allocation is resource_exhausted, any other C++ exception is internal (a bug to
+  // report). pybind11's own exceptions (a Python error in flight, a failed argument cast) pass through unchanged.
   py::register_exception_translator([](std::exception_ptr p) {
-    const auto raise = [](ErrorCode code, const std::string& message) {
-      const py::object err = types().make_error(static_cast<int>(code), message);
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
-    };
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const Error& e) {
-      raise(e.code(), error_message(e));
-    } catch (const std::bad_alloc&) {
-      raise(ErrorCode::resource_exhausted, "out of memory: the request needs more memory than is available");
     } catch (const py::error_already_set&) {
       throw;
     } catch (const py::builtin_exception&) {
       throw;
-    } catch (const std::exception& e) {
-      raise(ErrorCode::internal, std::string("unexpected exception in softkv (please report it): ") + e.what());
+    } catch (...) {
+      const detail::ErrorOf e = detail::error_of(std::current_exception());
+      const py::object err = types().make_error(static_cast<int>(e.code), error_message(e));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
     }
   });
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "assert.hpp"
 #include "collection_impl.hpp"
 #include "mask.hpp"
 #include "scan.hpp"
@@ -346,8 +347,7 @@ std::vector<std::size_t> detail::CollectionImpl::index_rows(const float* query, 
   rows.reserve(ids.size());
   for (std::uint64_t id : ids) {
     const auto it = slot_of_.find(id);
-    if (it == slot_of_.end())
-      throw Error(ErrorCode::internal, "the pruning index returned id " + std::to_string(id) + ", which the collection does not hold");
+    SOFTKV_ASSERT(it != slot_of_.end(), "the pruning index returns only ids the collection holds");
     rows.push_back(it->second);
   }
   return rows;

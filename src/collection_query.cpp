@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "assert.hpp"
 #include "collection_impl.hpp"
 #include "query/paths.hpp"
 #include "query/plan.hpp"
@@ -67,6 +68,7 @@ HardResult hard_single(const detail::CollectionImpl& impl, const detail::QueryPl
 QueryResults run(const detail::CollectionImpl& impl, const detail::QueryPlan& plan, std::span<const float> queries,
                  const QueryOptions& options) {
   const std::size_t d = impl.dim();
+  SOFTKV_ASSERT(queries.size() == plan.n * d, "a plan for as many queries as the call holds");
   QueryResults out;
   if (plan.path == detail::QueryPath::each) {
     for (std::size_t i = 0; i < plan.n; ++i) {

@@ -2,7 +2,10 @@
 #include "softkv/error.hpp"
 
 #include <new>
+#include <string>
+#include <string_view>
 
+#include "assert.hpp"
 #include "error_of.hpp"
 
 namespace softkv {
@@ -67,6 +70,17 @@ ErrorOf error_of(std::exception_ptr error) {
   } catch (...) {
     return {ErrorCode::internal, "internal error (please report): an exception of unknown type"};
   }
+}
+
+void assertion_failed(const char* condition, const char* what, const char* file, int line) {
+  std::string_view where(file);
+  for (const std::string_view top : {"/src/", "/server/", "/python/", "/tests/"})  // the path inside the repository
+    if (const auto at = where.rfind(top); at != std::string_view::npos) {
+      where.remove_prefix(at + 1);
+      break;
+    }
+  throw Error(ErrorCode::internal, std::string("internal error (please report): ") + what + " [" + condition + "] at " +
+                                       std::string(where) + ":" + std::to_string(line));
 }
 
 }  // namespace softkv::detail

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "assert.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
 
@@ -191,4 +192,19 @@ TEST_CASE("check_options refuses exactly what a query would refuse for its optio
   flat.check_options({.top_k = 4}, Retrieval::soft);
   flat.check_options({.temperature = 0.5f, .epsilon = 0.25f}, Retrieval::soft);
   plain.check_options({}, Retrieval::hard);
+}
+
+TEST_CASE("a broken internal invariant is Error(internal) naming the invariant, file and line, never a wrong answer", "[errors]") {
+  const int line = __LINE__ + 2;
+  try {
+    SOFTKV_ASSERT(1 + 1 == 3, "arithmetic holds");
+    FAIL("the assertion did not throw");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::internal);
+    const std::string what = e.what();
+    CHECK(what.find("arithmetic holds [1 + 1 == 3]") != std::string::npos);
+    CHECK(what.find("at tests/test_errors.cpp:" + std::to_string(line)) != std::string::npos);
+    CHECK(what.find("please report") != std::string::npos);
+  }
+  SOFTKV_ASSERT(2 + 2 == 4, "arithmetic holds");  // a kept invariant costs nothing and throws nothing
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 
+#include "assert.hpp"
 #include "collection_impl.hpp"
 #include "mask.hpp"
 #include "query/paths.hpp"
@@ -69,6 +70,7 @@ std::vector<SoftResult> soft_fused(const CollectionImpl& impl, const float* q, c
   const std::size_t parts = impl.parts_for(options, (d + dv) * n);
   const std::vector<SoftmaxState> states = mask ? masked_soft_scan_batch(kernels, q, n, factors, span, *mask, parts)
                                                 : soft_scan_batch_split(kernels, q, n, factors, span, parts);
+  SOFTKV_ASSERT(top_m.empty() || top_m.size() == n, "one top_m per query of a fused pass");
   std::vector<SoftResult> out(n);
   errors.assign(n, nullptr);
   for (std::size_t b = 0; b < n; ++b) {
@@ -82,7 +84,7 @@ std::vector<SoftResult> soft_fused(const CollectionImpl& impl, const float* q, c
       r.value = mask ? masked_blended_value(kernels, q + b * d, factors[b], span, *mask, states[b])
                      : blended_value(kernels, q + b * d, factors[b], span, states[b]);
       if (!top_m.empty() && top_m[b] > 0) {  // contributors: a keys-only top-m pass of this query's own
-        if (mask) throw Error(ErrorCode::internal, "a masked fused pass was asked for contributors");
+        SOFTKV_ASSERT(!mask, "contributors asked of a masked fused pass (the plan never fuses masked queries that want them)");
         for (const auto& item : top_k_scan(kernels, q + b * d, factors[b], span, top_m[b], impl.parts_for(options, d)))
           r.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - r.lse)), item.score});
       }
