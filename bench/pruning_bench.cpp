@@ -3,6 +3,7 @@
 //
 // Usage: pruning_bench [--n 1000000] [--hnsw-n 100000] [--d 128] [--queries 200] [--nlist 4096] [--nprobe 8] [--kinds ivf flat hnsw exact] [--crossover]
 //        pruning_bench --violations [--n 100000 --d 64 --queries 400 --check-sample 256]
+//        pruning_bench --pareto DIR [--n 200000 --hnsw-n 20000 --queries 10 --kinds ivf flat hnsw exact]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -435,6 +436,160 @@ void regimes(std::size_t n_all, std::size_t hnsw_n, std::size_t d_all, std::size
   }
 }
 
+// ---- Pareto fronts (issue 25): per regime, each index's time against the answer's true error ----
+
+// One operating point: an index and a query form, medians over the regime's queries.
+struct ParetoPoint {
+  std::string index, family;  // family: "top_k", "epsilon" or "error_target"
+  double setting = 0;         // k, epsilon or the target
+  double time_ratio = 0;      // median ms of the form / median ms of the exact scan, queried in turn
+  double rows_share = 0;      // median rows scored / N
+  double error = 0;           // median max_j |v_j - v_ref_j| / max |v| against the float64 reference
+  double broken = 0;          // share of answers whose error exceeded what they reported (2 tail_bound, or error_estimate)
+};
+
+// An SVG plot of the points: time relative to the exact scan (log, x) against the true error (log, y),
+// one line per index and family; the dashed line is the exact scan (x = 1).
+void write_pareto_svg(const std::string& path, const std::string& title, const std::vector<ParetoPoint>& pts) {
+  constexpr double W = 720, H = 440, L = 70, R = 200, T = 40, B = 50;
+  constexpr double x_lo = -3, x_hi = 0.5, y_lo = -8, y_hi = 0;  // log10 ranges
+  auto X = [&](double ratio) { return L + (std::clamp(std::log10(std::max(ratio, 1e-9)), x_lo, x_hi) - x_lo) / (x_hi - x_lo) * (W - L - R); };
+  auto Y = [&](double err) { return T + (y_hi - std::clamp(std::log10(std::max(err, 1e-9)), y_lo, y_hi)) / (y_hi - y_lo) * (H - T - B); };
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::printf("  (cannot write %s)\n", path.c_str());
+    return;
+  }
+  std::fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" font-family=\"sans-serif\" font-size=\"11\">\n", W, H);
+  std::fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%g\" y=\"20\" font-size=\"13\">%s</text>\n", L, title.c_str());
+  for (int e = static_cast<int>(x_lo); e <= 0; ++e)
+    std::fprintf(f, "<line x1=\"%.1f\" y1=\"%g\" x2=\"%.1f\" y2=\"%g\" stroke=\"#eee\"/><text x=\"%.1f\" y=\"%g\" text-anchor=\"middle\">1e%d</text>\n",
+                 X(std::pow(10, e)), T, X(std::pow(10, e)), H - B, X(std::pow(10, e)), H - B + 14, e);
+  for (int e = static_cast<int>(y_lo); e <= 0; e += 2)
+    std::fprintf(f, "<line x1=\"%g\" y1=\"%.1f\" x2=\"%g\" y2=\"%.1f\" stroke=\"#eee\"/><text x=\"%g\" y=\"%.1f\" text-anchor=\"end\">1e%d</text>\n", L,
+                 Y(std::pow(10, e)), W - R, Y(std::pow(10, e)), L - 4, Y(std::pow(10, e)) + 4, e);
+  std::fprintf(f, "<line x1=\"%.1f\" y1=\"%g\" x2=\"%.1f\" y2=\"%g\" stroke=\"#888\" stroke-dasharray=\"4 3\"/>\n", X(1), T, X(1), H - B);
+  std::fprintf(f, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">time / exact scan (log)</text>\n", L + (W - L - R) / 2, H - 12);
+  std::fprintf(f, "<text transform=\"translate(16 %g) rotate(-90)\" text-anchor=\"middle\">error / max|v| (log; 0 drawn at 1e-8)</text>\n", T + (H - T - B) / 2);
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};
+  std::vector<std::string> lines;  // "index family", in order of appearance
+  for (const ParetoPoint& p : pts)
+    if (std::find(lines.begin(), lines.end(), p.index + " " + p.family) == lines.end()) lines.push_back(p.index + " " + p.family);
+  std::vector<std::string> indexes;
+  for (const ParetoPoint& p : pts)
+    if (std::find(indexes.begin(), indexes.end(), p.index) == indexes.end()) indexes.push_back(p.index);
+  for (std::size_t l = 0; l < lines.size(); ++l) {
+    std::string points;
+    const ParetoPoint* first = nullptr;
+    for (const ParetoPoint& p : pts)
+      if (p.index + " " + p.family == lines[l]) {
+        if (first == nullptr) first = &p;
+        points += std::to_string(X(p.time_ratio)) + "," + std::to_string(Y(p.error)) + " ";
+      }
+    const std::size_t c = static_cast<std::size_t>(std::find(indexes.begin(), indexes.end(), first->index) - indexes.begin()) % 4;
+    const char* dash = first->family == "top_k" ? "" : first->family == "epsilon" ? "6 3" : "2 2";
+    std::fprintf(f, "<polyline points=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\" stroke-dasharray=\"%s\"/>\n", points.c_str(), colors[c], dash);
+    for (const ParetoPoint& p : pts)
+      if (p.index + " " + p.family == lines[l])
+        std::fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%g\" fill=\"%s\"><title>%s %s %g: %.3gx, error %.2g, %.2f%% rows, promise broken in %.0f%%</title></circle>\n",
+                     X(p.time_ratio), Y(p.error), p.broken > 0 ? 5.0 : 3.0, p.broken > 0 ? "black" : colors[c], p.index.c_str(),
+                     p.family.c_str(), p.setting, p.time_ratio, p.error, 100 * p.rows_share, 100 * p.broken);
+    std::fprintf(f, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"%s\" stroke-width=\"1.6\" stroke-dasharray=\"%s\"/><text x=\"%g\" y=\"%g\">%s</text>\n",
+                 W - R + 12, T + 14 + 16 * static_cast<double>(l), W - R + 40, T + 14 + 16 * static_cast<double>(l), colors[c], dash, W - R + 46,
+                 T + 18 + 16 * static_cast<double>(l), lines[l].c_str());
+  }
+  std::fprintf(f, "<text x=\"%g\" y=\"%g\">black dot: a promise broken</text>\n</svg>\n", W - R + 12, T + 30 + 16 * static_cast<double>(lines.size()));
+  std::fclose(f);
+}
+
+// Per regime and index: top_k 8 .. 2048, epsilon 1e-1 .. 1e-4 and error_target 1e-1 .. 3e-3, each
+// query timed in turn with the exact scan; a table line per point and an SVG per regime in dir.
+void pareto(std::size_t n_all, std::size_t hnsw_n, std::size_t d_all, std::size_t nq, const std::vector<std::string>& kinds,
+            const std::string& dir) {
+  std::printf("\npareto: N = %zu (hnsw: %zu), d = dv = %zu, %zu queries per point; time = form ms / exact ms (queried in turn);\n"
+              "error = median max|v - v_ref| / max|v| (float64 reference); broken = answers whose error exceeded 2 x tail_bound\n"
+              "(top_k, epsilon) or error_estimate (error_target), float rounding (1e-5) aside\n",
+              n_all, hnsw_n, d_all, nq);
+  std::printf("  %-6s %-13s %9s %9s %9s %10s %8s\n", "index", "form", "setting", "time", "rows", "error", "broken");
+  int regime_no = 0;
+  for (const Regime& g : make_regimes(n_all, d_all, nq)) {
+    ++regime_no;
+    const std::size_t d = g.d != 0 ? g.d : d_all, dv = g.dv != 0 ? g.dv : d_all, n = g.keys.size() / d;
+    std::printf(" %s\n", g.name.c_str());
+    std::vector<ParetoPoint> points;
+    for (const std::string& name : kinds) {
+      const softkv::IndexKind kind = name == "ivf" ? softkv::IndexKind::ivf : name == "flat" ? softkv::IndexKind::flat
+                                     : name == "hnsw" ? softkv::IndexKind::hnsw : softkv::IndexKind::exact;
+      const std::size_t rows = kind == softkv::IndexKind::hnsw ? std::min(n, hnsw_n) : n;
+      softkv::CollectionConfig config{d, dv, softkv::Metric::dot, {}, {}};
+      config.index.kind = kind;
+      softkv::Collection c(config);
+      const std::vector<float> keys(g.keys.begin(), g.keys.begin() + static_cast<std::ptrdiff_t>(rows * d));
+      c.add_batch(keys, std::span(g.values).first(rows * dv));
+      c.wait_until_indexed();
+      const double scale = c.resolve_scale({.temperature = g.temperature});
+      double value_max = 0;
+      for (std::size_t i = 0; i < rows * dv; ++i) value_max = std::max(value_max, std::fabs(double(g.values[i])));
+      std::vector<std::vector<float>> qs;
+      std::vector<std::vector<double>> refs;
+      for (std::size_t b = 0; b < nq; ++b) {
+        qs.emplace_back(g.queries.begin() + static_cast<std::ptrdiff_t>(b * d), g.queries.begin() + static_cast<std::ptrdiff_t>((b + 1) * d));
+        std::vector<double> s;
+        const double lse = lse_of(keys, qs[b].data(), d, scale, s);
+        std::vector<double> ref(dv, 0.0);
+        for (std::size_t i = 0; i < rows; ++i) {
+          const double w = std::exp(s[i] - lse);
+          for (std::size_t j = 0; j < dv; ++j) ref[j] += w * g.values[i * dv + j];
+        }
+        refs.push_back(std::move(ref));
+      }
+      std::vector<std::pair<std::string, double>> forms;
+      if (kind != softkv::IndexKind::exact) {
+        for (double k : {8.0, 32.0, 128.0, 512.0, 2048.0}) forms.emplace_back("top_k", k);
+        for (double e : {1e-1, 1e-2, 1e-3, 1e-4}) forms.emplace_back("epsilon", e);
+      }
+      for (double t : {1e-1, 3e-2, 1e-2, 3e-3}) forms.emplace_back("error_target", t);
+      const softkv::QueryOptions exact{.temperature = g.temperature, .exact = true};
+      for (const auto& [family, setting] : forms) {
+        softkv::QueryOptions o{.temperature = g.temperature};
+        if (family == "top_k") o.top_k = static_cast<std::size_t>(setting);
+        if (family == "epsilon") o.epsilon = static_cast<float>(setting);
+        if (family == "error_target") o.error_target = static_cast<float>(setting);
+        std::vector<double> t_form, t_exact, errors, shares;
+        std::size_t broken = 0;
+        for (std::size_t b = 0; b < nq; ++b) {
+          auto t0 = Clock::now();
+          (void)c.query_soft(qs[b], exact);
+          t_exact.push_back(seconds_since(t0));
+          t0 = Clock::now();
+          const softkv::SoftResult r = c.query_soft(qs[b], o);
+          t_form.push_back(seconds_since(t0));
+          double err = 0;
+          for (std::size_t j = 0; j < dv; ++j) err = std::max(err, std::fabs(double(r.value[j]) - refs[b][j]));
+          err /= value_max;
+          errors.push_back(err);
+          shares.push_back(double(r.rows_scored) / double(rows));
+          const double promised = family == "error_target" ? r.error_estimate : 2 * r.tail_bound;
+          broken += err > promised + 1e-5;
+        }
+        auto median = [](std::vector<double> v) {
+          std::sort(v.begin(), v.end());
+          return v[v.size() / 2];
+        };
+        const ParetoPoint p{name, family, setting, median(t_form) / median(t_exact), median(shares), median(errors), double(broken) / double(nq)};
+        std::printf("  %-6s %-13s %9g %8.3fx %8.2f%% %10.2e %7.0f%%\n", name.c_str(), family.c_str(), setting, p.time_ratio, 100 * p.rows_share,
+                    p.error, 100 * p.broken);
+        points.push_back(p);
+      }
+    }
+    if (!dir.empty()) {
+      const std::string path = dir + "/pareto_" + std::to_string(regime_no) + ".svg";
+      write_pareto_svg(path, g.name + " (N = " + std::to_string(n) + ", d = " + std::to_string(d) + ")", points);
+      std::printf("  plot: %s\n", path.c_str());
+    }
+  }
+}
+
 // Smallest of several sizes at which IVF (k = 32) answers faster than the exact scan.
 void crossover(std::size_t d, std::size_t nq) {
   std::printf("\ncrossover: exact scan vs IVF (k = 32, nprobe 16, default nlist), clustered data, d = dv = %zu\n", d);
@@ -460,6 +615,7 @@ int main(int argc, char** argv) {
   float temperature = 0.1f;
   std::size_t nlist = 4096, nprobe = 8;
   bool only_crossover = false, only_violations = false, only_regimes = false;
+  std::string pareto_dir;
   std::size_t sample = 256;
   std::vector<std::string> kinds{"ivf", "flat", "hnsw"};
   app.add_option("--n", n, "entries for the exact, flat and IVF tables");
@@ -472,6 +628,7 @@ int main(int argc, char** argv) {
   app.add_flag("--crossover", only_crossover, "only measure the exact-vs-IVF crossover");
   app.add_flag("--violations", only_violations, "only measure how often hnsw/ivf tail bounds are violated, with and without the sampled check");
   app.add_flag("--regimes", only_regimes, "only the data regimes: exact, flat, ivf and hnsw on peaked, out-of-distribution, spread and heavy-tailed data");
+  app.add_option("--pareto", pareto_dir, "only the Pareto fronts of the data regimes (time against true error per index and form); SVGs go to this directory");
   app.add_option("--check-sample", sample, "rows the sampled check scores (with --violations)");
   app.add_option("--kinds", kinds, "index kinds to measure (exact: no index, error_target only, in --regimes)")
       ->check(CLI::IsMember({"ivf", "flat", "hnsw", "exact"}))
@@ -480,6 +637,10 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table line as it is measured (runs take minutes)
   std::printf("softkv %s pruning bench, kernel path %s; clustered keys (clusters of 20), queries near stored keys\n",
               softkv::kVersion, std::string(softkv::simd_path()).c_str());
+  if (!pareto_dir.empty()) {
+    pareto(n, hnsw_n, d, nq, kinds, pareto_dir);
+    return 0;
+  }
   if (only_regimes) {
     regimes(n, hnsw_n, d, nq, kinds);
     return 0;

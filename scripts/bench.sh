@@ -15,6 +15,11 @@ cmake --build build -j "$(nproc)" --target softkv_bench pruning_bench masks_benc
 # Pruning on five data regimes (peaked, out-of-distribution, spread, heavy-tailed): certified ivf and flat
 # against the exact scan at 1M, with how often a bound was below the truth (docs/PRUNING.md, "Measured").
 ./build/bench/pruning_bench --regimes --n 1000000 --queries 20 --d 128 --kinds ivf flat exact | tee bench/results/PRUNING_REGIMES.txt
+# The Pareto fronts of the same regimes (time against true error for every index and query form, hnsw
+# on 20k rows: its build is slow on 2 cores); SVGs in bench/results/pareto/ (docs/PRUNING.md, "Pareto fronts").
+mkdir -p bench/results/pareto
+./build/bench/pruning_bench --pareto bench/results/pareto --n 200000 --hnsw-n 20000 --queries 10 --d 128 \
+  --kinds ivf flat hnsw exact | tee bench/results/pareto/PARETO.txt
 # Masked queries (1% and 50% of 1M rows, grouped and scattered tags) vs the unmasked scan; the
 # annotated run is bench/results/MASKS.md, this writes the latest table next to it.
 ./build/bench/masks_bench | tee bench/results/masks_latest.md

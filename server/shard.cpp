@@ -17,6 +17,7 @@
 
 #include "error_of.hpp"
 #include "handler.hpp"
+#include "ids.hpp"
 #include "mpi/sharded_impl.hpp"
 #include "overloaded.hpp"
 #include "query/plan.hpp"
@@ -272,9 +273,8 @@ wire::Reply Shard::execute(const wire::Request& request) {
 
 
 std::size_t Shard::owners_of(std::span<const std::uint64_t> ids) const {
-  std::vector<bool> owns(ranks_, false);
-  for (std::uint64_t id : ids) owns[shard_owner(id, ranks_)] = true;
-  return static_cast<std::size_t>(std::count(owns.begin(), owns.end(), true));
+  const std::vector<std::vector<std::size_t>> by_owner = detail::split_by_owner(ids, ranks_);
+  return static_cast<std::size_t>(std::count_if(by_owner.begin(), by_owner.end(), [](const auto& rows) { return !rows.empty(); }));
 }
 
 void Shard::write_mine(const std::string& name, std::span<const std::uint64_t> ids, std::span<const float> keys,
@@ -284,8 +284,8 @@ void Shard::write_mine(const std::string& name, std::span<const std::uint64_t> i
     const auto c = db_.collection(name);
     const std::size_t d = c->config().dim, dv = c->config().value_dim;
     wire::Upsert mine{name, {}, {}, {}, {}};
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      if (shard_owner(ids[i], ranks_) != rank_) continue;
+    const std::vector<std::vector<std::size_t>> by_owner = detail::split_by_owner(ids, ranks_);
+    for (std::size_t i : by_owner[rank_]) {
       mine.ids.push_back(ids[i]);
       mine.keys.insert(mine.keys.end(), keys.begin() + static_cast<std::ptrdiff_t>(i * d),
                        keys.begin() + static_cast<std::ptrdiff_t>((i + 1) * d));
@@ -364,9 +364,7 @@ wire::Reply Shard::add(const wire::Add& m) {
     n = m.keys.size() / c->config().dim;
   });
   MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_UINT64_T, MPI_MAX, comm_);  // the global next id
-  if (n > kReservedId - first) throw Error(ErrorCode::invalid_argument, "the id space is exhausted");
-  std::vector<std::uint64_t> ids(n);
-  for (std::size_t i = 0; i < n; ++i) ids[i] = first + i;
+  std::vector<std::uint64_t> ids = detail::next_ids(first, n);  // the same on every rank: all throw or none
   write_mine(m.name, ids, m.keys, m.values, m.tags);
   return wire::IdsReply{std::move(ids)};
 }
@@ -376,10 +374,7 @@ wire::Reply Shard::remove(const wire::Remove& m) {
   std::uint64_t missing = kReservedId;
   agree([&] {
     const auto c = db_.collection(m.name);
-    std::vector<std::uint64_t> sorted(m.ids.begin(), m.ids.end());
-    std::sort(sorted.begin(), sorted.end());
-    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
-    if (twice != sorted.end()) throw Error(ErrorCode::invalid_argument, "remove: id " + std::to_string(*twice) + " is given twice");
+    detail::check_distinct(m.ids);
     for (std::uint64_t id : m.ids)
       if (shard_owner(id, ranks_) == rank_) {
         mine.push_back(id);

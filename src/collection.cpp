@@ -13,6 +13,7 @@
 
 #include "assert.hpp"
 #include "collection_impl.hpp"
+#include "ids.hpp"
 #include "mask.hpp"
 #include "scan.hpp"
 #include "score_range.hpp"
@@ -140,21 +141,14 @@ void detail::CollectionImpl::apply(const Rows& rows) {
 std::vector<std::uint64_t> detail::CollectionImpl::add(Rows rows) {
   const std::size_t n = rows.keys.size() / dim();
   std::unique_lock lock(mutex_);
-  if (n > kReservedId - next_id_) throw Error(ErrorCode::invalid_argument, "the id space is exhausted");
-  rows.ids.resize(n);
-  for (std::size_t r = 0; r < n; ++r) rows.ids[r] = next_id_ + r;
+  rows.ids = detail::next_ids(next_id_, n);
   store(rows.ids, rows.keys.data(), rows.values.data(), rows.tags);
   return std::move(rows.ids);
 }
 
 void detail::CollectionImpl::remove(std::span<const std::uint64_t> ids) {
   std::unique_lock lock(mutex_);
-  if (ids.size() > 1) {  // all or nothing: every id present, once
-    std::vector<std::uint64_t> sorted(ids.begin(), ids.end());
-    std::sort(sorted.begin(), sorted.end());
-    if (const auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end())
-      throw Error(ErrorCode::invalid_argument, "id " + std::to_string(*dup) + " appears twice in one remove");
-  }
+  detail::check_distinct(ids);  // all or nothing: every id present, once
   for (std::uint64_t id : ids)
     if (!slot_of_.contains(id)) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
   for (std::uint64_t id : ids) {

@@ -1,6 +1,7 @@
 // Database: the registry of named collections and the one Mutation path. Every write is checked
 // against the current state, logged and applied by the journal, through the same apply() that replays
 // the log at open.
+#include "ids.hpp"
 #include "softkv/database.hpp"
 
 #include <fcntl.h>
@@ -212,10 +213,7 @@ std::vector<std::uint64_t> Database::add(std::string_view name, std::span<const 
   std::vector<std::uint64_t> ids;
   impl_->journal_->commit([&]() -> detail::Mutation {
     impl_->require_current(name, c);
-    const std::uint64_t first = c->next_id();  // changes only under this lock
-    if (n > kReservedId - first) throw Error(ErrorCode::invalid_argument, "the id space is exhausted");
-    rows.ids.resize(n);
-    for (std::size_t i = 0; i < n; ++i) rows.ids[i] = first + i;
+    rows.ids = detail::next_ids(c->next_id(), n);  // next_id changes only under this lock
     ids = rows.ids;
     return detail::mutation::Upsert{std::string(name), std::move(rows)};
   });
@@ -239,10 +237,7 @@ void Database::remove(std::string_view name, std::span<const std::uint64_t> ids)
   const auto c = impl_->find(name);
   impl_->journal_->commit([&]() -> detail::Mutation {  // all or nothing: every id present, once
     impl_->require_current(name, c);
-    std::vector<std::uint64_t> sorted(ids.begin(), ids.end());
-    std::sort(sorted.begin(), sorted.end());
-    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-      throw Error(ErrorCode::invalid_argument, "an id appears twice in one remove");
+    detail::check_distinct(ids);
     for (std::uint64_t id : ids)
       if (!c->contains(id)) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
     return detail::mutation::Remove{std::string(name), {ids.begin(), ids.end()}};

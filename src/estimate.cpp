@@ -22,6 +22,8 @@
 namespace softkv::detail {
 namespace {
 
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
 // Offers a block's scores to one TopScores over every sampled block (its rows' ids from the block's start).
 struct BlockSink final : ScoreSink {
   TopScores* top = nullptr;
@@ -71,7 +73,9 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
   // Rounds: the first draws about 64 blocks; each later one as many as the last round's error says are
   // needed (1.1 x (error / target)^2 times as many, at least 1.5 and at most 16 times), until the target is met by a sample whose weight
   // is spread over enough blocks for the normal approximation.
-  double m = std::min<double>(64.0, static_cast<double>(blocks));
+  // A first round of 64 blocks, fewer (down to 32, the spread rule's minimum) where 64 would be more
+  // than 1/32 of the blocks: what a sample that gives up has cost stays a small share of the scan.
+  double m = std::min(static_cast<double>(blocks), std::clamp(static_cast<double>(blocks) / 32, 32.0, 64.0));
   for (;;) {
     const double want = std::min(1.0, m / static_cast<double>(blocks));  // the union's probability after this round
     if (scored + static_cast<std::size_t>(std::max(0.0, want - (1 - miss)) * static_cast<double>(total)) > target.budget_rows)
@@ -158,9 +162,15 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
       return result;
     }
     // Weight that stays on a few blocks in a sample of 256 (8,192 rows) will not spread in a larger one soon
-    // enough to pay (heavy-tailed or peaked attention without lists): the scan answers at once.
+    // enough to pay (heavy-tailed or peaked attention without lists): the scan answers at once. Nor does a
+    // sample whose effective size, grown in proportion to the blocks drawn, would need more blocks than
+    // the budget allows (peaked attention: one or two blocks hold the weight): it gives up after one round.
     if (!spread && n >= kGiveUpBlocks) return std::nullopt;
-    const double grow = spread ? std::clamp(error * error / (target.error_target * target.error_target) * 1.1, 1.5, 16.0) : 4.0;
+    const double effective = w2 > 0 ? zsum * zsum / w2 : 0.0;
+    const double needed = effective > 0 ? static_cast<double>(n) * kMinEffectiveBlocks / effective : kInfinity;
+    if (!spread && needed * static_cast<double>(kEstimateBlockRows) > static_cast<double>(target.budget_rows)) return std::nullopt;
+    const double grow = spread ? std::clamp(error * error / (target.error_target * target.error_target) * 1.1, 1.5, 16.0)
+                               : std::clamp(needed / static_cast<double>(n) * 1.1, 1.5, 16.0);
     m = std::min(m * grow, static_cast<double>(blocks));
   }
 }

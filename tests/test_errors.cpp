@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "assert.hpp"
+#include "ids.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
 
@@ -207,4 +208,39 @@ TEST_CASE("a broken internal invariant is Error(internal) naming the invariant, 
     CHECK(what.find("please report") != std::string::npos);
   }
   SOFTKV_ASSERT(2 + 2 == 4, "arithmetic holds");  // a kept invariant costs nothing and throws nothing
+}
+
+TEST_CASE("the id rules every write path shares: ids up to 2^64-2, and a remove naming an id twice", "[errors]") {
+  const std::uint64_t top = kReservedId;
+  CHECK(detail::next_ids(top - 3, 3) == std::vector<std::uint64_t>{top - 3, top - 2, top - 1});
+  CHECK(detail::next_ids(top, 0).empty());
+  CHECK(detail::next_ids(0, 2) == std::vector<std::uint64_t>{0, 1});
+  for (const auto& [first, n] : {std::pair<std::uint64_t, std::size_t>{top - 3, 4}, {top, 1}, {1, ~std::size_t{0}}}) {
+    try {
+      (void)detail::next_ids(first, n);
+      FAIL("ids from " << first << " x " << n << " were given");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      CHECK(std::string(e.what()).find("the id space is exhausted") != std::string::npos);
+    }
+  }
+  detail::check_distinct(std::vector<std::uint64_t>{});
+  detail::check_distinct(std::vector<std::uint64_t>{top, 0, 1});
+  try {
+    detail::check_distinct(std::vector<std::uint64_t>{9, top, 4, 9, top});
+    FAIL("a repeated id passed");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("id 9 is given twice") != std::string::npos);  // the smallest repeated id
+  }
+  // Every door says the same: one collection, and a database.
+  Collection c({2, 1, Metric::dot, {}, {}});
+  c.upsert(5, std::vector<float>{1, 0}, std::vector<float>{1});
+  try {
+    c.remove_batch(std::vector<std::uint64_t>{5, 5});
+    FAIL("a repeated id was removed");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("id 5 is given twice") != std::string::npos);
+  }
+  CHECK(c.contains(5));
 }

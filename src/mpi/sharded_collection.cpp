@@ -6,6 +6,7 @@
 #include <new>
 #include <string>
 
+#include "ids.hpp"
 #include "mpi/sharded_impl.hpp"
 
 namespace softkv {
@@ -32,6 +33,12 @@ int mpi_count(std::size_t n, const char* what) {
 }  // namespace detail
 
 std::size_t shard_owner(std::uint64_t id, std::size_t ranks) noexcept { return static_cast<std::size_t>(id % ranks); }
+
+std::vector<std::vector<std::size_t>> detail::split_by_owner(std::span<const std::uint64_t> ids, std::size_t ranks) {
+  std::vector<std::vector<std::size_t>> by_owner(ranks);
+  for (std::size_t i = 0; i < ids.size(); ++i) by_owner[shard_owner(ids[i], ranks)].push_back(i);
+  return by_owner;
+}
 
 namespace {
 // Sharded collections merge one softmax per query: multi-head ones are not built (issue 15).
@@ -69,8 +76,7 @@ Rows ShardedCollection::Impl::scatter(const Rows& rows, int root, bool with_vect
       value_displs(ranks_);
   Rows ordered;
   if (static_cast<int>(rank_) == root) {
-    std::vector<std::vector<std::size_t>> by_owner(ranks_);
-    for (std::size_t i = 0; i < rows.ids.size(); ++i) by_owner[shard_owner(rows.ids[i], ranks_)].push_back(i);
+    const std::vector<std::vector<std::size_t>> by_owner = detail::split_by_owner(rows.ids, ranks_);
     counts[ranks_] = rows.tags.empty() ? 0 : 1;  // tags travel with their rows when root has any
     for (std::size_t r = 0; r < ranks_; ++r) {
       counts[r] = static_cast<int>(by_owner[r].size());
@@ -174,8 +180,11 @@ std::vector<std::uint64_t> ShardedCollection::add_batch(std::span<const float> k
   detail::RootStatus s;
   if (static_cast<int>(im.rank_) == root) {
     n = keys.size() / im.shard_.config().dim;
-    if (n > kReservedId - first) s = detail::status_of(Error(ErrorCode::invalid_argument, "the id space is exhausted"));
-    else for (std::uint64_t i = 0; i < n; ++i) ids.push_back(first + i);
+    try {
+      ids = detail::next_ids(first, n);
+    } catch (const Error& e) {
+      s = detail::status_of(e);
+    }
   }
   detail::broadcast_status(s, root, im.comm_);
   upsert_batch(ids, keys, values, tags, root);  // checks shapes (keys vs n ids, values) and the reserved id at root
@@ -191,11 +200,11 @@ void ShardedCollection::remove_batch(std::span<const std::uint64_t> ids, int roo
   detail::RootStatus s;
   Rows rows;
   if (is_root) {
-    std::vector<std::uint64_t> sorted(ids.begin(), ids.end());
-    std::sort(sorted.begin(), sorted.end());
-    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
-    if (twice != sorted.end())
-      s = detail::status_of(Error(ErrorCode::invalid_argument, "remove: id " + std::to_string(*twice) + " is given twice"));
+    try {
+      detail::check_distinct(ids);
+    } catch (const Error& e) {
+      s = detail::status_of(e);
+    }
     rows.ids.assign(ids.begin(), ids.end());
   }
   detail::broadcast_status(s, root, im.comm_);

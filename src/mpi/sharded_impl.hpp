@@ -28,6 +28,9 @@ RootStatus status_of(const Error& e);
 /// Broadcasts root's status over comm and throws its Error on every rank if it holds one.
 void broadcast_status(RootStatus& status, int root, MPI_Comm comm);
 
+/// The positions of ids grouped by the rank that owns each (shard_owner: id mod ranks), in order.
+[[nodiscard]] std::vector<std::vector<std::size_t>> split_by_owner(std::span<const std::uint64_t> ids, std::size_t ranks);
+
 /// n as an MPI count; Error(resource_exhausted) naming `what` when it does not fit an int.
 int mpi_count(std::size_t n, const char* what);
 
