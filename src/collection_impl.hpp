@@ -23,6 +23,7 @@
 #include "coalescer.hpp"
 #include "index/pruning_index.hpp"
 #include "mask.hpp"
+#include "pruning.hpp"
 #include "scan.hpp"
 #include "softkv/collection.hpp"
 #include "softkv/error.hpp"
@@ -123,6 +124,8 @@ class CollectionImpl {
   /// The coalescers of single soft and hard queries.
   [[nodiscard]] detail::Coalescer<detail::SoftPending>& soft_coalescer() const noexcept { return soft_coalescer_; }
   [[nodiscard]] detail::Coalescer<detail::HardPending>& hard_coalescer() const noexcept { return hard_coalescer_; }
+  /// The planner's measured costs on this machine (pruning.hpp).
+  [[nodiscard]] detail::PlannerCalibration& calibration() const noexcept { return calibration_; }
   /// Whether single queries are coalesced.
   [[nodiscard]] bool coalescing() const noexcept { return coalesce_.load(std::memory_order_relaxed); }
   /// Turns coalescing on or off.
@@ -185,6 +188,7 @@ class CollectionImpl {
   std::atomic<std::size_t> size_hint_{0};        // ids_.size(), published after each write (read without the lock)
   // Coalescing is query-side machinery, not collection state: usable through a const collection.
   mutable std::atomic<bool> coalesce_{true};
+  mutable detail::PlannerCalibration calibration_;  // query-side too: measured by const queries
   mutable detail::Coalescer<detail::SoftPending> soft_coalescer_{detail::kMaxCoalescedBatch};
   mutable detail::Coalescer<detail::HardPending> hard_coalescer_{detail::kMaxCoalescedBatch};
   // Background index builds, one at a time; the thread is joined in the destructor before the rest goes.

@@ -1,6 +1,8 @@
 // Pruned soft retrieval: candidates from an index, an exact softmax over them, a tail bound on the rest.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -90,6 +92,36 @@ inline constexpr std::size_t kPlannerMinBytes = std::size_t{1} << 20;
 /// Row-equivalents a pruned query may spend on a collection of rows rows of row_bytes bytes
 /// (unbounded below kPlannerMinBytes).
 std::size_t prune_budget(std::size_t rows, std::size_t row_bytes);
+
+/// The planner's calibration on the machine at hand: the measured time of a row of the exact scan and of
+/// a row-equivalent of the index's pruned rounds (running averages, per collection). The cost model
+/// counts an index's work in row-equivalents from constants (kRandomRowCost, a graph node's neighbours);
+/// factor() says how many scanned rows one of them has really cost here (1 until both were measured).
+/// Concurrent updates may lose one another's sample: each is an average anyway.
+class PlannerCalibration {
+ public:
+  /// An exact scan of rows rows took ns nanoseconds.
+  void note_scan(double ns, std::size_t rows) noexcept { update(scan_ns_per_row_, ns / static_cast<double>(std::max<std::size_t>(rows, 1))); }
+  /// A pruned query whose rounds the model costed at units row-equivalents took ns nanoseconds.
+  void note_pruned(double ns, std::size_t units) noexcept { update(pruned_ns_per_unit_, ns / static_cast<double>(std::max<std::size_t>(units, 1))); }
+  /// Measured scanned rows per modelled row-equivalent (>= 1/4: the model is never trusted to be 4x pessimistic).
+  [[nodiscard]] double factor() const noexcept {
+    const double scan = scan_ns_per_row_.load(std::memory_order_relaxed), pruned = pruned_ns_per_unit_.load(std::memory_order_relaxed);
+    return scan > 0 && pruned > 0 ? std::max(0.25, pruned / scan) : 1.0;
+  }
+  /// Whether a query the calibrated model sends to the exact scan should try the pruned path anyway, to
+  /// keep the calibration current (one in 16 such queries).
+  [[nodiscard]] bool explore() noexcept { return skipped_.fetch_add(1, std::memory_order_relaxed) % 16 == 15; }
+
+ private:
+  static void update(std::atomic<double>& average, double sample) noexcept {
+    const double old = average.load(std::memory_order_relaxed);
+    average.store(old == 0 ? sample : 0.8 * old + 0.2 * sample, std::memory_order_relaxed);
+  }
+  std::atomic<double> scan_ns_per_row_{0};
+  std::atomic<double> pruned_ns_per_unit_{0};
+  std::atomic<std::uint32_t> skipped_{0};
+};
 
 /// The cost of one adaptive round (finding k candidates, rescoring and checking them) and the budget.
 struct RoundCost {

@@ -3,8 +3,10 @@
 // sharded server's merge rule) follows it.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <optional>
 
+#include "pruning.hpp"
 #include "query/plan.hpp"
 #include "reference.hpp"
 #include "softkv/softkv.hpp"
@@ -130,4 +132,22 @@ TEST_CASE("every door answers as query() plans: the batch methods equal query() 
   const SoftResult s = c.query_soft(one, {.temperature = 0.5f});
   CHECK(sb.values == s.value);
   CHECK(sb.lse == std::vector<double>{s.lse});
+}
+
+TEST_CASE("the planner's calibration turns measured times into the factor its cost model is scaled by", "[query][plan]") {
+  detail::PlannerCalibration c;
+  CHECK(c.factor() == 1.0);  // nothing measured: the model as it stands
+  c.note_scan(1000.0, 100);  // 10 ns a scanned row
+  CHECK(c.factor() == 1.0);  // one side only
+  c.note_pruned(6000.0, 200);  // 30 ns a modelled row-equivalent: three scanned rows each
+  CHECK(c.factor() == Approx(3.0));
+  c.note_pruned(1000.0, 1000);  // 1 ns: the average moves a fifth of the way
+  CHECK(c.factor() == Approx((0.8 * 30 + 0.2 * 1) / 10));
+  for (int i = 0; i < 40; ++i) c.note_pruned(1.0, 1000);  // a model far too pessimistic is trusted to 4x at most
+  CHECK(c.factor() == 0.25);
+  c.note_scan(0.0, 0);  // a zero-row scan is one row, not a division by zero
+  CHECK(std::isfinite(c.factor()));
+  int explored = 0;
+  for (int i = 0; i < 160; ++i) explored += c.explore();
+  CHECK(explored == 10);  // one query in 16
 }

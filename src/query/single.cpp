@@ -1,6 +1,7 @@
 // One query on its own (paths.hpp): the soft query's pruned, estimated or exact path with the
 // planner's budget (docs/PRUNING.md, "The planner"), and the hard query through an index or the scan.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -85,7 +86,13 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
   const PruningIndex* index = impl.index();
   // The planner's budget: what a pruned path may spend before the exact scan costs less (pruning.hpp).
   const std::size_t budget = prune_budget(span.rows, impl.row_bytes());
-  auto exact = [&] { return exact_soft(kernels, q, f, span, options.top_m, parts); };
+  // The exact scan, timed: the calibration's measure of a scanned row on this machine (pruning.hpp).
+  auto exact = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    PrunedSoft all = exact_soft(kernels, q, f, span, options.top_m, parts);
+    impl.calibration().note_scan(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count(), span.rows);
+    return all;
+  };
   // flat with epsilon: every search reads all keys, so after a first cheap try (k = 16) one pass
   // fetches everything the doubling could still ask for (up to a quarter of the rows or the budget,
   // best first) and later k take its prefixes, which are exactly the top-k of a fresh pass.
@@ -124,7 +131,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
   // What a round of the pruned path costs in row-equivalents (pruning.hpp): the keys it reads (flat: all
   // of them, hnsw: 2M neighbours of ef graph nodes), and the candidates and sampled rows it gathers out of order.
   const double key_share = static_cast<double>(impl.key_row_bytes()) / static_cast<double>(impl.row_bytes());
-  const RoundCost cost{[&](std::size_t k) -> std::size_t {
+  const RoundCost model{[&](std::size_t k) -> std::size_t {
                                  const std::size_t gathered = (k + check) * kRandomRowCost;
                                  if (index->exact_top_k()) return static_cast<std::size_t>(key_share * static_cast<double>(span.rows)) + gathered;
                                  // HNSW's search reads up to 2M neighbours of each of its ef closest nodes, out of order.
@@ -132,6 +139,10 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
                                  return nodes * kRandomRowCost + gathered;
                                },
                                budget};
+  // The model's row-equivalents times what one has cost here, measured (1 until measured): a constant
+  // chosen on one CPU would misjudge another (FAISS's graph search against softkv's scan).
+  const double factor = prune && !index->exact_top_k() ? impl.calibration().factor() : 1.0;
+  const RoundCost cost{[&](std::size_t k) { return static_cast<std::size_t>(static_cast<double>(model(k)) * factor); }, budget};
   bool walked_lists = false;  // an error_target query answered by a certified walk
   auto plan = [&]() -> PrunedSoft {
     if (path == SinglePath::estimated) {
@@ -177,8 +188,14 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
     if (options.top_k) {
       // A single round: when it alone costs more than the exact scan would, the scan answers.
       const bool small = budget == std::numeric_limits<std::size_t>::max();
-      if (!mask && !small && cost(*options.top_k) >= span.rows) return exact();
-      return pruned_soft(kernels, q, f, span, *options.top_k, options.top_m, parts, find, check, in_scope);
+      if (!mask && !small && cost(*options.top_k) >= span.rows && (model(*options.top_k) >= span.rows || !impl.calibration().explore()))
+        return exact();
+      const auto t0 = std::chrono::steady_clock::now();
+      PrunedSoft pruned = pruned_soft(kernels, q, f, span, *options.top_k, options.top_m, parts, find, check, in_scope);
+      if (!mask && !index->exact_top_k() && pruned.k < span.rows)  // an index round, as the model costed it
+        impl.calibration().note_pruned(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count(),
+                                       model(*options.top_k));
+      return pruned;
     }
     return adaptive_soft(kernels, q, f, span, *options.epsilon, options.top_m, parts, find, check, in_scope,
                                  mask ? RoundCost{} : cost);
