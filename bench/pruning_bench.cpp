@@ -3,6 +3,7 @@
 //
 // Usage: pruning_bench [--n 1000000] [--hnsw-n 100000] [--d 128] [--queries 200] [--nlist 4096] [--nprobe 8] [--kinds ivf flat hnsw exact] [--crossover]
 //        pruning_bench --violations [--n 100000 --d 64 --queries 400 --check-sample 256]
+//        pruning_bench --estimate-batch [--n 1000000 --d 128 --queries 16]
 //        pruning_bench --pareto DIR [--n 200000 --hnsw-n 20000 --queries 10 --kinds ivf flat hnsw exact]
 #include <CLI/CLI.hpp>
 
@@ -590,6 +591,42 @@ void pareto(std::size_t n_all, std::size_t hnsw_n, std::size_t d_all, std::size_
   }
 }
 
+// ---- a batch of estimates (issue 26: batches share their reads) ----
+// Gaussian keys, values and queries at T = 1: nq queries with error_target as one batch (one shared sample),
+// the same queries one by one, and the exact fused batch; best of 3 of each, in turn.
+void estimate_batch(std::size_t n, std::size_t d, std::size_t nq) {
+  softkv::Collection c({d, d, softkv::Metric::dot, {}, {}});
+  c.add_batch(softkv::bench::gaussian_floats(n * d, 31), softkv::bench::gaussian_floats(n * d, 32));
+  const std::vector<float> qs = softkv::bench::gaussian_floats(nq * d, 33);
+  std::printf("\nestimate batch: N = %zu, d = dv = %zu, %zu Gaussian queries, T = 1; best of 3 runs each\n", n, d, nq);
+  std::printf("  %-8s %12s %10s %14s %10s %14s %9s %9s\n", "target", "batch ms", "rows/q", "one by one ms", "rows/q", "exact batch ms",
+              "ratio", "vs exact");
+  for (const float target : {1e-2f, 3e-2f}) {
+    double best[3] = {1e300, 1e300, 1e300};
+    std::vector<std::size_t> batch_rows, alone_rows;
+    for (int rep = 0; rep < 3; ++rep) {
+      auto t0 = Clock::now();
+      const softkv::QueryResults b = c.query(qs, softkv::Retrieval::soft, {.error_target = target});
+      best[0] = std::min(best[0], seconds_since(t0));
+      t0 = Clock::now();
+      std::vector<softkv::SoftResult> alone;
+      for (std::size_t i = 0; i < nq; ++i) alone.push_back(c.query_soft(std::span(qs).subspan(i * d, d), {.error_target = target}));
+      best[1] = std::min(best[1], seconds_since(t0));
+      t0 = Clock::now();
+      (void)c.query(qs, softkv::Retrieval::soft, {});
+      best[2] = std::min(best[2], seconds_since(t0));
+      batch_rows.clear();
+      alone_rows.clear();
+      for (const auto& r : b.soft) batch_rows.push_back(r.rows_scored);
+      for (const auto& r : alone) alone_rows.push_back(r.rows_scored);
+    }
+    std::sort(batch_rows.begin(), batch_rows.end());
+    std::sort(alone_rows.begin(), alone_rows.end());
+    std::printf("  %-8g %12.1f %9.2f%% %14.1f %9.2f%% %14.1f %8.2fx %8.1fx\n", target, 1e3 * best[0], 100.0 * double(batch_rows[nq / 2]) / double(n),
+                1e3 * best[1], 100.0 * double(alone_rows[nq / 2]) / double(n), 1e3 * best[2], best[0] / best[1], best[2] / best[0]);
+  }
+}
+
 // Smallest of several sizes at which IVF (k = 32) answers faster than the exact scan.
 void crossover(std::size_t d, std::size_t nq) {
   std::printf("\ncrossover: exact scan vs IVF (k = 32, nprobe 16, default nlist), clustered data, d = dv = %zu\n", d);
@@ -616,6 +653,7 @@ int main(int argc, char** argv) {
   std::size_t nlist = 4096, nprobe = 8;
   bool only_crossover = false, only_violations = false, only_regimes = false;
   std::string pareto_dir;
+  bool only_estimate_batch = false;
   std::size_t sample = 256;
   std::vector<std::string> kinds{"ivf", "flat", "hnsw"};
   app.add_option("--n", n, "entries for the exact, flat and IVF tables");
@@ -629,6 +667,7 @@ int main(int argc, char** argv) {
   app.add_flag("--violations", only_violations, "only measure how often hnsw/ivf tail bounds are violated, with and without the sampled check");
   app.add_flag("--regimes", only_regimes, "only the data regimes: exact, flat, ivf and hnsw on peaked, out-of-distribution, spread and heavy-tailed data");
   app.add_option("--pareto", pareto_dir, "only the Pareto fronts of the data regimes (time against true error per index and form); SVGs go to this directory");
+  app.add_flag("--estimate-batch", only_estimate_batch, "only a batch of error_target queries (one shared sample) against the same queries one by one");
   app.add_option("--check-sample", sample, "rows the sampled check scores (with --violations)");
   app.add_option("--kinds", kinds, "index kinds to measure (exact: no index, error_target only, in --regimes)")
       ->check(CLI::IsMember({"ivf", "flat", "hnsw", "exact"}))
@@ -637,6 +676,10 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table line as it is measured (runs take minutes)
   std::printf("softkv %s pruning bench, kernel path %s; clustered keys (clusters of 20), queries near stored keys\n",
               softkv::kVersion, std::string(softkv::simd_path()).c_str());
+  if (only_estimate_batch) {
+    estimate_batch(n, d, nq);
+    return 0;
+  }
   if (!pareto_dir.empty()) {
     pareto(n, hnsw_n, d, nq, kinds, pareto_dir);
     return 0;

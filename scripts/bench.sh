@@ -20,6 +20,8 @@ cmake --build build -j "$(nproc)" --target softkv_bench pruning_bench masks_benc
 mkdir -p bench/results/pareto
 ./build/bench/pruning_bench --pareto bench/results/pareto --n 200000 --hnsw-n 20000 --queries 10 --d 128 \
   --kinds ivf flat hnsw exact | tee bench/results/pareto/PARETO.txt
+# A batch of error_target queries (one shared sample) against the same queries one by one (docs/PRUNING.md).
+./build/bench/pruning_bench --estimate-batch --n 1000000 --d 128 --queries 16 | tee bench/results/ESTIMATE_BATCH.txt
 # Masked queries (1% and 50% of 1M rows, grouped and scattered tags) vs the unmasked scan; the
 # annotated run is bench/results/MASKS.md, this writes the latest table next to it.
 ./build/bench/masks_bench | tee bench/results/masks_latest.md

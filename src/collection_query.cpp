@@ -78,6 +78,13 @@ QueryResults run(const detail::CollectionImpl& impl, const detail::QueryPlan& pl
     }
     return out;
   }
+  if (plan.path == detail::QueryPath::estimated) {
+    std::vector<float> f;
+    const std::vector<float> q = detail::scaled_queries(impl, queries, plan.scale, f);
+    std::vector<std::exception_ptr> errors;
+    out.soft = detail::all_or_throw(detail::soft_estimated(impl, q.data(), f.data(), plan.n, options, errors), errors);
+    return out;
+  }
   const bool heads = plan.path == detail::QueryPath::heads_fused;
   std::vector<float> f;
   const std::vector<float> q =

@@ -44,8 +44,10 @@ double simultaneous_z(std::size_t dv) {
   return hi;
 }
 
-std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                                         const EstimateTarget& target, const EligibleRows* eligible) {
+std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& kernels, const float* queries, const float* scales,
+                                                            std::size_t n, const RowSpan& span, const EstimateTarget& target,
+                                                            const EligibleRows* eligible) {
+  std::vector<std::optional<PrunedSoft>> out(n);
   // The rows the sample draws from, as runs in storage order (every row of span without a mask), and
   // where each run starts in the sequence of eligible rows: block b holds eligible rows [32 b, 32 b + 32).
   const EligibleRows all{{RowRun{0, span.rows}}, span.rows};
@@ -53,126 +55,154 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
   std::vector<std::size_t> run_start(rows_in.runs.size() + 1, 0);
   for (std::size_t i = 0; i < rows_in.runs.size(); ++i) run_start[i + 1] = run_start[i] + rows_in.runs[i].count;
   const std::size_t total = run_start.back();
-  const std::size_t dv = span.value_dim, blocks = (total + kEstimateBlockRows - 1) / kEstimateBlockRows;
-  if (blocks == 0) return std::nullopt;
+  const std::size_t dv = span.value_dim, d = span.dim, blocks = (total + kEstimateBlockRows - 1) / kEstimateBlockRows;
+  if (blocks == 0 || n == 0) return out;
   const double z = simultaneous_z(dv);
   std::mt19937_64 rng(target.seed);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
-  // The sample so far: every block drawn in any round, with its scan state (max, sum, acc). Each round
-  // draws every block with its own probability, independently; a block is in the union of the rounds
-  // with probability pi = 1 - prod (1 - pi_r), independently of the others: the union is a Poisson
-  // sample of its own, and the estimate uses all of it (a round only scans the blocks it adds).
+  // The sample so far, shared by the batch: every block drawn in any round. Each round draws every block
+  // with its own probability, independently; a block is in the union of the rounds with probability
+  // pi = 1 - prod (1 - pi_r), independently of the others: the union is a Poisson sample of its own, and
+  // every query's estimate uses all of it (a round only scans the blocks it adds). A drawn block is read
+  // from memory once and scanned by every query still estimating (it stays in cache between them).
   std::vector<std::uint8_t> taken(blocks, 0);
-  std::vector<float> maxes, sums, accs;
-  std::vector<double> y(dv), t(dv), shift;  // shift[i] = e^{max_i - best}, block i's factor to the common shift
-  std::size_t scored = 0;
-  double miss = 1;  // prod over the rounds of (1 - pi_r)
-  TopScores top(target.top_m, nullptr);
+  std::size_t read = 0;  // rows read, shared by the queries (the budget's measure)
+  double miss = 1;       // prod over the rounds of (1 - pi_r)
+  // Each query's scan state per drawn block (max, sum, acc), its contributors and whether it still estimates.
+  struct Query {
+    std::vector<float> maxes, sums, accs;
+    TopScores top;
+    bool active = true;
+    double grow = 1;
+  };
+  std::vector<Query> state;
+  state.reserve(n);
+  for (std::size_t j = 0; j < n; ++j) state.push_back({{}, {}, {}, TopScores(target.top_m, nullptr), true, 1});
   BlockSink sink;
-  sink.top = &top;
-  // Rounds: the first draws about 64 blocks; each later one as many as the last round's error says are
-  // needed (1.1 x (error / target)^2 times as many, at least 1.5 and at most 16 times), until the target is met by a sample whose weight
-  // is spread over enough blocks for the normal approximation.
-  // A first round of 64 blocks, fewer (down to 32, the spread rule's minimum) where 64 would be more
-  // than 1/32 of the blocks: what a sample that gives up has cost stays a small share of the scan.
+  std::vector<double> y(dv), t(dv), shift;  // shift[i] = e^{max_i - best}, block i's factor to the common shift
+  // Scans block b for every active query; a query whose block state left the float range stops (the
+  // exact path reports it).
+  const auto scan_block = [&](std::size_t b) {
+    taken[b] = 1;
+    std::size_t at = b * kEstimateBlockRows;
+    const std::size_t end = std::min(at + kEstimateBlockRows, total);
+    read += end - at;
+    for (std::size_t j = 0; j < n; ++j) {
+      Query& s = state[j];
+      if (!s.active) continue;
+      s.maxes.push_back(-std::numeric_limits<float>::infinity());
+      s.sums.push_back(0.0f);
+      s.accs.resize(s.accs.size() + dv, 0.0f);
+      sink.top = &s.top;
+      // The block's eligible rows, piece by piece over the runs they fall in, folded into one state.
+      std::size_t row = at;
+      std::size_t run = static_cast<std::size_t>(std::upper_bound(run_start.begin(), run_start.end(), row) - run_start.begin()) - 1;
+      while (row < end) {
+        const std::size_t offset = row - run_start[run], count = std::min(end, run_start[run + 1]) - row;
+        const std::size_t first = rows_in.runs[run].begin + offset;
+        sink.ids = span.ids + first;
+        kernels.soft_scan(queries + j * d, scales[j], span.sub(first, count), s.maxes.back(), s.sums.back(),
+                          s.accs.data() + s.accs.size() - dv, target.top_m > 0 ? &sink : nullptr);
+        row += count;
+        ++run;
+      }
+      if (!std::isfinite(s.maxes.back()) || !std::isfinite(s.sums.back())) s.active = false;
+    }
+  };
+  // Rounds: the first draws 32 to 64 blocks; each later one as many as the neediest query's last error
+  // says it needs (1.1 x (error / target)^2 times as many, at least 1.5 and at most 16 times), until every
+  // query's target is met by a sample whose weight is spread over enough blocks for the normal approximation.
   double m = std::min(static_cast<double>(blocks), std::clamp(static_cast<double>(blocks) / 32, 32.0, 64.0));
   for (;;) {
     const double want = std::min(1.0, m / static_cast<double>(blocks));  // the union's probability after this round
-    if (scored + static_cast<std::size_t>(std::max(0.0, want - (1 - miss)) * static_cast<double>(total)) > target.budget_rows)
-      return std::nullopt;
+    if (read + static_cast<std::size_t>(std::max(0.0, want - (1 - miss)) * static_cast<double>(total)) > target.budget_rows)
+      return out;  // every query still estimating: the exact scan is cheaper
     const double pi_round = want >= 1 ? 1.0 : 1 - (1 - want) / miss;
-    const auto scan_block = [&](std::size_t b) {
-      if (taken[b] != 0) return true;
-      taken[b] = 1;
-      maxes.push_back(-std::numeric_limits<float>::infinity());
-      sums.push_back(0.0f);
-      accs.resize(accs.size() + dv, 0.0f);
-      // The block's eligible rows, piece by piece over the runs they fall in, folded into one state.
-      std::size_t at = b * kEstimateBlockRows;
-      const std::size_t end = std::min(at + kEstimateBlockRows, total);
-      std::size_t run = static_cast<std::size_t>(std::upper_bound(run_start.begin(), run_start.end(), at) - run_start.begin()) - 1;
-      while (at < end) {
-        const std::size_t offset = at - run_start[run], count = std::min(end, run_start[run + 1]) - at;
-        const std::size_t first = rows_in.runs[run].begin + offset;
-        sink.ids = span.ids + first;
-        kernels.soft_scan(query, scale, span.sub(first, count), maxes.back(), sums.back(), accs.data() + accs.size() - dv,
-                          target.top_m > 0 ? &sink : nullptr);
-        scored += count;
-        at += count;
-        ++run;
-      }
-      return std::isfinite(maxes.back()) && std::isfinite(sums.back());  // out of range: the exact path reports it
-    };
     if (pi_round >= 1) {
       for (std::size_t b = 0; b < blocks; ++b)
-        if (!scan_block(b)) return std::nullopt;
+        if (taken[b] == 0) scan_block(b);
     } else if (pi_round > 0) {  // each block with probability pi_round: geometric gaps between successive draws
       const double log_miss = std::log1p(-pi_round);
       for (double b = std::floor(std::log(1 - unit(rng)) / log_miss); b < static_cast<double>(blocks);
            b += 1 + std::floor(std::log(1 - unit(rng)) / log_miss))
-        if (!scan_block(static_cast<std::size_t>(b))) return std::nullopt;
+        if (taken[static_cast<std::size_t>(b)] == 0) scan_block(static_cast<std::size_t>(b));
     }
     miss *= 1 - std::max(0.0, pi_round);
-    const std::size_t n = maxes.size();
-    const double pi = n == blocks ? 1.0 : 1 - miss;  // every block read: the exact answer, whatever the draws
-    if (n == 0) {
-      m = std::min(m * 2, static_cast<double>(blocks));
-      continue;
-    }
-    const float best = *std::max_element(maxes.begin(), maxes.end());
-    // The totals shifted to the largest score: W_b = sum_b e^{m_b - best}, T_b = acc_b e^{m_b - best}.
-    double zsum = 0;
-    std::fill(y.begin(), y.end(), 0.0);
-    shift.resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      const double f = shift[i] = std::exp(static_cast<double>(maxes[i]) - static_cast<double>(best));
-      zsum += static_cast<double>(sums[i]) * f;
-      for (std::size_t k = 0; k < dv; ++k) y[k] += static_cast<double>(accs[i * dv + k]) * f;
-    }
-    std::vector<float> value(dv);
-    for (std::size_t k = 0; k < dv; ++k) value[k] = static_cast<float>(y[k] / zsum);
-    // Var_k = (1 - pi) sum_b (T_bk - v^_k W_b)^2 / (Z^ pi)^2 with Z^ = zsum / pi: the pi cancel.
-    std::fill(t.begin(), t.end(), 0.0);
-    double w2 = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const double f = shift[i];
-      const double w = static_cast<double>(sums[i]) * f;
-      w2 += w * w;
-      for (std::size_t k = 0; k < dv; ++k) {
-        const double u = static_cast<double>(accs[i * dv + k]) * f - y[k] / zsum * w;
-        t[k] += u * u;
+    double grow = 0;  // the neediest active query's
+    for (std::size_t j = 0; j < n; ++j) {
+      Query& s = state[j];
+      if (!s.active) continue;
+      const std::size_t drawn = s.maxes.size();
+      const double pi = drawn == blocks ? 1.0 : 1 - miss;  // every block read: the exact answer, whatever the draws
+      if (drawn == 0) {
+        grow = std::max(grow, 2.0);
+        continue;
       }
+      const float best = *std::max_element(s.maxes.begin(), s.maxes.end());
+      // The totals shifted to the largest score: W_b = sum_b e^{m_b - best}, T_b = acc_b e^{m_b - best}.
+      double zsum = 0;
+      std::fill(y.begin(), y.end(), 0.0);
+      shift.resize(drawn);
+      for (std::size_t i = 0; i < drawn; ++i) {
+        const double f = shift[i] = std::exp(static_cast<double>(s.maxes[i]) - static_cast<double>(best));
+        zsum += static_cast<double>(s.sums[i]) * f;
+        for (std::size_t k = 0; k < dv; ++k) y[k] += static_cast<double>(s.accs[i * dv + k]) * f;
+      }
+      // Var_k = (1 - pi) sum_b (T_bk - v^_k W_b)^2 / (Z^ pi)^2 with Z^ = zsum / pi: the pi cancel.
+      std::fill(t.begin(), t.end(), 0.0);
+      double w2 = 0;
+      for (std::size_t i = 0; i < drawn; ++i) {
+        const double w = static_cast<double>(s.sums[i]) * shift[i];
+        w2 += w * w;
+        for (std::size_t k = 0; k < dv; ++k) {
+          const double u = static_cast<double>(s.accs[i * dv + k]) * shift[i] - y[k] / zsum * w;
+          t[k] += u * u;
+        }
+      }
+      double worst_var = 0;
+      for (std::size_t k = 0; k < dv; ++k) worst_var = std::max(worst_var, (1 - pi) * t[k] / (zsum * zsum));
+      const double error = target.value_max > 0 ? z * std::sqrt(worst_var) / target.value_max : 0.0;
+      // The effective number of blocks, (sum W)^2 / sum W^2: when a few blocks hold most of the sampled
+      // weight (peaked attention: a handful of rows outweigh the rest), the sample's variance says nothing
+      // of the rows it missed, and a larger sample (or the scan) must answer.
+      const bool spread = zsum * zsum >= kMinEffectiveBlocks * w2;
+      if ((error <= target.error_target && spread) || pi >= 1) {
+        PrunedSoft result{SoftScan{SoftmaxState(dv), {}}, {}, 0, 0.0};
+        result.scan.state.max = best;
+        result.scan.state.sum = static_cast<float>(zsum / pi);
+        result.value.resize(dv);
+        for (std::size_t k = 0; k < dv; ++k) result.value[k] = static_cast<float>(y[k] / zsum);
+        std::size_t scored = 0;  // this query's rows: every block drawn while it estimated
+        for (std::size_t b = 0; b < blocks; ++b) scored += taken[b] != 0 ? std::min(kEstimateBlockRows, total - b * kEstimateBlockRows) : 0;
+        result.k = scored;
+        result.rows_scored = scored;
+        result.error_estimate = pi >= 1 ? 0.0 : error;
+        result.scan.top = s.top.sorted();
+        out[j] = std::move(result);
+        s.active = false;
+        continue;
+      }
+      // Weight that stays on a few blocks in a sample of 256 (8,192 rows) will not spread in a larger one soon
+      // enough to pay (heavy-tailed or peaked attention without lists): the scan answers at once. Nor does a
+      // sample whose effective size, grown in proportion to the blocks drawn, would need more blocks than
+      // the budget allows (peaked attention: one or two blocks hold the weight): it gives up after one round.
+      const double effective = w2 > 0 ? zsum * zsum / w2 : 0.0;
+      const double needed = effective > 0 ? static_cast<double>(drawn) * kMinEffectiveBlocks / effective : kInfinity;
+      if (!spread && (drawn >= kGiveUpBlocks || needed * static_cast<double>(kEstimateBlockRows) > static_cast<double>(target.budget_rows))) {
+        s.active = false;
+        continue;
+      }
+      grow = std::max(grow, spread ? std::clamp(error * error / (target.error_target * target.error_target) * 1.1, 1.5, 16.0)
+                                   : std::clamp(needed / static_cast<double>(drawn) * 1.1, 1.5, 16.0));
     }
-    double worst_var = 0;
-    for (std::size_t k = 0; k < dv; ++k) worst_var = std::max(worst_var, (1 - pi) * t[k] / (zsum * zsum));
-    const double error = target.value_max > 0 ? z * std::sqrt(worst_var) / target.value_max : 0.0;
-    // The effective number of blocks, (sum W)^2 / sum W^2: when a few blocks hold most of the sampled
-    // weight (peaked attention: a handful of rows outweigh the rest), the sample's variance says nothing
-    // of the rows it missed, and a larger sample (or the scan) must answer.
-    const bool spread = zsum * zsum >= kMinEffectiveBlocks * w2;
-    if ((error <= target.error_target && spread) || pi >= 1) {
-      PrunedSoft result{SoftScan{SoftmaxState(dv), {}}, {}, 0, 0.0};
-      result.scan.state.max = best;
-      result.scan.state.sum = static_cast<float>(zsum / pi);
-      result.value = std::move(value);
-      result.k = scored;
-      result.rows_scored = scored;
-      result.error_estimate = pi >= 1 ? 0.0 : error;
-      result.scan.top = top.sorted();
-      return result;
-    }
-    // Weight that stays on a few blocks in a sample of 256 (8,192 rows) will not spread in a larger one soon
-    // enough to pay (heavy-tailed or peaked attention without lists): the scan answers at once. Nor does a
-    // sample whose effective size, grown in proportion to the blocks drawn, would need more blocks than
-    // the budget allows (peaked attention: one or two blocks hold the weight): it gives up after one round.
-    if (!spread && n >= kGiveUpBlocks) return std::nullopt;
-    const double effective = w2 > 0 ? zsum * zsum / w2 : 0.0;
-    const double needed = effective > 0 ? static_cast<double>(n) * kMinEffectiveBlocks / effective : kInfinity;
-    if (!spread && needed * static_cast<double>(kEstimateBlockRows) > static_cast<double>(target.budget_rows)) return std::nullopt;
-    const double grow = spread ? std::clamp(error * error / (target.error_target * target.error_target) * 1.1, 1.5, 16.0)
-                               : std::clamp(needed / static_cast<double>(n) * 1.1, 1.5, 16.0);
+    if (grow == 0) return out;  // no query still estimating
     m = std::min(m * grow, static_cast<double>(blocks));
   }
+}
+
+std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
+                                         const EstimateTarget& target, const EligibleRows* eligible) {
+  return std::move(estimated_soft_batch(kernels, query, &scale, 1, span, target, eligible).front());
 }
 
 }  // namespace softkv::detail

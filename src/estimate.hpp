@@ -51,4 +51,13 @@ inline constexpr std::size_t kGiveUpBlocks = 256;
 std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                                          const EstimateTarget& target, const EligibleRows* eligible = nullptr);
 
+/// estimated_soft for n queries (row-major, prepared, one scale each) over one shared sample: each round's
+/// blocks are read once and scanned by every query still estimating, a query leaves the rounds when its
+/// target is met (or it gives up), and the rounds grow as the neediest query asks. The budget counts the
+/// rows read, once for the batch. nullopt for a query the exact scan must answer. A query's answer is what
+/// estimated_soft gives it alone when the batch draws the same blocks (the same seed, one query).
+std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& kernels, const float* queries, const float* scales,
+                                                            std::size_t n, const RowSpan& span, const EstimateTarget& target,
+                                                            const EligibleRows* eligible = nullptr);
+
 }  // namespace softkv::detail

@@ -380,3 +380,67 @@ TEST_CASE("error_target with a mask samples the eligible rows only", "[estimate]
   CHECK(over == 0);
   CHECK(below <= 1);
 }
+
+TEST_CASE("a batch of estimates shares one sample: each answer within the target, its blocks read once for the batch", "[estimate]") {
+  // Every regime's queries as one batch, on collections with and without lists: the walk per query, one
+  // shared sample for the rest, one fused pass for what the sample cannot answer.
+  const std::size_t n = 40000, d = 32, dv = 32, nq = 12;
+  const float target = 0.03f;
+  std::size_t answers = 0, over = 0, below = 0, sampled = 0;
+  for (int kind = 0; kind < 4; ++kind) {
+    const test::Regime r = test::make_regime(kind, n, d, nq, 900 + static_cast<std::uint64_t>(kind));
+    const std::vector<float> values = test::normal_floats(n * dv, 950 + static_cast<std::uint64_t>(kind));
+    const double value_max = largest_abs(values);
+    for (IndexKind index : {IndexKind::exact, IndexKind::ivf}) {
+      Collection c({d, dv, Metric::dot, {}, {.kind = index}});
+      c.add_batch(r.keys, values);
+      c.wait_until_indexed();
+      const QueryOptions o{.temperature = 1.0f, .error_target = target};
+      const QueryResults batch = c.query(r.queries, Retrieval::soft, o);
+      REQUIRE(batch.soft.size() == nq);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      std::size_t largest_rows = 0;
+      for (std::size_t b = 0; b < nq; ++b) {
+        const SoftResult& got = batch.soft[b];
+        const test::SoftReference ref = test::soft_reference(r.queries.data() + b * d, r.keys.data(), values.data(), n, d, dv, scale);
+        const double err = relative_error(got.value, ref.value, value_max);
+        INFO(r.name << " query " << b << ": rows " << got.rows_scored << ", estimate " << got.error_estimate << ", true " << err);
+        CHECK(std::isfinite(got.lse));
+        CHECK(got.tail_bound_guaranteed);
+        if (got.candidates == n && got.error_estimate == 0.0) CHECK(err < 1e-4);  // the fused pass: exact
+        ++answers;
+        over += err > target;
+        below += err > got.error_estimate + 1e-5;
+        if (got.rows_scored < n) ++sampled;
+        if (got.searched_with == IndexKind::exact && got.rows_scored < n) largest_rows = std::max(largest_rows, got.rows_scored);
+      }
+      // The sample is shared: no query scored more rows than the budget (an eighth of the rows) allows the batch.
+      CHECK(largest_rows <= n / 8 + 64);
+    }
+  }
+  INFO(answers << " answers, " << sampled << " sampled, " << over << " over the target, " << below << " with the estimate below the truth");
+  CHECK(sampled >= 12);
+  CHECK(over * 10 <= answers);
+  CHECK(below * 10 <= answers);
+}
+
+TEST_CASE("a batch of one repeated query gets the answer that query gets alone", "[estimate]") {
+  const std::size_t n = 60000, d = 16, dv = 8;
+  const auto keys = test::normal_floats(n * d, 21), values = test::normal_floats(n * dv, 22), query = test::normal_floats(d, 23);
+  Collection c({d, dv});
+  c.add_batch(keys, values);
+  std::vector<float> three;
+  for (int i = 0; i < 3; ++i) three.insert(three.end(), query.begin(), query.end());
+  const QueryOptions o{.error_target = 0.05f};
+  const SoftResult alone = c.query_soft(query, o);
+  const QueryResults batch = c.query(three, Retrieval::soft, o);
+  REQUIRE(alone.rows_scored < n);  // sampled, not scanned
+  for (const SoftResult& r : batch.soft) {
+    CHECK(r.value == alone.value);  // the same seed (the first query's) draws the same blocks
+    CHECK(r.rows_scored == alone.rows_scored);
+    CHECK(r.error_estimate == alone.error_estimate);
+  }
+  // And the batch door says the same.
+  const SoftBatchResult b = c.query_soft_batch(three, o);
+  CHECK(std::vector<float>(b.values.begin(), b.values.begin() + static_cast<std::ptrdiff_t>(dv)) == alone.value);
+}

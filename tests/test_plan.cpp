@@ -54,7 +54,8 @@ TEST_CASE("the plan groups a call's queries: one fused pass for plain scans, eac
     CHECK(detail::plan_query(c, true, {.top_k = 4, .exact = true}, 5, Retrieval::soft).path == QueryPath::fused);
   }
   const detail::QueryPlan estimated = detail::plan_query(plain, true, {.error_target = 0.01f}, 5, Retrieval::soft);
-  CHECK(estimated.path == QueryPath::each);
+  CHECK(estimated.path == QueryPath::estimated);  // one shared sample for the batch
+  CHECK(detail::plan_query(plain, true, {.error_target = 0.01f}, 1, Retrieval::soft).path == QueryPath::each);
   CHECK(estimated.single == SinglePath::estimated);
   CHECK_FALSE(estimated.coalesce);
   CHECK(detail::plan_query(plain, true, {.error_target = 0.0f}, 5, Retrieval::soft).path == QueryPath::fused);  // 0: the exact answer

@@ -33,11 +33,18 @@ def test_spread_attention_is_estimated_within_the_target_from_a_few_percent_of_t
         assert 0 < r.error_estimate <= 0.05
         assert err <= 0.05
         below_truth += err > r.error_estimate + 1e-5  # a 95% estimate: about one answer in 20 may be below
-        np.testing.assert_array_equal(batch.values[i], r.value)  # the same sample: drawn from the query
-        assert batch.rows_scored[i] == r.rows_scored
-        assert batch.error_estimate[i] == r.error_estimate
-        assert batch[i].error_estimate == r.error_estimate
-    assert below_truth <= 1
+        # The batch shares one sample, seeded by its first query: within the target too, from a few percent
+        # of the rows, and for the first query the very answer it gets alone.
+        batch_err = float(np.abs(batch.values[i] - reference(keys, values, q, 1 / math.sqrt(d))).max()) / vmax
+        assert batch_err <= 0.05
+        assert 0 < batch.rows_scored[i] < n / 10
+        assert 0 < batch.error_estimate[i] <= 0.05
+        assert batch[i].error_estimate == batch.error_estimate[i]
+        below_truth += batch_err > batch.error_estimate[i] + 1e-5
+        if i == 0:
+            np.testing.assert_array_equal(batch.values[0], r.value)
+            assert batch.rows_scored[0] == r.rows_scored
+    assert below_truth <= 2
     exact = c.query_soft(queries[0])
     assert exact.rows_scored == n and exact.error_estimate == 0.0
 

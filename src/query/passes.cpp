@@ -61,6 +61,12 @@ std::vector<SoftResult> soft_fused(const CollectionImpl& impl, const float* q, c
                                    std::vector<std::exception_ptr>& errors) {
   const auto lock = impl.read_lock();
   impl.require_entries();
+  return soft_fused_locked(impl, q, factors, n, options, top_m, errors);
+}
+
+std::vector<SoftResult> soft_fused_locked(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
+                                          const QueryOptions& options, std::span<const std::size_t> top_m,
+                                          std::vector<std::exception_ptr>& errors) {
   const RowSpan span = impl.span();
   const std::size_t d = impl.dim(), dv = impl.value_dim();
   const KernelTable& kernels = detail::kernels();

@@ -60,6 +60,15 @@ void check_best(const ArgMax& best);
 [[nodiscard]] std::vector<SoftResult> soft_fused(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
                                                  const QueryOptions& options, std::span<const std::size_t> top_m,
                                                  std::vector<std::exception_ptr>& errors);
+/// soft_fused for a caller that holds the read lock and has checked for entries.
+[[nodiscard]] std::vector<SoftResult> soft_fused_locked(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
+                                                        const QueryOptions& options, std::span<const std::size_t> top_m,
+                                                        std::vector<std::exception_ptr>& errors);
+/// Soft with error_target > 0 for n queries (estimated.cpp): each query's certified walk, then one
+/// shared sample of blocks for the rest (each block read once for the batch), then one fused pass over
+/// every row for the queries the sample could not answer.
+[[nodiscard]] std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
+                                                     const QueryOptions& options, std::vector<std::exception_ptr>& errors);
 /// Hard, over the eligible keys.
 [[nodiscard]] std::vector<HardResult> hard_fused(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
                                                  const QueryOptions& options, std::vector<std::exception_ptr>& errors);

@@ -104,6 +104,8 @@ QueryPlan plan_query(const CollectionConfig& config, bool coalescing, const Quer
   const bool contributors = kind == Retrieval::soft && options.top_m > 0;
   if (n > 1 && options.iterations == 1 && plan.single == SinglePath::scan && !contributors)
     plan.path = plan.heads ? QueryPath::heads_fused : QueryPath::fused;
+  // Estimates share their reads: the blocks a batch samples are read once for all its queries.
+  if (n > 1 && options.iterations == 1 && plan.single == SinglePath::estimated) plan.path = QueryPath::estimated;
   // A query on its own may wait for a coalesced pass when it scans every row: masked queries run alone
   // (a pass serves its members over the same rows), and so do a multi-head query's contributors (from
   // its own pass's sinks).

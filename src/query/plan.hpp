@@ -16,6 +16,7 @@ namespace softkv::detail {
 enum class QueryPath : std::uint8_t {
   fused,        ///< every query in one pass over the (eligible) rows: the batch kernels
   heads_fused,  ///< multi-head: every query and every head in one pass
+  estimated,    ///< soft, error_target > 0, n > 1: each query's certified walk, one shared sample, one fused pass for the rest
   each,         ///< each query on its own path (QueryPlan::single)
 };
 

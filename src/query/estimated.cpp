@@ -1,0 +1,105 @@
+// Estimated answers for a batch (paths.hpp, soft_estimated): the certified walk per query, one shared
+// sample of row blocks for the rest, one fused pass for what the sample could not answer
+// (docs/PRUNING.md, "Estimated answers").
+#include <cmath>
+#include <optional>
+
+#include "collection_impl.hpp"
+#include "estimate.hpp"
+#include "mask.hpp"
+#include "pruning.hpp"
+#include "query/paths.hpp"
+#include "simd/kernel_table.hpp"
+
+namespace softkv::detail {
+
+std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
+                                       const QueryOptions& options, std::vector<std::exception_ptr>& errors) {
+  const auto lock = impl.read_lock();
+  impl.require_entries();
+  const RowSpan span = impl.span();
+  const KernelTable& kernels = detail::kernels();
+  const std::size_t d = impl.dim();
+  std::optional<EligibleRows> mask;
+  if (has_mask(options)) mask = impl.eligible(options);
+  const std::size_t rows = mask ? mask->count : span.rows;
+  const double target = *options.error_target;
+  const PruningIndex* index = impl.index();
+  std::vector<SoftResult> out(n);
+  errors.assign(n, nullptr);
+  std::vector<std::optional<PrunedSoft>> answers(n);
+  std::vector<std::uint8_t> walked(n, 0);
+  // 1. Certified lists: each query's walk, as a query alone takes it (soft_one).
+  if (!mask && impl.use_index(options) && index->lists() != nullptr) {
+    const ListTarget walk{0, target / 2, prune_budget(span.rows, impl.row_bytes()) / 2};
+    for (std::size_t b = 0; b < n; ++b) {
+      try {
+        answers[b] = certified_soft(kernels, *index->lists(), q + b * d, factors[b], span, [&](std::uint64_t id) { return *impl.row_of(id); },
+                                    walk, options.top_m);
+        if (answers[b]) {
+          answers[b]->error_estimate = std::min(1.0, 2 * answers[b]->tail_bound);
+          walked[b] = 1;
+        }
+      } catch (...) {
+        errors[b] = std::current_exception();
+      }
+    }
+  }
+  // 2. One sample for the rest, seeded by the first of them: its blocks are read once for all of them.
+  std::vector<std::size_t> rest;
+  for (std::size_t b = 0; b < n; ++b)
+    if (!answers[b] && !errors[b]) rest.push_back(b);
+  if (!rest.empty()) {
+    std::vector<float> rq(rest.size() * d), rf(rest.size());
+    for (std::size_t i = 0; i < rest.size(); ++i) {
+      std::copy_n(q + rest[i] * d, d, rq.begin() + static_cast<std::ptrdiff_t>(i * d));
+      rf[i] = factors[rest[i]];
+    }
+    const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(rq.data(), d, rows), options.top_m};
+    std::vector<std::optional<PrunedSoft>> sampled = estimated_soft_batch(kernels, rq.data(), rf.data(), rest.size(), span, sample,
+                                                                          mask ? &*mask : nullptr);
+    for (std::size_t i = 0; i < rest.size(); ++i) answers[rest[i]] = std::move(sampled[i]);
+  }
+  // 3. One fused pass over every eligible row for the queries no estimate answered: their exact answers.
+  std::vector<std::size_t> exact;
+  for (std::size_t b = 0; b < n; ++b)
+    if (!answers[b] && !errors[b]) exact.push_back(b);
+  if (!exact.empty()) {
+    std::vector<float> eq(exact.size() * d), ef(exact.size());
+    for (std::size_t i = 0; i < exact.size(); ++i) {
+      std::copy_n(q + exact[i] * d, d, eq.begin() + static_cast<std::ptrdiff_t>(i * d));
+      ef[i] = factors[exact[i]];
+    }
+    std::vector<std::exception_ptr> exact_errors;
+    std::vector<SoftResult> scanned = soft_fused_locked(impl, eq.data(), ef.data(), exact.size(), options, {}, exact_errors);
+    for (std::size_t i = 0; i < exact.size(); ++i) {
+      if (exact_errors[i]) errors[exact[i]] = exact_errors[i];
+      else out[exact[i]] = std::move(scanned[i]);
+    }
+  }
+  // The estimated answers in the shape soft_one gives them.
+  for (std::size_t b = 0; b < n; ++b) {
+    if (!answers[b] || errors[b]) continue;
+    try {
+      PrunedSoft& p = *answers[b];
+      SoftResult& r = out[b];
+      r.lse = p.scan.state.lse();
+      CollectionImpl::check_lse(r.lse);
+      r.max_score = p.scan.state.max;
+      r.candidates = p.k;
+      r.tail_bound = p.tail_bound;
+      r.rows_scored = p.rows_scored != 0 ? p.rows_scored : p.k;
+      r.error_estimate = p.error_estimate.value_or(0.0);
+      r.searched_with = walked[b] != 0 && p.k != rows ? index->kind() : IndexKind::exact;
+      r.tail_bound_guaranteed = true;
+      r.value = std::move(p.value);
+      for (const auto& item : p.scan.top)
+        r.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - r.lse)), item.score});
+    } catch (...) {
+      errors[b] = std::current_exception();
+    }
+  }
+  return out;
+}
+
+}  // namespace softkv::detail
