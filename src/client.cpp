@@ -175,11 +175,20 @@ Entry Client::get(std::string_view name, std::uint64_t id) {
   return std::get<wire::GetReply>(impl_->call(wire::Get{std::string(name), id})).entry;
 }
 
+QueryResults Client::query(std::string_view name, std::span<const float> queries, Retrieval kind, const QueryOptions& options) {
+  if (kind != Retrieval::soft && kind != Retrieval::hard) throw Error(ErrorCode::invalid_argument, "unknown retrieval kind");
+  const wire::QueryKind wire_kind = kind == Retrieval::hard ? wire::QueryKind::hard : wire::QueryKind::soft;
+  wire::Reply reply = impl_->call(wire::Query{std::string(name), wire_kind, options, copy(queries)});
+  QueryResults out;
+  if (kind == Retrieval::hard) out.hard = std::move(std::get<wire::HardReply>(reply).results);
+  else out.soft = std::move(std::get<wire::SoftReply>(reply).results);
+  return out;
+}
 std::vector<SoftResult> Client::query_soft_batch(std::string_view name, std::span<const float> queries, const QueryOptions& options) {
-  return std::get<wire::SoftReply>(impl_->call(wire::Query{std::string(name), wire::QueryKind::soft, options, copy(queries)})).results;
+  return std::move(query(name, queries, Retrieval::soft, options).soft);
 }
 std::vector<HardResult> Client::query_hard_batch(std::string_view name, std::span<const float> queries, const QueryOptions& options) {
-  return std::get<wire::HardReply>(impl_->call(wire::Query{std::string(name), wire::QueryKind::hard, options, copy(queries)})).results;
+  return std::move(query(name, queries, Retrieval::hard, options).hard);
 }
 SoftResult Client::query_soft(std::string_view name, std::span<const float> query, const QueryOptions& options) {
   auto r = query_soft_batch(name, query, options);

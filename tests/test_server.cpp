@@ -159,6 +159,20 @@ TEST_CASE("answers over TCP equal the library's bit for bit", "[server]") {
   const auto hb = client.query_hard_batch("plain", qs);
   const HardBatchResult lhb = plain->query_hard_batch(qs);
   for (std::size_t b = 0; b < 9; ++b) CHECK(hb[b].id == lhb.ids[b]);
+  // The one query call: the same answers in the library's shape, soft and hard.
+  const QueryResults qr = client.query("plain", qs, Retrieval::soft, {.temperature = 0.5f});
+  const QueryResults lqr = plain->query(qs, Retrieval::soft, {.temperature = 0.5f});
+  REQUIRE(qr.soft.size() == lqr.soft.size());
+  CHECK(qr.hard.empty());
+  for (std::size_t b = 0; b < qr.soft.size(); ++b) {
+    CHECK(qr.soft[b].value == lqr.soft[b].value);
+    CHECK(qr.soft[b].lse == lqr.soft[b].lse);
+    CHECK(qr.soft[b].candidates == lqr.soft[b].candidates);
+  }
+  const QueryResults qh = client.query("plain", qs, Retrieval::hard);
+  REQUIRE(qh.hard.size() == 9);
+  for (std::size_t b = 0; b < 9; ++b) CHECK(qh.hard[b].id == lhb.ids[b]);
+  CHECK_THROWS_AS(client.query("plain", qs, static_cast<Retrieval>(9)), Error);
   // Writes and reads.
   CHECK(client.get("plain", 7).value == plain->get(7).value);
   client.remove("plain", std::vector<std::uint64_t>{7});

@@ -77,6 +77,10 @@ class Client {
   /// One entry.
   Entry get(std::string_view name, std::uint64_t id);
 
+  /// The one query call, as Collection::query answers it: n >= 1 row-major queries (n x d), soft or
+  /// hard, in one request; the answers in QueryResults (soft or hard filled). The other query methods
+  /// are this call with another result shape.
+  QueryResults query(std::string_view name, std::span<const float> queries, Retrieval kind, const QueryOptions& options = {});
   /// Soft retrieval for one query (d floats), as Collection::query_soft computes it. Masks and
   /// iterations need protocol version 2, error_target and a check_sample other than 256 version 3; a
   /// version-1 query on a multi-head collection is Error(unsupported).
