@@ -313,6 +313,17 @@ std::vector<Regime> make_regimes(std::size_t n, std::size_t d, std::size_t nq) {
   return out;
 }
 
+// A collection of the regime's first rows rows with this index, built.
+softkv::Collection regime_collection(softkv::IndexKind kind, const std::vector<float>& keys, const std::vector<float>& values,
+                                     std::size_t rows, std::size_t d, std::size_t dv) {
+  softkv::CollectionConfig config{d, dv, softkv::Metric::dot, {}, {}};
+  config.index.kind = kind;
+  softkv::Collection c(config);
+  c.add_batch(keys, std::span(values).first(rows * dv));
+  c.wait_until_indexed();
+  return c;
+}
+
 // log sum_i e^{s_i} over all rows and the scores, in double.
 double lse_of(const std::vector<float>& keys, const float* q, std::size_t d, double scale, std::vector<double>& s) {
   const std::size_t n = keys.size() / d;
@@ -350,12 +361,8 @@ void regimes(std::size_t n_all, std::size_t hnsw_n, std::size_t d_all, std::size
       const bool pruning = kind != softkv::IndexKind::exact;  // top_k and epsilon need an index; error_target does not
       if (std::find(kinds.begin(), kinds.end(), name) == kinds.end()) continue;
       const std::size_t rows = kind == softkv::IndexKind::hnsw ? std::min(n, hnsw_n) : n;
-      softkv::CollectionConfig config{d, dv, softkv::Metric::dot, {}, {}};
-      config.index.kind = kind;
-      softkv::Collection c(config);
       const std::vector<float> keys(g.keys.begin(), g.keys.begin() + static_cast<std::ptrdiff_t>(rows * d));
-      c.add_batch(keys, std::span(g.values).first(rows * dv));
-      c.wait_until_indexed();
+      const softkv::Collection c = regime_collection(kind, keys, g.values, rows, d, dv);
       const double scale = c.resolve_scale({.temperature = g.temperature});
       std::vector<std::vector<float>> qs;
       for (std::size_t b = 0; b < nq; ++b) qs.emplace_back(g.queries.begin() + static_cast<std::ptrdiff_t>(b * d), g.queries.begin() + static_cast<std::ptrdiff_t>((b + 1) * d));
@@ -522,12 +529,8 @@ void pareto(std::size_t n_all, std::size_t hnsw_n, std::size_t d_all, std::size_
       const softkv::IndexKind kind = name == "ivf" ? softkv::IndexKind::ivf : name == "flat" ? softkv::IndexKind::flat
                                      : name == "hnsw" ? softkv::IndexKind::hnsw : softkv::IndexKind::exact;
       const std::size_t rows = kind == softkv::IndexKind::hnsw ? std::min(n, hnsw_n) : n;
-      softkv::CollectionConfig config{d, dv, softkv::Metric::dot, {}, {}};
-      config.index.kind = kind;
-      softkv::Collection c(config);
       const std::vector<float> keys(g.keys.begin(), g.keys.begin() + static_cast<std::ptrdiff_t>(rows * d));
-      c.add_batch(keys, std::span(g.values).first(rows * dv));
-      c.wait_until_indexed();
+      const softkv::Collection c = regime_collection(kind, keys, g.values, rows, d, dv);
       const double scale = c.resolve_scale({.temperature = g.temperature});
       double value_max = 0;
       for (std::size_t i = 0; i < rows * dv; ++i) value_max = std::max(value_max, std::fabs(double(g.values[i])));

@@ -150,27 +150,8 @@ void CrashPoint::at(std::size_t my_rank, const char* here, std::uint64_t count) 
   if (rank == static_cast<int>(my_rank) && point == here && count == nth) ::kill(::getpid(), SIGKILL);
 }
 
-template <typename Body>
-void Shard::agree(const Body& body) {
-  int code = 0;
-  std::string message;
-  try {
-    body();
-  } catch (...) {  // whatever it is, every rank must reach the reduction below
-    const detail::ErrorOf e = detail::error_of(std::current_exception());
-    code = static_cast<int>(e.code);
-    message = e.code == ErrorCode::resource_exhausted ? "out of memory on shard " + std::to_string(rank_) : e.message;
-  }
-  struct {
-    int code;
-    int rank;
-  } local{code, static_cast<int>(rank_)}, global{0, 0};
-  MPI_Allreduce(&local, &global, 1, MPI_2INT, MPI_MAXLOC, comm_);
-  if (global.code == 0) return;
-  detail::RootStatus status;
-  if (global.rank == static_cast<int>(rank_)) status = detail::status_of(Error(static_cast<ErrorCode>(code), message));
-  detail::broadcast_status(status, global.rank, comm_);  // throws it on every rank
-}
+
+void Shard::agree(const std::function<void()>& body) const { detail::agree(comm_, body); }
 
 Shard::Shard(MPI_Comm comm, Database& db, fs::path dir, CommitLog* commits, bool sync)
     : comm_(comm), db_(db), dir_(std::move(dir)), commits_(commits), sync_(sync) {

@@ -3,6 +3,7 @@
 // all or nothing across a crash.
 #pragma once
 
+#include <functional>
 #include <mpi.h>
 
 #include <cstddef>
@@ -96,10 +97,9 @@ class Shard {
  private:
   static Error session_only() { return Error(ErrorCode::internal, "hello, auth and ping are the session's, not the shards'"); }
 
-  // Runs body on this rank, then agrees with every rank: when any rank failed, every rank throws the
-  // error of the rank with the highest code (the lowest such rank), with that rank's message.
-  template <typename Body>
-  void agree(const Body& body);
+  // Runs body on this rank, then agrees with every rank (detail::agree, the one rule of the sharded
+  // collection and server): when any rank failed, every rank throws that failure.
+  void agree(const std::function<void()>& body) const;
 
   // The number of ranks owning at least one of ids.
   [[nodiscard]] std::size_t owners_of(std::span<const std::uint64_t> ids) const;

@@ -6,6 +6,7 @@
 #include <new>
 #include <string>
 
+#include "error_of.hpp"
 #include "ids.hpp"
 #include "mpi/sharded_impl.hpp"
 
@@ -22,6 +23,45 @@ RootStatus status_of(const Error& e) {
 void broadcast_status(RootStatus& status, int root, MPI_Comm comm) {
   MPI_Bcast(&status, sizeof(status), MPI_BYTE, root, comm);
   if (status.code != 0) throw Error(static_cast<ErrorCode>(status.code), status.message);
+}
+
+void root_decides(MPI_Comm comm, int root, const std::function<void()>& body) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  RootStatus status;
+  if (rank == root) {
+    try {
+      body();
+    } catch (...) {
+      const ErrorOf e = error_of(std::current_exception());
+      status = status_of(Error(e.code, e.code == ErrorCode::resource_exhausted ? "out of memory at the root (rank " + std::to_string(root) + ")"
+                                                                             : e.message));
+    }
+  }
+  broadcast_status(status, root, comm);  // throws it on every rank
+}
+
+void agree(MPI_Comm comm, const std::function<void()>& body) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  int code = 0;
+  std::string message;
+  try {
+    body();
+  } catch (...) {  // whatever it is, every rank must reach the reduction below
+    const ErrorOf e = error_of(std::current_exception());
+    code = static_cast<int>(e.code);
+    message = e.code == ErrorCode::resource_exhausted ? "out of memory on rank " + std::to_string(rank) : e.message;
+  }
+  struct {
+    int code;
+    int rank;
+  } local{code, rank}, global{0, 0};
+  MPI_Allreduce(&local, &global, 1, MPI_2INT, MPI_MAXLOC, comm);
+  if (global.code == 0) return;
+  RootStatus status;
+  if (global.rank == rank) status = status_of(Error(static_cast<ErrorCode>(code), message));
+  broadcast_status(status, global.rank, comm);  // throws it on every rank
 }
 
 int mpi_count(std::size_t n, const char* what) {
@@ -145,25 +185,21 @@ void ShardedCollection::upsert_batch(std::span<const std::uint64_t> ids, std::sp
 void ShardedCollection::upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys,
                                      std::span<const float> values, std::span<const std::uint64_t> tags, int root) {
   Impl& im = *impl_;
-  const bool is_root = static_cast<int>(im.rank_) == root;
   Rows rows;
-  detail::RootStatus s;
-  if (is_root) {
-    try {
-      if (ids.empty() && !keys.empty())
-        throw Error(ErrorCode::dimension_mismatch, "upsert: " + std::to_string(keys.size()) + " key floats but no ids");
-      rows = im.shard_.prepare(ids, keys, values, tags);  // every check Collection::upsert_batch makes
-      detail::mpi_count(rows.keys.size(), "the keys of one write");
-      detail::mpi_count(rows.values.size(), "the values of one write");
-    } catch (const Error& e) {
-      s = detail::status_of(e);
-    } catch (const std::bad_alloc&) {  // root alone must not leave the collective: the others wait on it
-      s = detail::status_of(Error(ErrorCode::resource_exhausted, "upsert: out of memory at the root"));
-    }
-  }
-  detail::broadcast_status(s, root, im.comm_);
+  detail::root_decides(im.comm_, root, [&] {
+    if (ids.empty() && !keys.empty())
+      throw Error(ErrorCode::dimension_mismatch, "upsert: " + std::to_string(keys.size()) + " key floats but no ids");
+    rows = im.shard_.prepare(ids, keys, values, tags);  // every check Collection::upsert_batch makes
+    detail::mpi_count(rows.keys.size(), "the keys of one write");
+    detail::mpi_count(rows.values.size(), "the values of one write");
+  });
   const Rows mine = im.scatter(rows, root);
-  if (!mine.ids.empty()) im.shard_.apply(mine);
+  // Every rank stores its part, and the ranks agree: one that could not (out of memory) fails the call on
+  // every rank, so none leaves for the next collective alone (the parts stored elsewhere stay: a library
+  // write is not a transaction across ranks; the sharded server's two-phase commit is, docs/SHARDING.md).
+  detail::agree(im.comm_, [&] {
+    if (!mine.ids.empty()) im.shard_.apply(mine);
+  });
 }
 
 std::vector<std::uint64_t> ShardedCollection::add_batch(std::span<const float> keys, std::span<const float> values,
@@ -177,16 +213,10 @@ std::vector<std::uint64_t> ShardedCollection::add_batch(std::span<const float> k
   const std::uint64_t first = next_id();
   std::uint64_t n = 0;
   std::vector<std::uint64_t> ids;
-  detail::RootStatus s;
-  if (static_cast<int>(im.rank_) == root) {
+  detail::root_decides(im.comm_, root, [&] {
     n = keys.size() / im.shard_.config().dim;
-    try {
-      ids = detail::next_ids(first, n);
-    } catch (const Error& e) {
-      s = detail::status_of(e);
-    }
-  }
-  detail::broadcast_status(s, root, im.comm_);
+    ids = detail::next_ids(first, n);
+  });
   upsert_batch(ids, keys, values, tags, root);  // checks shapes (keys vs n ids, values) and the reserved id at root
   MPI_Bcast(&n, 1, MPI_UINT64_T, root, im.comm_);
   ids.resize(n);
@@ -196,18 +226,11 @@ std::vector<std::uint64_t> ShardedCollection::add_batch(std::span<const float> k
 
 void ShardedCollection::remove_batch(std::span<const std::uint64_t> ids, int root) {
   Impl& im = *impl_;
-  const bool is_root = static_cast<int>(im.rank_) == root;
-  detail::RootStatus s;
   Rows rows;
-  if (is_root) {
-    try {
-      detail::check_distinct(ids);
-    } catch (const Error& e) {
-      s = detail::status_of(e);
-    }
+  detail::root_decides(im.comm_, root, [&] {
+    detail::check_distinct(ids);
     rows.ids.assign(ids.begin(), ids.end());
-  }
-  detail::broadcast_status(s, root, im.comm_);
+  });
   const std::vector<std::uint64_t> mine = im.scatter(rows, root, /*with_vectors=*/false).ids;
   // Phase 1: every owner checks its ids; the smallest missing id anywhere is the one every rank names.
   std::uint64_t missing = kReservedId;

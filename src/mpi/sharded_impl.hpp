@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -27,6 +28,16 @@ RootStatus status_of(const Error& e);
 
 /// Broadcasts root's status over comm and throws its Error on every rank if it holds one.
 void broadcast_status(RootStatus& status, int root, MPI_Comm comm);
+
+/// How the ranks agree on an error (the one rule of the sharded collection and the sharded server).
+/// root_decides: body runs on root only (a check of a request) and every rank throws root's error, or
+/// none does. agree: body runs on every rank and, when any rank failed, every rank throws the failure
+/// of the lowest failing rank with the highest code (its own message there; "out of memory on rank R"
+/// for an allocation). Any exception counts, as error_of maps it: no rank leaves the collective that
+/// follows while the others wait in it. Both are collective over comm.
+void root_decides(MPI_Comm comm, int root, const std::function<void()>& body);
+/// See root_decides.
+void agree(MPI_Comm comm, const std::function<void()>& body);
 
 /// The positions of ids grouped by the rank that owns each (shard_owner: id mod ranks), in order.
 [[nodiscard]] std::vector<std::vector<std::size_t>> split_by_owner(std::span<const std::uint64_t> ids, std::size_t ranks);

@@ -49,12 +49,18 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   std::vector<std::size_t> rest;
   for (std::size_t b = 0; b < n; ++b)
     if (!answers[b] && !errors[b]) rest.push_back(b);
-  if (!rest.empty()) {
-    std::vector<float> rq(rest.size() * d), rf(rest.size());
-    for (std::size_t i = 0; i < rest.size(); ++i) {
-      std::copy_n(q + rest[i] * d, d, rq.begin() + static_cast<std::ptrdiff_t>(i * d));
-      rf[i] = factors[rest[i]];
+  // The queries at the given positions side by side, with their factors.
+  const auto gather = [&](const std::vector<std::size_t>& which, std::vector<float>& qs, std::vector<float>& fs) {
+    qs.resize(which.size() * d);
+    fs.resize(which.size());
+    for (std::size_t i = 0; i < which.size(); ++i) {
+      std::copy_n(q + which[i] * d, d, qs.begin() + static_cast<std::ptrdiff_t>(i * d));
+      fs[i] = factors[which[i]];
     }
+  };
+  if (!rest.empty()) {
+    std::vector<float> rq, rf;
+    gather(rest, rq, rf);
     const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(rq.data(), d, rows), options.top_m};
     std::vector<std::optional<PrunedSoft>> sampled = estimated_soft_batch(kernels, rq.data(), rf.data(), rest.size(), span, sample,
                                                                           mask ? &*mask : nullptr);
@@ -65,11 +71,8 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   for (std::size_t b = 0; b < n; ++b)
     if (!answers[b] && !errors[b]) exact.push_back(b);
   if (!exact.empty()) {
-    std::vector<float> eq(exact.size() * d), ef(exact.size());
-    for (std::size_t i = 0; i < exact.size(); ++i) {
-      std::copy_n(q + exact[i] * d, d, eq.begin() + static_cast<std::ptrdiff_t>(i * d));
-      ef[i] = factors[exact[i]];
-    }
+    std::vector<float> eq, ef;
+    gather(exact, eq, ef);
     std::vector<std::exception_ptr> exact_errors;
     std::vector<SoftResult> scanned = soft_fused_locked(impl, eq.data(), ef.data(), exact.size(), options, {}, exact_errors);
     for (std::size_t i = 0; i < exact.size(); ++i) {
