@@ -6,6 +6,7 @@
 // commands until it stops.
 #include "sharded.hpp"
 
+#include <functional>
 #include <mpi.h>
 #include <spdlog/spdlog.h>
 
@@ -67,24 +68,43 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
     std::signal(SIGINT, SIG_IGN);
     std::signal(SIGTERM, SIG_IGN);
   }
+  // The start-up's steps, each ended by every rank learning its outcome: an exit status, 0 to go on
+  // (1: an error, 2: a refused start, docs/SHARDING.md). on_root runs a step on rank 0 and broadcasts its
+  // status; on_every_rank runs it everywhere and takes the worst. A step logs its own errors.
+  const auto on_root = [&](const std::function<int()>& step) {
+    int failed = rank == 0 ? step() : 0;
+    MPI_Bcast(&failed, 1, MPI_INT, 0, comm);
+    return failed;
+  };
+  const auto on_every_rank = [&](const std::function<int()>& step) {
+    int failed = step();
+    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
+    return failed;
+  };
+  // A step's exception: logged whole (rank 0's log is the operator's), turned into its exit status.
+  const auto logged = [](const char* where, const std::exception& e, int status) {
+    spdlog::error("{}{}", where, e.what());
+    return status;
+  };
+  std::unique_ptr<Database> db;
+  const auto stop = [&](int status) {
+    db.reset();
+    return finish(status);
+  };
+
   // Rank 0 checks (and on first start creates) the job's manifest: shard count and job id; every rank
   // learns the outcome and the manifest.
-  detail::RootStatus status;
   JobManifest job;
-  if (rank == 0) {
-    try {
-      if (provided < MPI_THREAD_FUNNELED) throw Error(ErrorCode::unsupported, "the MPI library does not provide MPI_THREAD_FUNNELED");
-      job = open_job(dir, static_cast<std::size_t>(size));
-    } catch (const Error& e) {
-      spdlog::error("{}", e.what());  // whole here: the status the other ranks get holds only its start
-      status = detail::status_of(e);
-    } catch (const std::exception& e) {
-      spdlog::error("{}", e.what());
-      status = detail::status_of(Error(ErrorCode::io_error, e.what()));
-    }
-  }
-  MPI_Bcast(&status, sizeof(status), MPI_BYTE, 0, comm);
-  if (status.code != 0) return finish(2);
+  if (const int failed = on_root([&] {
+        try {
+          if (provided < MPI_THREAD_FUNNELED) throw Error(ErrorCode::unsupported, "the MPI library does not provide MPI_THREAD_FUNNELED");
+          job = open_job(dir, static_cast<std::size_t>(size));
+          return 0;
+        } catch (const std::exception& e) {
+          return logged("", e, 2);
+        }
+      }))
+    return stop(failed);
   char id[33] = {};
   std::copy(job.job.begin(), job.job.end(), id);
   int flags[2] = {job.created ? 1 : 0, job.upgraded ? 1 : 0};
@@ -94,52 +114,44 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
 
   // Every rank checks that its directory is this job's shard of its rank, then opens it; the job
   // starts only if all did.
-  std::unique_ptr<Database> db;
   const fs::path mine = dir / ("shard-" + std::to_string(rank));
-  int failed = 0;
-  try {
-    check_shard_identity(dir, job, static_cast<std::size_t>(rank));
-  } catch (const std::exception& e) {
-    spdlog::error("shard {}: {}", rank, e.what());
-    failed = 2;
-  }
-  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
-  if (failed != 0) return finish(failed);
-  try {
-    db = std::make_unique<Database>(mine, options);
-  } catch (const std::exception& e) {
-    spdlog::error("shard {}: cannot open {}: {}", rank, mine.string(), e.what());
-    failed = 1;
-  }
-  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
-  if (failed != 0) {
-    db.reset();
-    return finish(1);
-  }
+  const std::string shard_name = "shard " + std::to_string(rank) + ": ";
+  if (const int failed = on_every_rank([&] {
+        try {
+          check_shard_identity(dir, job, static_cast<std::size_t>(rank));
+          return 0;
+        } catch (const std::exception& e) {
+          return logged(shard_name.c_str(), e, 2);
+        }
+      }))
+    return stop(failed);
+  if (const int failed = on_every_rank([&] {
+        try {
+          db = std::make_unique<Database>(mine, options);
+          return 0;
+        } catch (const std::exception& e) {
+          return logged((shard_name + "cannot open " + mine.string() + ": ").c_str(), e, 1);
+        }
+      }))
+    return stop(failed);
   // Rank 0's commit log tells every rank which cross-shard writes committed; each completes or drops its parts.
   std::unique_ptr<CommitLog> commits;
   std::uint64_t last_committed = 0;
-  failed = 0;
-  if (rank == 0) {
-    try {
-      commits = std::make_unique<CommitLog>(dir / "commits", options.fsync == FsyncPolicy::always, job.upgraded);
-      last_committed = commits->last();
-      if (commits->damaged_slot())
-        spdlog::warn("{}: one of its two slots is damaged (a write torn by a crash, or damage): the commit point is the "
-                     "other slot's, cross-shard write {}", (dir / "commits").string(), last_committed);
-    } catch (const Error& e) {
-      spdlog::error("{}", e.what());
-      failed = 2;  // a missing, damaged or unreadable commit log refuses the start, as the other job files do
-    } catch (const std::exception& e) {
-      spdlog::error("{}", e.what());
-      failed = 1;
-    }
-  }
-  MPI_Bcast(&failed, 1, MPI_INT, 0, comm);
-  if (failed != 0) {
-    db.reset();
-    return finish(failed);
-  }
+  if (const int failed = on_root([&] {
+        try {
+          commits = std::make_unique<CommitLog>(dir / "commits", options.fsync == FsyncPolicy::always, job.upgraded);
+          last_committed = commits->last();
+          if (commits->damaged_slot())
+            spdlog::warn("{}: one of its two slots is damaged (a write torn by a crash, or damage): the commit point is the "
+                         "other slot's, cross-shard write {}", (dir / "commits").string(), last_committed);
+          return 0;
+        } catch (const Error& e) {
+          return logged("", e, 2);  // a missing, damaged or unreadable commit log refuses the start, as the other job files do
+        } catch (const std::exception& e) {
+          return logged("", e, 1);
+        }
+      }))
+    return stop(failed);
   MPI_Bcast(&last_committed, 1, MPI_UINT64_T, 0, comm);
   Shard shard(comm, *db, dir, commits.get(), options.fsync == FsyncPolicy::always);
   try {
@@ -149,64 +161,55 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
                    rank, applied, dropped);
   } catch (const std::exception& e) {
     if (rank == 0) spdlog::error("recovery of the cross-shard writes failed: {}", e.what());
-    db.reset();
-    return finish(1);
+    return stop(1);
   }
   // Rank 0 compares every shard's logged writes with the progress record of the last start or stop:
   // a shard behind it was restored from an older copy. Then it records where every shard is now.
-  {
-    const std::vector<std::uint64_t> applied = gather_applied(*db, rank, size, comm);
-    failed = 0;
-    if (rank == 0) {
-      try {
-        if (!job.created && !job.upgraded) {
-          for (const std::string& problem : behind_progress(read_progress(dir, job), applied)) {
-            if (options.repair) {
-              spdlog::warn("--repair: serving anyway, the writes that shard had applied since are lost for good (a start "
-                           "without --repair will not ask again): {}", problem);
-            } else {
-              spdlog::error("{}", problem);
-              failed = 2;
+  const std::vector<std::uint64_t> at_start = gather_applied(*db, rank, size, comm);
+  if (const int failed = on_root([&] {
+        int refused = 0;
+        try {
+          if (!job.created && !job.upgraded) {
+            for (const std::string& problem : behind_progress(read_progress(dir, job), at_start)) {
+              if (options.repair) {
+                spdlog::warn("--repair: serving anyway, the writes that shard had applied since are lost for good (a start "
+                             "without --repair will not ask again): {}", problem);
+              } else {
+                spdlog::error("{}", problem);
+                refused = 2;
+              }
             }
           }
+          if (refused == 0) write_progress(dir, job, at_start);
+          return refused;
+        } catch (const std::exception& e) {
+          return logged("", e, 2);
         }
-        if (failed == 0) write_progress(dir, job, applied);
-      } catch (const std::exception& e) {
-        spdlog::error("{}", e.what());
-        failed = 2;
-      }
-    }
-    MPI_Bcast(&failed, 1, MPI_INT, 0, comm);
-    if (failed != 0) {
-      db.reset();
-      return finish(failed);
-    }
-  }
+      }))
+    return stop(failed);
 
+  int exit_status = 0;  // rank 0: 1 when its server stopped on an error
   if (rank != 0) {
-    MPI_Bcast(&status, sizeof(status), MPI_BYTE, 0, comm);  // whether rank 0 could bind
-    if (status.code == 0) follow(comm, shard);
+    if (on_root([] { return 0; }) != 0) return stop(1);  // rank 0 could not bind: every rank ends
+    follow(comm, shard);
   } else {
     Dispatcher dispatcher(comm, shard, options.coalesce);
     config.forwarder = &dispatcher;
     std::unique_ptr<Server> server;
-    try {
-      server = std::make_unique<Server>(*db, config);
-    } catch (const std::exception& e) {
-      spdlog::error("{}", e.what());
-      status = detail::status_of(Error(ErrorCode::io_error, e.what()));
-    }
-    MPI_Bcast(&status, sizeof(status), MPI_BYTE, 0, comm);
-    if (status.code != 0) {
-      db.reset();
-      return finish(1);
-    }
+    if (on_root([&] {
+          try {
+            server = std::make_unique<Server>(*db, config);
+            return 0;
+          } catch (const std::exception& e) {
+            return logged("", e, 1);
+          }
+        }))
+      return stop(1);
     spdlog::info("softkv-server {} (sharded, {} ranks) on {}:{}, kernel path {}, data {} (shard-0 .. shard-{}), {} collection(s), "
                  "coalescing {}",
                  kVersion, size, config.host, server->port(), simd_path(), dir.string(), size - 1,
                  db->list_collections().size(), options.coalesce ? "on" : "off");
     spdlog::info("connect with: softkv --port {} stats   (or softkv::Client / Python softkv.Client)", server->port());
-    int exit_status = 0;
     std::thread front([&] {
       try {
         server->run();
@@ -229,7 +232,6 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
     [[maybe_unused]] const auto n = ::write(stop_pipe[1], &wake, 1);
     waiter.join();
     server.reset();
-    if (exit_status != 0) status.code = 1;
   }
   // Every rank writes a snapshot of its shard before it exits (a fast restart; the logs alone suffice).
   int snapshot_failed = 0;
@@ -251,7 +253,7 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
   }
   db.reset();
   MPI_Allreduce(MPI_IN_PLACE, &snapshot_failed, 1, MPI_INT, MPI_MAX, comm);
-  const int exit_status = status.code != 0 || snapshot_failed != 0 ? 1 : 0;
+  if (snapshot_failed != 0) exit_status = 1;
   if (rank == 0) spdlog::info(exit_status == 0 ? "stopped" : "stopped with errors");
   return finish(exit_status);
 }
