@@ -170,18 +170,10 @@ std::size_t prune_budget(std::size_t rows, std::size_t row_bytes) {
 PrunedSoft adaptive_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                          double epsilon, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
                          std::size_t check_sample, const PruneScope* scope, const RoundCost& cost) {
-  const std::size_t n = scope != nullptr ? scope->n : span.rows;
-  std::size_t spent = 0;
-  for (std::size_t k = 16;; k *= 2) {
-    // A round that would take the work past the budget (or k past a quarter of the rows) is not run:
-    // the exact scan answers, having cost at most the budget more than it alone.
-    const std::size_t round = cost ? cost(k) : 0;
-    if (k > n / 4 || (cost && spent + round > cost.budget))
-      return scope != nullptr ? scope->exact() : exact_soft(kernels, query, scale, span, top_m, exact_parts);
-    spent += round;
-    PrunedSoft r = pruned_soft(kernels, query, scale, span, k, top_m, exact_parts, find, check_sample, scope);
-    if (r.tail_bound <= epsilon) return r;
-  }
+  return adaptive_rounds<PrunedSoft>(
+      scope != nullptr ? scope->n : span.rows, epsilon,
+      [&](std::size_t k) { return pruned_soft(kernels, query, scale, span, k, top_m, exact_parts, find, check_sample, scope); },
+      [&] { return scope != nullptr ? scope->exact() : exact_soft(kernels, query, scale, span, top_m, exact_parts); }, cost);
 }
 
 }  // namespace softkv::detail

@@ -131,8 +131,23 @@ struct RoundCost {
   std::size_t operator()(std::size_t k) const { return of(k); }
 };
 
-/// k = 16, 32, ... until tail_bound <= epsilon; the exact scan once k would pass a quarter of the rows
-/// or, with cost, once the next round would take the rounds' work past cost.budget.
+/// The adaptive rule of epsilon, on any answer with a tail_bound (one collection's, or the sharded
+/// collection's global one): round(k) for k = 16, 32, ... until its tail_bound <= epsilon; exact() once k
+/// would pass a quarter of the n rows or, with cost, once the next round would take the rounds' work past
+/// cost.budget (the scan has then cost at most the budget more than it alone).
+template <class Result, class Round, class Exact>
+Result adaptive_rounds(std::size_t n, double epsilon, const Round& round, const Exact& exact, const RoundCost& cost = {}) {
+  std::size_t spent = 0;
+  for (std::size_t k = 16;; k *= 2) {
+    const std::size_t next = cost ? cost(k) : 0;
+    if (k > n / 4 || (cost && spent + next > cost.budget)) return exact();
+    spent += next;
+    Result r = round(k);
+    if (r.tail_bound <= epsilon) return r;
+  }
+}
+
+/// adaptive_rounds over pruned_soft: the candidates of find(k), or the exact scan (of the scope, with one).
 PrunedSoft adaptive_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                          double epsilon, std::size_t top_m, std::size_t exact_parts, const CandidateFinder& find,
                          std::size_t check_sample = 0, const PruneScope* scope = nullptr, const RoundCost& cost = {});

@@ -71,8 +71,10 @@ struct ShardScan {
                                   const QueryOptions& options) const;
   /// The global reduction of the partial records, timed into *reduce_seconds.
   void reduce(PartialRecords& records) const;
-  /// The element-wise sum over ranks of a vector of doubles (a convex blend's parts), as floats.
-  [[nodiscard]] std::vector<float> sum_in_double(std::vector<double> local) const;
+  /// The blend sum_i e^{s_i - lse} v_i in double over every rank's parts (s_i, v_i of dim floats), as
+  /// floats: the slow path of a blend whose float accumulator overflowed. Collective.
+  [[nodiscard]] std::vector<float> blend_in_double(const std::vector<std::pair<double, const float*>>& parts, double lse,
+                                                   std::size_t dim) const;
 };
 
 }  // namespace detail

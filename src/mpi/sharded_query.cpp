@@ -208,12 +208,9 @@ QueryResults detail::ShardScan::exact(const std::vector<float>& queries, std::si
       out.soft.push_back(soft_answer(records, b));
       SoftResult& a = out.soft.back();
       if (!all_finite(a.value)) {  // acc = value * l overflowed: blend the shards' values instead
-        std::vector<double> mine(dv, 0.0);
-        if (sits_out[b] == 0) {
-          const double w = std::exp(r.soft[b].lse - a.lse);
-          for (std::size_t j = 0; j < dv; ++j) mine[j] = w * static_cast<double>(r.soft[b].value[j]);
-        }
-        a.value = sum_in_double(std::move(mine));
+        std::vector<std::pair<double, const float*>> mine;
+        if (sits_out[b] == 0) mine.emplace_back(r.soft[b].lse, r.soft[b].value.data());
+        a.value = blend_in_double(mine, a.lse, dv);
       }
     } else {
       if (records.header(b).has_best == 0) throw detail::EveryScoreBelowRange();
@@ -291,12 +288,9 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
   soft.header(0).rows = short_of_k ? k : chosen;
   SoftResult r = soft_answer(soft, 0);
   if (!all_finite(r.value)) {  // the float accumulator overflowed: the same blend in double
-    std::vector<double> blend(dv, 0.0);
-    for (std::size_t j = 0; j < mine.size(); ++j) {
-      const double w = std::exp(static_cast<double>(mine[j].score) - r.lse);
-      for (std::size_t i = 0; i < dv; ++i) blend[i] += w * static_cast<double>(mine_values[j][i]);
-    }
-    r.value = sum_in_double(std::move(blend));
+    std::vector<std::pair<double, const float*>> parts;
+    for (std::size_t j = 0; j < mine.size(); ++j) parts.emplace_back(mine[j].score, mine_values[j].data());
+    r.value = blend_in_double(parts, r.lse, dv);
   }
   r.tail_bound = detail::tail_bound(short_of_k ? answered : total, chosen, detail::with_rounding_slack(kth), r.lse);
   r.tail_bound_guaranteed = top.header(0).guaranteed != 0;
@@ -313,11 +307,10 @@ SoftResult detail::ShardScan::pruned(const std::vector<float>& query, std::size_
     if (*options.top_k >= total) return exact(query, 1, Retrieval::soft, options).soft[0];
     return pruned_at(query, *options.top_k, local, total, options);
   }
-  for (std::size_t k = 16;; k *= 2) {  // the adaptive rule of detail::adaptive_soft, on global figures
-    if (k > total / 4) return exact(query, 1, Retrieval::soft, options).soft[0];
-    SoftResult r = pruned_at(query, k, local, total, options);
-    if (r.tail_bound <= *options.epsilon) return r;
-  }
+  // The adaptive rule of one collection (detail::adaptive_rounds), on the global N and bound.
+  return detail::adaptive_rounds<SoftResult>(
+      total, *options.epsilon, [&](std::size_t k) { return pruned_at(query, k, local, total, options); },
+      [&] { return exact(query, 1, Retrieval::soft, options).soft[0]; });
 }
 
 void detail::ShardScan::reduce(PartialRecords& records) const {
@@ -327,7 +320,13 @@ void detail::ShardScan::reduce(PartialRecords& records) const {
     *reduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::vector<float> detail::ShardScan::sum_in_double(std::vector<double> local) const {
+std::vector<float> detail::ShardScan::blend_in_double(const std::vector<std::pair<double, const float*>>& parts, double lse,
+                                                      std::size_t dim) const {
+  std::vector<double> local(dim, 0.0);
+  for (const auto& [score, value] : parts) {
+    const double w = std::exp(score - lse);
+    for (std::size_t i = 0; i < dim; ++i) local[i] += w * static_cast<double>(value[i]);
+  }
   MPI_Allreduce(MPI_IN_PLACE, local.data(), detail::mpi_count(local.size(), "a value"), MPI_DOUBLE, MPI_SUM, comm);
   return {local.begin(), local.end()};
 }
