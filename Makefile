@@ -24,7 +24,7 @@ server: configure
 # The main job on an embedded default: softkv-server on ./softkv-data, 127.0.0.1:7878 (Ctrl-C stops it
 # after finishing in-flight requests and writing a snapshot).
 run: server
-	./$(BUILD_DIR)/server/softkv-server --data ./softkv-data
+	./$(BUILD_DIR)/server/softkv-server --data ./softkv-data --tune-scans
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

@@ -248,3 +248,25 @@ TEST_CASE("many small writes cost linear time: storage grows geometrically, at e
     CHECK(seconds < 10.0);
   }
 }
+
+TEST_CASE("tune_scans keeps one of its candidate prefetch settings and changes no answer", "[kernels]") {
+  const std::size_t n = 20000, d = 128, dv = 8;
+  Collection c({d, dv});
+  c.add_batch(test::normal_floats(n * d, 71), test::normal_floats(n * dv, 72));
+  const auto q = test::normal_floats(d, 73);
+  const SoftResult soft_before = c.query_soft(q);
+  const HardResult hard_before = c.query_hard(q);
+  const std::string chose = tune_scans();
+  INFO(chose);
+  CHECK(chose.find("key stream prefetched") == 0);
+  const std::string now = scan_tuning();
+  const bool known_ahead = now.find(" 2048 bytes ahead") != std::string::npos || now.find(" 4096 bytes ahead") != std::string::npos ||
+                           now.find(" 8192 bytes ahead") != std::string::npos;
+  CHECK(known_ahead);
+  const bool known_stride = now.find("rows of 256 bytes") != std::string::npos || now.find("rows of 1024 bytes") != std::string::npos;
+  CHECK(known_stride);
+  const SoftResult soft_after = c.query_soft(q);
+  CHECK(soft_after.value == soft_before.value);  // bit for bit: prefetching moves no arithmetic
+  CHECK(soft_after.lse == soft_before.lse);
+  CHECK(c.query_hard(q).id == hard_before.id);
+}

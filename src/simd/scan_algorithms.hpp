@@ -8,6 +8,7 @@
 // primitives_scalar.hpp for the reference semantics). Include this only from a kernels_*.cpp.
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "simd/scan_tuning.hpp"
 #include "kernel_table.hpp"
 
 namespace softkv::detail::scan {
@@ -88,7 +90,7 @@ class Widener {
   std::vector<float> buffer_;
 };
 
-// Software prefetch of a stream of rows, kAhead bytes ahead of the reads and up to the end of the part
+// Software prefetch of a stream of rows, some bytes ahead of the reads (ScanTuning::ahead) and up to the end of the part
 // being scanned (not of the block: the next block's first rows are on their way when it starts). The
 // hardware prefetchers stop at every 4 KiB page, and a row of d = 512 floats is half a page: without
 // help a scan stalls at the start of every page. Two strides: kLine prefetches every line of the
@@ -96,17 +98,17 @@ class Widener {
 // reach it at 1/64 of the instructions. What each gained where: bench/analysis.md.
 class Prefetcher {
  public:
-  static constexpr std::size_t kAhead = 4096;
   static constexpr std::size_t kLine = 64;
   static constexpr std::size_t kPage = 4096;
-  // The stream [begin, end), prefetched stride bytes apart.
-  Prefetcher(const void* begin, const void* end, std::size_t stride)
+  // The stream [begin, end), prefetched stride bytes apart, ahead bytes ahead of the reads.
+  Prefetcher(const void* begin, const void* end, std::size_t stride, std::size_t ahead)
       : base_(static_cast<const char*>(begin)),
         size_(static_cast<std::size_t>(static_cast<const char*>(end) - base_)),
-        stride_(stride) {}
-  // Prefetches the stream up to kAhead bytes past p (p within the stream or at its end).
+        stride_(stride),
+        ahead_(ahead) {}
+  // Prefetches the stream up to ahead bytes past p (p within the stream or at its end).
   void upto(const void* p) {
-    std::size_t target = static_cast<std::size_t>(static_cast<const char*>(p) - base_) + kAhead;
+    std::size_t target = static_cast<std::size_t>(static_cast<const char*>(p) - base_) + ahead_;
     if (target > size_) target = size_;
     // The offset may step past the end; a pointer is formed only inside the stream.
     for (; next_ < target; next_ += stride_) __builtin_prefetch(base_ + next_, 0, 3);
@@ -116,15 +118,16 @@ class Prefetcher {
   const char* base_;
   std::size_t size_;
   std::size_t stride_;
+  std::size_t ahead_;
   std::size_t next_ = 0;
 };
 
-// Key rows from this size on are prefetched a page apart: from memory that kept the key stream at the
-// read bandwidth (a hard scan at d = 128 on Zen 5 went from ~80% to ~100% of it) where every-line
-// prefetching spent the instructions; below it (d = 32) every line, which kept soft scans at the
-// bandwidth where page strides did not. Value passes always prefetch every line (on AVX2 a page
-// stride there cost ~10%).
-inline constexpr std::size_t kPageStrideKeyRowBytes = 256;
+
+// Key rows of ScanTuning::page_stride_from bytes and more are prefetched a page apart: on Zen 5, from
+// memory that kept the key stream at the read bandwidth (a hard scan at d = 128 went from ~80% to ~100%
+// of it) where every-line prefetching spent the instructions; below it (d = 32) every line, which kept
+// soft scans at the bandwidth where page strides did not. Value passes always prefetch every line (on
+// AVX2 a page stride there cost ~10%).
 
 // Key rows are scored two per load of the query (P::chains2_as) when a row is at most
 // kPairedKeyRowBytes or the part's keys at most kPairedSpanBytes; otherwise one at a time, in address
@@ -139,14 +142,14 @@ inline constexpr std::size_t kPairedSpanBytes = std::size_t{512} << 10;
 inline Prefetcher row_prefetcher(const void* rows, std::size_t row_bytes, const RowSpan& span, std::size_t start,
                                  std::size_t stride) {
   const char* base = static_cast<const char*>(rows);
-  return Prefetcher(base + start * row_bytes, base + span.rows * row_bytes, stride);
+  return Prefetcher(base + start * row_bytes, base + span.rows * row_bytes, stride, tuning().ahead.load(std::memory_order_relaxed));
 }
 
 // The key stream from row start of span, with the stride its row size takes.
 inline Prefetcher key_prefetcher(const RowSpan& span, std::size_t start) {
   const std::size_t row_bytes = span.key_row_bytes();
   return row_prefetcher(span.keys, row_bytes, span, start,
-                        row_bytes >= kPageStrideKeyRowBytes ? Prefetcher::kPage : Prefetcher::kLine);
+                        row_bytes >= tuning().page_stride_from.load(std::memory_order_relaxed) ? Prefetcher::kPage : Prefetcher::kLine);
 }
 
 // Calls fn with p as a compile-time constant (std::integral_constant<Precision, p>).
