@@ -14,24 +14,28 @@
 namespace softkv::python {
 namespace {
 
-QueryOptions make_options(std::optional<double> temperature, std::optional<double> scale, long long top_m, long long threads,
-                          std::optional<long long> top_k, std::optional<double> epsilon, long long ef_search,
-                          long long nprobe, long long check_sample, bool exact, long long iterations, double tolerance,
+// An integer option: any Python integer in [0, 2^64 - 1]; anything else is InvalidArgument naming it
+// (pybind11's own conversion to a C++ integer would raise TypeError past 2^63).
+std::size_t count_option(py::handle value, const char* what) { return static_cast<std::size_t>(id_value(value, what)); }
+
+QueryOptions make_options(std::optional<double> temperature, std::optional<double> scale, py::handle top_m, py::handle threads,
+                          py::handle top_k, std::optional<double> epsilon, py::handle ef_search, py::handle nprobe,
+                          py::handle check_sample, bool exact, py::handle iterations, double tolerance,
                           std::optional<double> error_target) {
   QueryOptions o;
   o.error_target = maybe_float(error_target);
-  o.iterations = non_negative(iterations, "iterations");
+  o.iterations = count_option(iterations, "iterations");
   o.tolerance = static_cast<float>(tolerance);
   if (std::isfinite(tolerance) && !std::isfinite(o.tolerance)) o.tolerance = std::numeric_limits<float>::infinity();
   o.temperature = maybe_float(temperature);
   o.scale = maybe_float(scale);
-  o.top_m = non_negative(top_m, "top_m");
-  o.threads = non_negative(threads, "threads");
-  if (top_k) o.top_k = non_negative(*top_k, "top_k");
+  o.top_m = count_option(top_m, "top_m");
+  o.threads = count_option(threads, "threads");
+  if (!top_k.is_none()) o.top_k = count_option(top_k, "top_k");
   o.epsilon = maybe_float(epsilon);
-  o.ef_search = non_negative(ef_search, "ef_search");
-  o.nprobe = non_negative(nprobe, "nprobe");
-  o.check_sample = non_negative(check_sample, "check_sample");
+  o.ef_search = count_option(ef_search, "ef_search");
+  o.nprobe = count_option(nprobe, "nprobe");
+  o.check_sample = count_option(check_sample, "check_sample");
   o.exact = exact;
   return o;
 }
@@ -197,9 +201,9 @@ void def_query(Class& cls, const char* name, Query query, const char* input, con
   cls.def(
       name,
       [query](const CollectionView& self, py::handle q, std::optional<double> temperature, std::optional<double> scale,
-              long long top_m, long long threads, std::optional<long long> top_k, std::optional<double> epsilon,
-              long long ef_search, long long nprobe, long long check_sample, bool exact, py::handle tags_any,
-              py::handle tag_range, py::handle exclude, long long iterations, double tolerance, std::optional<double> error_target) {
+              py::handle top_m, py::handle threads, py::handle top_k, std::optional<double> epsilon, py::handle ef_search,
+              py::handle nprobe, py::handle check_sample, bool exact, py::handle tags_any, py::handle tag_range,
+              py::handle exclude, py::handle iterations, double tolerance, std::optional<double> error_target) {
         QueryOptions o = make_options(temperature, scale, top_m, threads, top_k, epsilon, ef_search, nprobe, check_sample, exact,
                                       iterations, tolerance, error_target);
         add_mask(o, tags_any, tag_range, exclude);

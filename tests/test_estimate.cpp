@@ -444,3 +444,18 @@ TEST_CASE("a batch of one repeated query gets the answer that query gets alone",
   const SoftBatchResult b = c.query_soft_batch(three, o);
   CHECK(std::vector<float>(b.values.begin(), b.values.begin() + static_cast<std::ptrdiff_t>(dv)) == alone.value);
 }
+
+TEST_CASE("an estimate's top_m is clamped to the rows before anything is reserved for it", "[estimate]") {
+  const std::size_t n = 40000, d = 16, dv = 4;
+  Collection c({d, dv});
+  c.add_batch(test::normal_floats(n * d, 41), test::normal_floats(n * dv, 42));
+  const auto qs = test::normal_floats(3 * d, 43);
+  for (const std::size_t top_m : {std::size_t{1} << 31, std::size_t{0xFFFFFFFF}, ~std::size_t{0}}) {
+    const QueryOptions o{.top_m = top_m, .error_target = 0.05f};
+    const SoftResult one = c.query_soft(std::span(qs).first(d), o);
+    CHECK(one.rows_scored < n);  // sampled
+    CHECK(one.top.size() == one.rows_scored);  // every sampled row listed, and no more
+    const QueryResults batch = c.query(qs, Retrieval::soft, o);
+    for (const SoftResult& r : batch.soft) CHECK(r.top.size() <= r.rows_scored);
+  }
+}

@@ -61,6 +61,15 @@ def _u64(value, what: str) -> int:
     return i
 
 
+def _u32(value, what: str) -> int:
+    """A count on the wire's u32 (top_m, top_k, ef_search, nprobe): refused, naming it, above 2^32 - 1 rather
+    than truncated (as the C++ client does); softkv.InvalidArgument."""
+    i = _u64(value, what)
+    if i > 0xFFFFFFFF:
+        raise make_error(5, f"{what} = {i} does not fit its u32 field (at most 4294967295)")
+    return i
+
+
 def _u64_array(values, what: str) -> np.ndarray:
     """A sequence or array of integers in [0, 2^64 - 1] as uint64: never wrapped, rounded or truncated."""
     if isinstance(values, np.ndarray):
@@ -314,7 +323,8 @@ class Client:
                check_sample=256) -> _Reader:
         flags = (temperature is not None) | (scale is not None) << 1 | (top_k is not None) << 2 | (epsilon is not None) << 3 | bool(exact) << 4
         w = _Writer().string(name).put("B", kind)
-        w.put("BffIIfII", flags, temperature or 0.0, scale or 0.0, top_m, top_k or 0, epsilon or 0.0, ef_search, nprobe)
+        w.put("BffIIfII", flags, temperature or 0.0, scale or 0.0, _u32(top_m, "top_m"), _u32(top_k or 0, "top_k"), epsilon or 0.0,
+              _u32(ef_search, "ef_search"), _u32(nprobe, "nprobe"))
         self._put_mask(w, tags_any, tag_range, exclude)
         if iterations != 1 or tolerance != 0.0:
             self._require_v2("iterations and tolerance")
@@ -325,9 +335,9 @@ class Client:
         if error_target is not None or check_sample != 256:
             self._require_v3("error_target" if error_target is not None else "a check_sample other than 256")
         if self.protocol_version >= 3:  # (v3) the estimate's target and hnsw's sampled check; the server checks the ranges
-            if _u64(check_sample, "check_sample") > 0xFFFFFFFF:
-                raise make_error(5, f"check_sample must lie in [0, 2^32 - 1], got {check_sample}")
-            w.put("BfI", error_target is not None, 0.0 if error_target is None else error_target, check_sample)
+            # Above 2^32 - 1 it means what 2^32 - 1 does (every omitted row checked): sent as that, as the C++ client does.
+            w.put("BfI", error_target is not None, 0.0 if error_target is None else error_target,
+                  min(_u64(check_sample, "check_sample"), 0xFFFFFFFF))
         return self._call("query", w.array(queries, np.float32))
 
     def query_soft_batch(self, name: str, queries, temperature=None, scale=None, top_m=0, top_k=None, epsilon=None,

@@ -185,8 +185,12 @@ def test_options_at_their_extremes_answer(small):
                     {"temperature": 1e-38}, {"epsilon": 1e-30}, {"epsilon": 0.999999}, {"top_k": 1, "top_m": 1}):
         r = small.query_soft(np.ones(4), **options)
         assert np.isfinite(r.value).all() and 1 <= r.candidates <= 4, options
-    with pytest.raises(TypeError):  # beyond int64: refused by the argument conversion itself
-        small.query_soft(np.ones(4), top_m=2**64)
+    r = small.query_soft(np.ones(4), top_m=2**64 - 1, check_sample=2**64 - 1, threads=2**64 - 1)  # every u64 answers
+    assert len(r.top) == 4
+    for field in ("top_m", "top_k", "ef_search", "nprobe", "check_sample", "threads", "iterations"):
+        for bad in (2**64, -1, 1.5):  # beyond u64, negative or not an integer: InvalidArgument naming the field
+            with pytest.raises(softkv.InvalidArgument, match=field):
+                small.query_soft(np.ones(4), **{field: bad})
 
 
 def test_a_huge_top_m_reports_every_entry(small):

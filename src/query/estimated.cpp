@@ -61,7 +61,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   if (!rest.empty()) {
     std::vector<float> rq, rf;
     gather(rest, rq, rf);
-    const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(rq.data(), d, rows), options.top_m};
+    const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(rq.data(), d, rows), std::min(options.top_m, rows)};
     std::vector<std::optional<PrunedSoft>> sampled = estimated_soft_batch(kernels, rq.data(), rf.data(), rest.size(), span, sample,
                                                                           mask ? &*mask : nullptr);
     for (std::size_t i = 0; i < rest.size(); ++i) answers[rest[i]] = std::move(sampled[i]);

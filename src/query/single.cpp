@@ -165,7 +165,8 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // (Small collections too: a sample past an eighth of the rows would cost more than the scan.) With a
       // mask, the sample draws from the eligible rows and the budget is an eighth of them.
       const std::size_t rows = mask ? mask->count : span.rows;
-      const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), options.top_m};
+      // top_m clamped to the rows it could list (a TopScores reserves room for all of them).
+      const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), std::min(options.top_m, rows)};
       std::optional<PrunedSoft> estimated = estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr);
       if (!estimated) {
         PrunedSoft all = mask ? scope.exact() : exact();

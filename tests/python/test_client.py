@@ -125,8 +125,13 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(exact.error_estimate, 0.0)
             with self.assertRaises(softkv.InvalidArgument):
                 c.query_soft("est", q, error_target=float("nan"))
+            # check_sample above the wire's u32 means what 2^32 - 1 does (PROTOCOL.md): sent as that.
+            self.assertEqual(c.query_soft("est", q, error_target=0.05, check_sample=1 << 40).rows_scored, want.rows_scored)
             with self.assertRaises(softkv.InvalidArgument):
-                c.query_soft("est", q, check_sample=1 << 32)
+                c.query_soft("est", q, check_sample=-1)
+            for field in ("top_m", "ef_search", "nprobe", "top_k"):  # counts above u32: refused, naming the field
+                with self.assertRaisesRegex(softkv.InvalidArgument, field):
+                    c.query_soft("est", q, **{field: 1 << 32})
             c.drop_collection("est")
 
     def test_soft_and_hard_match_a_float64_reference(self):
