@@ -134,7 +134,7 @@ TEST_CASE("error_target: its extremes, and the options it does not combine with"
   CHECK(zero.rows_scored == n);
   CHECK(zero.error_estimate == 0.0);
   // 1 (any blend of the values is within it): a first round of 64 blocks answers (without an index to walk).
-  Collection plain({d, dv});  // 40,000 rows: below 16,384 the scan answers at once
+  Collection plain({d, dv});  // 40,000 rows: below 8,192 the scan answers at once
   plain.add_batch(test::normal_floats(40000 * d, 25), test::normal_floats(40000 * dv, 26));
   const SoftResult loose = plain.query_soft(q, {.error_target = 1.0f});
   CHECK(loose.rows_scored >= 32 * 32);  // 64 blocks expected: each block is drawn on its own
@@ -243,7 +243,7 @@ TEST_CASE("rows_scored on every path, top_m from a sample, and the small collect
     CHECK(h.query_soft({qs.data(), d}).rows_scored == n);
     for (const SoftResult& r : h.query(qs, Retrieval::soft, {}).soft) CHECK(r.rows_scored == n);
   }
-  {  // below 16,384 rows the first round would pass an eighth of them: the scan answers, exactly
+  {  // below 8,192 rows the first round (32 blocks or more) would pass an eighth of them: the scan answers, exactly
     const std::size_t n = 2049;
     const auto keys = test::normal_floats(n * d, 64), values = test::normal_floats(n * dv, 65), q = test::normal_floats(d, 66);
     Collection c({d, dv});
