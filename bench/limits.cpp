@@ -61,12 +61,7 @@ __attribute__((target("avx512f"))) float fma_loop_avx512(std::size_t iterations)
   for (std::size_t i = 0; i < iterations; ++i)
 #pragma GCC unroll 12  // every chain in a register, at any optimisation level
     for (std::size_t c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], x, y);
-  float out[16], s = 0;
-  for (std::size_t c = 0; c < kChains; ++c) {
-    _mm512_storeu_ps(out, acc[c]);
-    for (float v : out) s += v;
-  }
-  return s;
+  return drain(acc, 16);
 }
 
 __attribute__((target("avx2,fma"))) float fma_loop_avx2(std::size_t iterations) {
@@ -76,12 +71,7 @@ __attribute__((target("avx2,fma"))) float fma_loop_avx2(std::size_t iterations) 
   for (std::size_t i = 0; i < iterations; ++i)
 #pragma GCC unroll 12
     for (std::size_t c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], x, y);
-  float out[8], s = 0;
-  for (std::size_t c = 0; c < kChains; ++c) {
-    _mm256_storeu_ps(out, acc[c]);
-    for (float v : out) s += v;
-  }
-  return s;
+  return drain(acc, 8);
 }
 
 float fma_loop_sse2(std::size_t iterations) {  // no FMA: a multiply and an add, counted as the two flops they are

@@ -85,19 +85,10 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     if (!answers[b] || errors[b]) continue;
     try {
       PrunedSoft& p = *answers[b];
-      SoftResult& r = out[b];
-      r.lse = p.scan.state.lse();
-      CollectionImpl::check_lse(r.lse);
-      r.max_score = p.scan.state.max;
-      r.candidates = p.k;
-      r.tail_bound = p.tail_bound;
-      r.rows_scored = p.rows_scored != 0 ? p.rows_scored : p.k;
-      r.error_estimate = p.error_estimate.value_or(0.0);
-      r.searched_with = walked[b] != 0 && p.k != rows ? index->kind() : IndexKind::exact;
+      const bool walked_here = walked[b] != 0 && p.k != rows;
+      SoftResult& r = out[b] = soft_result(std::move(p));
+      r.searched_with = walked_here ? index->kind() : IndexKind::exact;
       r.tail_bound_guaranteed = true;
-      r.value = std::move(p.value);
-      for (const auto& item : p.scan.top)
-        r.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - r.lse)), item.score});
     } catch (...) {
       errors[b] = std::current_exception();
     }

@@ -18,6 +18,7 @@ namespace softkv::detail {
 
 class CollectionImpl;
 struct ArgMax;
+struct PrunedSoft;
 
 /// Runs a query body; an allocation failure (a huge batch, top_m or top_k) becomes Error(resource_exhausted).
 template <class F>
@@ -52,6 +53,9 @@ void check_best(const ArgMax& best);
 /// Soft: the exact scan, or pruned (top_k, epsilon) or estimated (error_target) as `path` says, within
 /// the planner's budget (an index not built yet: the exact scan).
 [[nodiscard]] SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options, SinglePath path);
+/// A pruned, estimated or exact answer as a SoftResult: lse (checked), max, candidates, tail bound, rows
+/// scored, error estimate, value and contributors; the caller sets what searched and what is guaranteed.
+[[nodiscard]] SoftResult soft_result(PrunedSoft&& p);
 /// Hard: through an approximate index when the plan says so and it is ready, else the exact scan.
 [[nodiscard]] HardResult hard_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options);
 

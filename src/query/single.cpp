@@ -202,18 +202,11 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
                                  mask ? RoundCost{} : cost);
   };
   PrunedSoft pruned = plan();
-  SoftScan& scan = pruned.scan;
 
-  SoftResult result;
-  result.lse = scan.state.lse();
-  CollectionImpl::check_lse(result.lse);
-  result.max_score = scan.state.max;
-  result.candidates = pruned.k;
-  result.tail_bound = pruned.tail_bound;
-  result.rows_scored = pruned.rows_scored != 0 ? pruned.rows_scored : pruned.k;
-  result.error_estimate = pruned.error_estimate.value_or(0.0);
-  const bool scanned_all = pruned.k == (mask ? mask->count : span.rows);
-  if (pruned.error_estimate) {  // error_target: a walk's guaranteed tail bound, or a sample's (nothing dropped: 0)
+  const bool estimated = pruned.error_estimate.has_value();
+  SoftResult result = soft_result(std::move(pruned));
+  const bool scanned_all = result.candidates == (mask ? mask->count : span.rows);
+  if (estimated) {  // error_target: a walk's guaranteed tail bound, or a sample's (nothing dropped: 0)
     result.searched_with = walked_lists && !scanned_all ? index->kind() : IndexKind::exact;
     result.tail_bound_guaranteed = true;
   } else {
@@ -221,11 +214,23 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
     result.mask_filtered_after_search = filter_after && !scanned_all;
     result.tail_bound_guaranteed = scanned_all || index->exact_top_k();
   }
-  result.value = std::move(pruned.value);
-  result.top.reserve(scan.top.size());
-  for (const auto& item : scan.top)
-    result.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - result.lse)), item.score});
   return result;
+}
+
+SoftResult soft_result(PrunedSoft&& p) {
+  SoftResult r;
+  r.lse = p.scan.state.lse();
+  CollectionImpl::check_lse(r.lse);
+  r.max_score = p.scan.state.max;
+  r.candidates = p.k;
+  r.tail_bound = p.tail_bound;
+  r.rows_scored = p.rows_scored != 0 ? p.rows_scored : p.k;
+  r.error_estimate = p.error_estimate.value_or(0.0);
+  r.value = std::move(p.value);
+  r.top.reserve(p.scan.top.size());
+  for (const auto& item : p.scan.top)
+    r.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - r.lse)), item.score});
+  return r;
 }
 
 // One hard query on its own: through an approximate index when it has one, else the exact scan.
