@@ -18,6 +18,7 @@
 #include "error_of.hpp"
 #include "handler.hpp"
 #include "ids.hpp"
+#include "mpi/parts.hpp"
 #include "mpi/sharded_impl.hpp"
 #include "overloaded.hpp"
 #include "query/plan.hpp"
@@ -135,6 +136,29 @@ wire::Request decode_command(std::span<const std::byte> bytes) {
   return wire::decode_request(scan.frame, wire::kProtocolVersion);
 }
 
+namespace {
+
+// Part files before format "skvpart1" held the part as a request frame (which starts with its length,
+// never with the part magic): read for one release, so a job that crashed mid-commit can be upgraded.
+bool is_legacy_part(std::span<const std::byte> bytes) {
+  return bytes.size() < 8 || std::memcmp(bytes.data(), "skvpart1", 8) != 0;
+}
+
+detail::Mutation legacy_part(std::span<const std::byte> bytes) {
+  return std::visit(Overloaded{
+                        [](const wire::Create& m) -> detail::Mutation { return detail::mutation::Create{m.name, m.config}; },
+                        [](const wire::Drop& m) -> detail::Mutation { return detail::mutation::Drop{m.name}; },
+                        [](const wire::Upsert& m) -> detail::Mutation {
+                          return detail::mutation::Upsert{m.name, Rows{m.ids, m.keys, m.values, m.tags}, true};
+                        },
+                        [](const wire::Remove& m) -> detail::Mutation { return detail::mutation::Remove{m.name, m.ids}; },
+                        [](const auto&) -> detail::Mutation { throw Error(ErrorCode::corrupt_file, "a part that is not a write"); },
+                    },
+                    decode_command(bytes));
+}
+
+}  // namespace
+
 CrashPoint::CrashPoint() {
   const char* spec = std::getenv("SOFTKV_TEST_CRASH");
   if (spec == nullptr) return;
@@ -178,9 +202,10 @@ std::pair<std::size_t, std::size_t> Shard::recover(std::uint64_t last_committed)
       if (txn <= last_committed) {
         std::ifstream in(path, std::ios::binary);
         const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        wire::Request part;
+        const auto bytes = std::as_bytes(std::span(text.data(), text.size()));
+        detail::Mutation part;
         try {
-          part = decode_command(std::as_bytes(std::span(text.data(), text.size())));
+          part = is_legacy_part(bytes) ? legacy_part(bytes) : detail::decode_part(bytes, path.string());
         } catch (const Error& e) {
           throw Error(ErrorCode::corrupt_file, path.string() + " (the part of committed write " + std::to_string(txn) +
                                                    ") cannot be read: " + e.what());
@@ -210,12 +235,12 @@ wire::Reply Shard::execute(const wire::Request& request) {
                 throw Error(ErrorCode::unsupported, "multi-head collections (heads > 1) are not supported by the sharded server");
               if (db_.has_collection(m.name)) throw Error(ErrorCode::collection_exists, "a collection named '" + m.name + "' exists");
             });
-            mutate(m, ranks_);
+            mutate(detail::mutation::Create{m.name, m.config});
             return wire::Ack{};
           },
           [&](const wire::Drop& m) -> wire::Reply {
             agree([&] { (void)db_.collection(m.name); });
-            mutate(m, ranks_);
+            mutate(detail::mutation::Drop{m.name});
             return wire::Ack{};
           },
           [&](const wire::List&) -> wire::Reply { return wire::NamesReply{db_.list_collections()}; },
@@ -233,7 +258,7 @@ wire::Reply Shard::execute(const wire::Request& request) {
                             "0 ids but " + std::to_string(rows.keys.size() / c->config().dim) + " keys");
               detail::mpi_count(m.ids.size(), "a write");
             });
-            write_mine(m.name, m.ids, m.keys, m.values, m.tags);
+            mutate(detail::mutation::Upsert{m.name, Rows{m.ids, m.keys, m.values, m.tags}, true});
             return wire::Ack{};
           },
           [&](const wire::Remove& m) -> wire::Reply { return remove(m); },
@@ -253,54 +278,35 @@ wire::Reply Shard::execute(const wire::Request& request) {
 }
 
 
-std::size_t Shard::owners_of(std::span<const std::uint64_t> ids) const {
-  const std::vector<std::vector<std::size_t>> by_owner = detail::split_by_owner(ids, ranks_);
-  return static_cast<std::size_t>(std::count_if(by_owner.begin(), by_owner.end(), [](const auto& rows) { return !rows.empty(); }));
-}
-
-void Shard::write_mine(const std::string& name, std::span<const std::uint64_t> ids, std::span<const float> keys,
-                std::span<const float> values, std::span<const std::uint64_t> tags) {
-  std::optional<wire::Request> part;
-  agree([&] {
-    const auto c = db_.collection(name);
-    const std::size_t d = c->config().dim, dv = c->config().value_dim;
-    wire::Upsert mine{name, {}, {}, {}, {}};
-    const std::vector<std::vector<std::size_t>> by_owner = detail::split_by_owner(ids, ranks_);
-    for (std::size_t i : by_owner[rank_]) {
-      mine.ids.push_back(ids[i]);
-      mine.keys.insert(mine.keys.end(), keys.begin() + static_cast<std::ptrdiff_t>(i * d),
-                       keys.begin() + static_cast<std::ptrdiff_t>((i + 1) * d));
-      mine.values.insert(mine.values.end(), values.begin() + static_cast<std::ptrdiff_t>(i * dv),
-                         values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv));
-      if (!tags.empty()) mine.tags.push_back(tags[i]);
-    }
-    if (!mine.ids.empty()) part = std::move(mine);
-  });
-  mutate(part, owners_of(ids));
-}
-
-void Shard::apply_part(const wire::Request& part) {
+void Shard::apply_part(const detail::Mutation& part) {
   std::visit(Overloaded{
-                 [&](const wire::Create& m) {
+                 [&](const detail::mutation::Create& m) {
                    if (!db_.has_collection(m.name)) db_.create_collection(m.name, m.config);
                  },
-                 [&](const wire::Drop& m) {
+                 [&](const detail::mutation::Drop& m) {
                    if (db_.has_collection(m.name)) db_.drop_collection(m.name);
                  },
-                 [&](const wire::Upsert& m) { db_.upsert(m.name, m.ids, m.keys, m.values, m.tags); },
-                 [&](const wire::Remove& m) {
+                 [&](const detail::mutation::Upsert& m) {  // keys as the client gave them: the Database prepares them
+                   db_.upsert(m.name, m.rows.ids, m.rows.keys, m.rows.values, m.rows.tags);
+                 },
+                 [&](const detail::mutation::Remove& m) {
                    const auto c = db_.collection(m.name);
                    std::vector<std::uint64_t> present;
                    for (std::uint64_t id : m.ids)
                      if (c->contains(id)) present.push_back(id);
                    if (!present.empty()) db_.remove(m.name, present);
                  },
-                 [&](const auto&) { throw Error(ErrorCode::internal, "a part of a write that is not a mutation"); },
              },
              part);
 }
 
-void Shard::mutate(const std::optional<wire::Request>& mine, std::size_t owners) {
+void Shard::mutate(const detail::Mutation& whole) {
+  std::optional<detail::Mutation> mine;
+  std::size_t owners = 0;
+  agree([&] {
+    mine = detail::part_of(whole, rank_, ranks_);  // the split ShardedCollection scatters
+    owners = detail::owners_of(whole, ranks_);
+  });
   if (owners <= 1) {
     agree([&] {
       if (mine) apply_part(*mine);
@@ -317,7 +323,7 @@ void Shard::mutate(const std::optional<wire::Request>& mine, std::size_t owners)
   try {
     crash_.at(rank_, "write", spanning_);
     agree([&] {
-      if (mine) write_file(part_file, wire::encode_request(*mine, 0, wire::kProtocolVersion), sync_);
+      if (mine) write_file(part_file, detail::encode_part(*mine), sync_);
     });
     crash_.at(rank_, "parts", spanning_);
     agree([&] {
@@ -346,27 +352,21 @@ wire::Reply Shard::add(const wire::Add& m) {
   });
   MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_UINT64_T, MPI_MAX, comm_);  // the global next id
   std::vector<std::uint64_t> ids = detail::next_ids(first, n);  // the same on every rank: all throw or none
-  write_mine(m.name, ids, m.keys, m.values, m.tags);
+  mutate(detail::mutation::Upsert{m.name, Rows{ids, m.keys, m.values, m.tags}, true});
   return wire::IdsReply{std::move(ids)};
 }
 
 wire::Reply Shard::remove(const wire::Remove& m) {
-  std::vector<std::uint64_t> mine;
   std::uint64_t missing = kReservedId;
   agree([&] {
     const auto c = db_.collection(m.name);
     detail::check_distinct(m.ids);
     for (std::uint64_t id : m.ids)
-      if (shard_owner(id, ranks_) == rank_) {
-        mine.push_back(id);
-        if (!c->contains(id)) missing = std::min(missing, id);
-      }
+      if (shard_owner(id, ranks_) == rank_ && !c->contains(id)) missing = std::min(missing, id);
   });
   MPI_Allreduce(MPI_IN_PLACE, &missing, 1, MPI_UINT64_T, MPI_MIN, comm_);
   if (missing != kReservedId) throw Error(ErrorCode::unknown_id, "remove: no entry has id " + std::to_string(missing));
-  std::optional<wire::Request> part;
-  if (!mine.empty()) part = wire::Remove{m.name, std::move(mine)};
-  mutate(part, owners_of(m.ids));
+  mutate(detail::mutation::Remove{m.name, m.ids});
   return wire::Ack{};
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "codec/records.hpp"
 #include "softkv/database.hpp"
 #include "wire/protocol.hpp"
 
@@ -50,7 +51,8 @@ class CommitLog {
   bool damaged_slot_ = false;
 };
 
-// The request a command or part file holds (a request frame at the highest protocol version).
+// The request a command file (or a part file written before format "skvpart1") holds: a request
+// frame at the highest protocol version.
 wire::Request decode_command(std::span<const std::byte> bytes);
 
 // Test hook (tests/test_sharded_server.cpp): SOFTKV_TEST_CRASH="<rank>:<write|parts|commit>:<n>" makes
@@ -101,25 +103,19 @@ class Shard {
   // collection and server): when any rank failed, every rank throws that failure.
   void agree(const std::function<void()>& body) const;
 
-  // The number of ranks owning at least one of ids.
-  [[nodiscard]] std::size_t owners_of(std::span<const std::uint64_t> ids) const;
-
-  // Stores the rows of a write that this rank owns (ids[i] mod P == rank), all of them checked before.
-  void write_mine(const std::string& name, std::span<const std::uint64_t> ids, std::span<const float> keys,
-                  std::span<const float> values, std::span<const std::uint64_t> tags);
-
   // Applies this rank's part of a write to its Database. Idempotent, for recovery: a part whose write
   // was committed may have been applied before the crash (create: skipped if the collection exists;
   // drop: if it does not; remove: ids already gone are skipped; upsert stores the same rows again).
-  void apply_part(const wire::Request& part);
+  void apply_part(const detail::Mutation& part);
 
-  // Collective: runs one checked write whose parts (mine: this rank's, if any) are on `owners` ranks.
-  // One owner: its Database logs and applies its part at once (one log record: atomic by itself).
-  // Several (docs/DESIGN.md, "Sharding over MPI"): each owner first makes its part durable in a part file
-  // (DIR/part-<rank>-<txn>); then rank 0 logs the commit point (txn, in DIR/commits); then each owner
-  // applies its part through its Database and deletes the file. A crash before the commit point
-  // leaves parts that recovery drops; after it, parts that recovery completes: all or nothing.
-  void mutate(const std::optional<wire::Request>& mine, std::size_t owners);
+  // Collective: runs one checked write, each rank its part of it (detail::part_of, the split the library's
+  // ShardedCollection scatters). One owner: its Database logs and applies its part at once (one log
+  // record: atomic by itself). Several (docs/SHARDING.md, "The sharded server"): each owner first makes
+  // its part durable in a part file (DIR/part-<rank>-<txn>, detail::encode_part); then rank 0 logs the
+  // commit point (txn, in DIR/commits); then each owner applies its part through its Database and deletes
+  // the file. A crash before the commit point leaves parts that recovery drops; after it, parts that
+  // recovery completes: all or nothing.
+  void mutate(const detail::Mutation& whole);
 
   // The requests that take more than one step (each collective).
   wire::Reply add(const wire::Add& m);

@@ -24,7 +24,9 @@
 #include "errors.hpp"
 #include "port_file.hpp"
 #include "reference.hpp"
+#include "mpi/parts.hpp"
 #include "softkv/softkv.hpp"
+#include "wire/protocol.hpp"
 #include "temp_dir.hpp"
 
 extern char** environ;
@@ -576,6 +578,17 @@ std::size_t rows_of(Client& c, std::size_t b, std::size_t rows) {
   return n;
 }
 
+// Rewrites a part file as the release before format "skvpart1" wrote it (a request frame), so that
+// recovery's reader of those is tested on the parts of a real crash.
+void rewrite_as_legacy_part(const std::filesystem::path& path, const std::string& text) {
+  const detail::Mutation part = detail::decode_part(std::as_bytes(std::span(text.data(), text.size())), path.string());
+  const auto& u = std::get<detail::mutation::Upsert>(part);
+  const std::vector<std::byte> frame =
+      wire::encode_request(wire::Upsert{u.name, u.rows.ids, u.rows.keys, u.rows.values, u.rows.tags}, 0, wire::kProtocolVersion);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(frame.data()), static_cast<std::streamsize>(frame.size()));
+}
+
 bool failed_exit(int status) { return status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
 
 }  // namespace
@@ -598,6 +611,16 @@ TEST_CASE("sharded server keeps a batch that spans shards all or nothing when a 
         CHECK(failed_exit(job.wait()));  // a dead rank ends the job, non-zero
       }
       wait_unlocked(dir.path / "data", ranks);
+      std::size_t part_files = 0;  // parts are checked blobs of log-record payloads (format "skvpart1")
+      for (const auto& e : std::filesystem::directory_iterator(dir.path / "data"))
+        if (e.path().filename().string().rfind("part-", 0) == 0) {
+          ++part_files;
+          std::ifstream in(e.path(), std::ios::binary);
+          const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          CHECK(text.rfind("skvpart1", 0) == 0);
+          if (point == "commit" && victim == 0) rewrite_as_legacy_part(e.path(), text);  // as the release before wrote it
+        }
+      if (point == "commit") CHECK(part_files >= 1);  // the victim's own part at least stays for recovery
       Job job(dir.path / "data", ranks, dir.path / "restart.log");
       Client c(job.client());
       CHECK(rows_of(c, 0, rows) == rows);

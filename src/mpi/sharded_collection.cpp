@@ -1,4 +1,5 @@
-// ShardedCollection: rows routed to their owner rank (id mod P); writes checked at root, scattered to owners.
+// ShardedCollection: rows routed to their owner rank (id mod P); writes checked at root, their parts
+// (mpi/parts.hpp, the sharded server's too) scattered to owners.
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -8,6 +9,7 @@
 
 #include "error_of.hpp"
 #include "ids.hpp"
+#include "mpi/parts.hpp"
 #include "mpi/sharded_impl.hpp"
 
 namespace softkv {
@@ -110,57 +112,6 @@ std::uint64_t ShardedCollection::Impl::allreduce_u64(std::uint64_t local, MPI_Op
   return global;
 }
 
-Rows ShardedCollection::Impl::scatter(const Rows& rows, int root, bool with_vectors) const {
-  const std::size_t d = with_vectors ? shard_.config().dim : 0, dv = with_vectors ? shard_.config().value_dim : 0;
-  std::vector<int> counts(ranks_ + 1, 0), key_counts(ranks_), value_counts(ranks_), displs(ranks_), key_displs(ranks_),
-      value_displs(ranks_);
-  Rows ordered;
-  if (static_cast<int>(rank_) == root) {
-    const std::vector<std::vector<std::size_t>> by_owner = detail::split_by_owner(rows.ids, ranks_);
-    counts[ranks_] = rows.tags.empty() ? 0 : 1;  // tags travel with their rows when root has any
-    for (std::size_t r = 0; r < ranks_; ++r) {
-      counts[r] = static_cast<int>(by_owner[r].size());
-      for (std::size_t i : by_owner[r]) {
-        ordered.ids.push_back(rows.ids[i]);
-        if (!rows.tags.empty()) ordered.tags.push_back(rows.tags[i]);
-        ordered.keys.insert(ordered.keys.end(), rows.keys.begin() + static_cast<std::ptrdiff_t>(i * d),
-                            rows.keys.begin() + static_cast<std::ptrdiff_t>((i + 1) * d));
-        ordered.values.insert(ordered.values.end(), rows.values.begin() + static_cast<std::ptrdiff_t>(i * dv),
-                              rows.values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dv));
-      }
-    }
-  }
-  MPI_Bcast(counts.data(), static_cast<int>(ranks_ + 1), MPI_INT, root, comm_);
-  const bool with_tags = counts[ranks_] != 0;
-  int offset = 0;
-  for (std::size_t r = 0; r < ranks_; ++r) {
-    displs[r] = offset;
-    key_counts[r] = counts[r] * static_cast<int>(d);
-    key_displs[r] = offset * static_cast<int>(d);
-    value_counts[r] = counts[r] * static_cast<int>(dv);
-    value_displs[r] = offset * static_cast<int>(dv);
-    offset += counts[r];
-  }
-  Rows mine;
-  const auto n = static_cast<std::size_t>(counts[rank_]);
-  mine.ids.resize(n);
-  mine.keys.resize(n * d);
-  mine.values.resize(n * dv);
-  MPI_Scatterv(ordered.ids.data(), counts.data(), displs.data(), MPI_UINT64_T, mine.ids.data(), counts[rank_],
-               MPI_UINT64_T, root, comm_);
-  if (!with_vectors) return mine;
-  if (with_tags) {
-    mine.tags.resize(n);
-    MPI_Scatterv(ordered.tags.data(), counts.data(), displs.data(), MPI_UINT64_T, mine.tags.data(), counts[rank_],
-                 MPI_UINT64_T, root, comm_);
-  }
-  MPI_Scatterv(ordered.keys.data(), key_counts.data(), key_displs.data(), MPI_FLOAT, mine.keys.data(),
-               key_counts[rank_], MPI_FLOAT, root, comm_);
-  MPI_Scatterv(ordered.values.data(), value_counts.data(), value_displs.data(), MPI_FLOAT, mine.values.data(),
-               value_counts[rank_], MPI_FLOAT, root, comm_);
-  return mine;
-}
-
 ShardedCollection::ShardedCollection(MPI_Comm comm, const CollectionConfig& config)
     : impl_(std::make_unique<Impl>(comm, config)) {}
 
@@ -185,20 +136,19 @@ void ShardedCollection::upsert_batch(std::span<const std::uint64_t> ids, std::sp
 void ShardedCollection::upsert_batch(std::span<const std::uint64_t> ids, std::span<const float> keys,
                                      std::span<const float> values, std::span<const std::uint64_t> tags, int root) {
   Impl& im = *impl_;
-  Rows rows;
+  detail::EncodedParts parts;
   detail::root_decides(im.comm_, root, [&] {
     if (ids.empty() && !keys.empty())
       throw Error(ErrorCode::dimension_mismatch, "upsert: " + std::to_string(keys.size()) + " key floats but no ids");
-    rows = im.shard_.prepare(ids, keys, values, tags);  // every check Collection::upsert_batch makes
-    detail::mpi_count(rows.keys.size(), "the keys of one write");
-    detail::mpi_count(rows.values.size(), "the values of one write");
+    // every check Collection::upsert_batch makes, then each owner's rows (detail::part_of, as the server splits)
+    parts = detail::encode_parts(detail::mutation::Upsert{"", im.shard_.prepare(ids, keys, values, tags), false}, im.ranks_);
   });
-  const Rows mine = im.scatter(rows, root);
+  const std::optional<detail::Mutation> mine = detail::scatter_parts(parts, root, im.comm_);
   // Every rank stores its part, and the ranks agree: one that could not (out of memory) fails the call on
   // every rank, so none leaves for the next collective alone (the parts stored elsewhere stay: a library
   // write is not a transaction across ranks; the sharded server's two-phase commit is, docs/SHARDING.md).
   detail::agree(im.comm_, [&] {
-    if (!mine.ids.empty()) im.shard_.apply(mine);
+    if (mine) im.shard_.apply(std::get<detail::mutation::Upsert>(*mine).rows);
   });
 }
 
@@ -226,12 +176,13 @@ std::vector<std::uint64_t> ShardedCollection::add_batch(std::span<const float> k
 
 void ShardedCollection::remove_batch(std::span<const std::uint64_t> ids, int root) {
   Impl& im = *impl_;
-  Rows rows;
+  detail::EncodedParts parts;
   detail::root_decides(im.comm_, root, [&] {
     detail::check_distinct(ids);
-    rows.ids.assign(ids.begin(), ids.end());
+    parts = detail::encode_parts(detail::mutation::Remove{"", {ids.begin(), ids.end()}}, im.ranks_);
   });
-  const std::vector<std::uint64_t> mine = im.scatter(rows, root, /*with_vectors=*/false).ids;
+  const std::optional<detail::Mutation> part = detail::scatter_parts(parts, root, im.comm_);
+  const std::vector<std::uint64_t> mine = part ? std::get<detail::mutation::Remove>(*part).ids : std::vector<std::uint64_t>{};
   // Phase 1: every owner checks its ids; the smallest missing id anywhere is the one every rank names.
   std::uint64_t missing = kReservedId;
   for (std::uint64_t id : mine)

@@ -95,9 +95,6 @@ class ShardedCollection::Impl {
   [[nodiscard]] detail::ShardScan scan() { return {shard_, comm_, rank_, ranks_, &reduce_seconds_}; }
   /// MPI_Allreduce of one u64 with op. Collective.
   [[nodiscard]] std::uint64_t allreduce_u64(std::uint64_t local, MPI_Op op) const;
-  /// Sends each owner its rows of `rows` (significant at root): the rows this rank owns, in root's
-  /// order. Without vectors (a removal) only the ids travel. Collective.
-  [[nodiscard]] Rows scatter(const Rows& rows, int root, bool with_vectors = true) const;
 
 };
 

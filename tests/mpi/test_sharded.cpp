@@ -14,6 +14,7 @@
 #include "../errors.hpp"
 #include "../reference.hpp"
 #include "mpi/partial_record.hpp"
+#include "mpi/parts.hpp"
 #include "softkv/error.hpp"
 #include "softkv/mpi.hpp"
 
@@ -885,5 +886,84 @@ TEST_CASE("sharded: compact precisions (keys f16 or i8, values bf16) answer like
     check_soft_equal(p.sharded.query_soft(at_root(one), masked), p.whole.query_soft(one, masked));
     masked.top_k = 4;
     check_soft_equal(p.sharded.query_soft(at_root(one), masked), p.whole.query_soft(one, masked));
+  }
+}
+
+TEST_CASE("write parts: every rank's part of an upsert or remove holds exactly its owned rows, in order", "[mpi][parts]") {
+  using namespace softkv::detail;
+  for (std::size_t ranks : {1u, 2u, 3u, 7u}) {
+    Rows rows;
+    for (std::uint64_t id : {14ull, 3ull, 0ull, 9ull, 21ull, 5ull, 6ull}) {
+      rows.ids.push_back(id);
+      rows.keys.insert(rows.keys.end(), {float(id), float(id) + 0.5f});
+      rows.values.push_back(-float(id));
+      rows.tags.push_back(id * 10);
+    }
+    const Mutation whole = mutation::Upsert{"c", rows, true};
+    std::size_t seen = 0, owners = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const auto part = part_of(whole, r, ranks);
+      if (!part) continue;
+      ++owners;
+      const auto& u = std::get<mutation::Upsert>(*part);
+      CHECK(u.name == "c");
+      CHECK(u.keys_as_given);
+      REQUIRE(u.rows.keys.size() == 2 * u.rows.ids.size());
+      REQUIRE(u.rows.values.size() == u.rows.ids.size());
+      REQUIRE(u.rows.tags.size() == u.rows.ids.size());
+      std::size_t last_pos = 0;
+      for (std::size_t i = 0; i < u.rows.ids.size(); ++i) {
+        const std::uint64_t id = u.rows.ids[i];
+        CHECK(id % ranks == r);
+        const auto pos = static_cast<std::size_t>(std::find(rows.ids.begin(), rows.ids.end(), id) - rows.ids.begin());
+        if (i > 0) CHECK(pos > last_pos);  // the whole's order
+        last_pos = pos;
+        CHECK(u.rows.keys[2 * i] == float(id));
+        CHECK(u.rows.keys[2 * i + 1] == float(id) + 0.5f);
+        CHECK(u.rows.values[i] == -float(id));
+        CHECK(u.rows.tags[i] == id * 10);
+      }
+      seen += u.rows.ids.size();
+    }
+    CHECK(seen == rows.ids.size());
+    CHECK(owners == owners_of(whole, ranks));
+    const Mutation remove = mutation::Remove{"c", rows.ids};
+    std::size_t removed = 0;
+    for (std::size_t r = 0; r < ranks; ++r)
+      if (const auto part = part_of(remove, r, ranks)) {
+        for (std::uint64_t id : std::get<mutation::Remove>(*part).ids) CHECK(id % ranks == r);
+        removed += std::get<mutation::Remove>(*part).ids.size();
+      }
+    CHECK(removed == rows.ids.size());
+    CHECK(owners_of(remove, ranks) == owners);
+    // create and drop go to every rank whole
+    CHECK(owners_of(mutation::Drop{"c"}, ranks) == ranks);
+    CHECK(std::get<mutation::Drop>(*part_of(mutation::Drop{"c"}, ranks - 1, ranks)).name == "c");
+  }
+}
+
+TEST_CASE("write parts: the byte form round-trips every kind and refuses damaged bytes as corrupt_file", "[mpi][parts]") {
+  using namespace softkv::detail;
+  CollectionConfig config{3, 2};
+  config.heads = 1;
+  Rows untagged{{1, 2}, {1, 2, 3, 4, 5, 6}, {7, 8, 9, 10}, {}};
+  Rows tagged = untagged;
+  tagged.tags = {0, std::numeric_limits<std::uint64_t>::max()};
+  for (const Mutation& m : std::vector<Mutation>{mutation::Create{"name", config}, mutation::Drop{"d"},
+                                                  mutation::Upsert{"u", untagged, false}, mutation::Upsert{"t", tagged, false},
+                                                  mutation::Upsert{"e", Rows{}, false},
+                                                  mutation::Remove{"r", {0, 5, std::numeric_limits<std::uint64_t>::max() - 1}}}) {
+    const std::vector<std::byte> bytes = encode_part(m);
+    const Mutation back = decode_part(bytes, "part");
+    REQUIRE(back.index() == m.index());
+    CHECK(collection_of(back) == collection_of(m));
+    CHECK(encode_part(back) == bytes);  // every field survived
+    // any flipped byte, any truncation: corrupt_file, never a different write
+    for (std::size_t at = 0; at < bytes.size(); at += 1 + bytes.size() / 40) {
+      std::vector<std::byte> bad = bytes;
+      bad[at] ^= std::byte{0x5a};
+      CHECK(error_of([&] { (void)decode_part(bad, "part"); }) == ErrorCode::corrupt_file);
+      CHECK(error_of([&] { (void)decode_part(std::span(bytes).first(at), "part"); }) == ErrorCode::corrupt_file);
+    }
   }
 }

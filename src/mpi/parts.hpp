@@ -1,0 +1,48 @@
+// The parts of a sharded write: the one split of a Mutation by owner rank, the one byte form of a part
+// (what the library scatters and the sharded server keeps in its part files), and the scatter itself.
+// ShardedCollection and the sharded server's Shard both write through these (docs/DESIGN.md, "Sharding").
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "codec/records.hpp"
+
+namespace softkv::detail {
+
+/// The part of m that rank `rank` of `ranks` applies: a create or drop whole (every rank holds a shard
+/// of every collection); an upsert's rows and a remove's ids that the rank owns (shard_owner: id mod
+/// ranks), in m's order. nullopt when the rank owns none of them.
+[[nodiscard]] std::optional<Mutation> part_of(const Mutation& m, std::size_t rank, std::size_t ranks);
+
+/// The number of ranks whose part_of(m) is not empty: one means the write is atomic on that rank alone.
+[[nodiscard]] std::size_t owners_of(const Mutation& m, std::size_t ranks);
+
+/// A part as bytes: a checked blob (magic "skvpart1", version 1) holding the record type byte and the
+/// encode_mutation payload, so a part file is checked like every other file and decoded by the log's codec.
+[[nodiscard]] std::vector<std::byte> encode_part(const Mutation& part);
+
+/// Reads what encode_part wrote; throws Error(corrupt_file) naming `file` for damaged or foreign bytes.
+[[nodiscard]] Mutation decode_part(std::span<const std::byte> bytes, const std::string& file);
+
+/// Root's half of a scatter: every rank's encode_part bytes in one buffer, with MPI counts and offsets.
+struct EncodedParts {
+  std::vector<std::byte> bytes;  ///< the parts, rank 0's first
+  std::vector<int> counts;       ///< bytes of each rank's part (0: it owns nothing)
+  std::vector<int> displs;       ///< where each rank's part starts
+};
+
+/// Encodes every rank's part of whole. Throws Error(resource_exhausted) when the parts exceed MPI's int
+/// counts: call it where a root-side check may fail (detail::root_decides), before the scatter.
+[[nodiscard]] EncodedParts encode_parts(const Mutation& whole, std::size_t ranks);
+
+/// Sends every rank its part (at_root: significant at root only; one MPI_Scatter of the counts and one
+/// MPI_Scatterv of the bytes) and returns this rank's (nullopt: it owns nothing). Collective over comm.
+[[nodiscard]] std::optional<Mutation> scatter_parts(const EncodedParts& at_root, int root, MPI_Comm comm);
+
+}  // namespace softkv::detail
