@@ -45,6 +45,14 @@ TEST_CASE("wire: create carries heads and a query its iterations in version 2 on
   const auto v1 = encode_request(Create{"c", heads_config(4, 4, 1)}, 1, 1);
   CHECK(std::get<Create>(decode_request(frame_of(v1), 1)).config.heads == 1);
   CHECK(test::error_of([] { (void)encode_request(Create{"c", heads_config(4, 4, 2)}, 1, 1); }) == ErrorCode::unsupported);
+  // A compact collection cannot be created over version 1 either (it would be created as f32 in silence).
+  for (const auto& [k, v] : {std::pair{Precision::f16, Precision::f32}, std::pair{Precision::f32, Precision::bf16}, std::pair{Precision::i8, Precision::f16}}) {
+    CollectionConfig compact = heads_config(4, 4, 1);
+    compact.key_precision = k;
+    compact.value_precision = v;
+    CHECK(test::error_of([&] { (void)encode_request(Create{"c", compact}, 1, 1); }) == ErrorCode::unsupported);
+    CHECK(std::get<Create>(decode_request(frame_of(encode_request(Create{"c", compact}, 1, 2)), 2)).config.key_precision == k);
+  }
   // A version-2 create cut before its heads field is malformed.
   auto cut = encode_request(Create{"c", heads_config(4, 4, 2)}, 1, 2);
   cut.resize(cut.size() - 4);

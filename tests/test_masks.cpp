@@ -226,9 +226,8 @@ TEST_CASE("tagged log records and the snapshot tags section: round trips, and ev
   // Format 2 (f32 rows, a configuration without the precision bytes, no tags section) is still read,
   // with every tag 0: made from this payload by swapping the configuration and cutting the section.
   ByteWriter v2_config, v3_config;
-  put_config(v2_config, image.collections[0].image.config);
-  put_config(v3_config, image.collections[0].image.config);
-  put_config_precision(v3_config, image.collections[0].image.config);
+  put_config(v2_config, image.collections[0].image.config, ConfigForm::snapshot_v2);
+  put_config(v3_config, image.collections[0].image.config, ConfigForm::snapshot);
   auto sized = [](ByteWriter& w) {
     ByteWriter out;
     out.put(static_cast<std::uint16_t>(w.bytes().size()));

@@ -465,16 +465,20 @@ TEST_CASE("wire: create and describe carry the precisions in protocol version 2 
     CollectionConfig config{3, 2, Metric::cosine, 0.5f, {}};
     config.key_precision = c.key;
     config.value_precision = c.value;
-    const std::vector<std::byte> v1 = encode_request(Create{"c", config}, 7, 1), v2 = encode_request(Create{"c", config}, 7, 2);
+    CollectionConfig f32 = config;
+    f32.key_precision = f32.value_precision = Precision::f32;
+    const std::vector<std::byte> v1 = encode_request(Create{"c", f32}, 7, 1), v2 = encode_request(Create{"c", config}, 7, 2);
     CHECK(v2.size() == v1.size() + 6);  // two precision bytes and the u32 heads (issue 15) appended, nothing else moved
     CHECK(std::equal(v1.begin() + 4, v1.end(), v2.begin() + 4));
     const auto back2 = std::get<Create>(decode_request(frame_of(v2), 2));
     CHECK(back2.config.key_precision == c.key);
     CHECK(back2.config.value_precision == c.value);
     const auto back1 = std::get<Create>(decode_request(frame_of(v1), 1));
-    CHECK(back1.config.key_precision == Precision::f32);  // a version-1 client creates float32 collections
+    CHECK(back1.config.key_precision == Precision::f32);  // a version-1 frame has no precision: float32
     CHECK(back1.config.value_precision == Precision::f32);
     CHECK_THROWS_AS(decode_request(frame_of(v1), 2), Error);  // a version-2 create without the fields is malformed
+    if (c.key != Precision::f32 || c.value != Precision::f32)  // version 1 cannot carry them: refused, not dropped
+      CHECK(test::error_of([&] { (void)encode_request(Create{"c", config}, 7, 1); }) == ErrorCode::unsupported);
 
     CollectionStats stats;
     stats.name = "c";

@@ -608,7 +608,7 @@ TEST_CASE("concurrent single queries over TCP share passes and query_stats repor
   CHECK(test::error_of([&] { (void)client.query_stats("missing"); }) == ErrorCode::unknown_collection);
 }
 
-TEST_CASE("compact storage over TCP: a version-2 client creates and describes f16/i8 collections, a version-1 client still works", "[server][precision]") {
+TEST_CASE("compact storage over TCP: a version-2 client creates and describes f16/i8 collections, a version-1 client still works but cannot create one", "[server][precision]") {
   RunningServer s;
   ClientOptions v2 = s.client(), v1 = s.client();
   v2.protocol_version = 2;
@@ -628,10 +628,13 @@ TEST_CASE("compact storage over TCP: a version-2 client creates and describes f1
   const auto ids = client.add("small", key, std::vector<float>{0.1f, -3});
   CHECK(client.get("small", ids[0]).value[0] == s.db->collection("small")->get(ids[0]).value[0]);  // the stored f16 value
   CHECK(client.get("small", ids[0]).value[0] != 0.1f);
-  // A version-1 client sees the version-1 layouts: describe works without the fields, create makes float32.
+  // A version-1 client sees the version-1 layouts: describe works without the fields; it cannot create
+  // a compact collection (unsupported, nothing sent), and its float32 creates work.
   const CollectionStats old_st = old.describe("small");
   CHECK(old_st.size == 1);
   CHECK(old_st.key_precision == Precision::f32);
-  old.create_collection("plain", config);
+  CHECK(test::error_of([&] { old.create_collection("plain", config); }) == ErrorCode::unsupported);
+  CHECK_FALSE(s.db->has_collection("plain"));
+  old.create_collection("plain", CollectionConfig{4, 2});
   CHECK(s.db->collection("plain")->config().key_precision == Precision::f32);
 }

@@ -2,8 +2,11 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <limits>
 
+#include "errors.hpp"
 #include "softkv/error.hpp"
+#include "codec/config.hpp"
 #include "codec/options.hpp"
 #include "wire/protocol.hpp"
 
@@ -360,4 +363,62 @@ TEST_CASE("the full form of QueryOptions (MPI) carries every field, threads incl
       }
     }
   }
+}
+
+TEST_CASE("CollectionConfig: every form round-trips what it can carry, with the bytes older readers expect", "[wire][config]") {
+  using detail::ConfigForm;
+  constexpr std::size_t kFixed = 4 + 4 + 1 + 1 + 4 + 1 + 4 + 4 + 4 + 8 + 8 + 4;  // dim ... rebuild_fraction
+  CollectionConfig plain{7, 3};
+  plain.scale = 0.25f;
+  plain.index.kind = IndexKind::hnsw;
+  plain.index.hnsw_m = std::numeric_limits<std::uint32_t>::max();
+  plain.index.ivf_train_size = std::numeric_limits<std::uint64_t>::max();
+  CollectionConfig compact = plain;
+  compact.key_precision = Precision::i8;
+  compact.value_precision = Precision::bf16;
+  CollectionConfig heads = plain;
+  heads.heads = 7;
+  CollectionConfig both = compact;
+  both.heads = std::numeric_limits<std::uint32_t>::max();
+  struct Expect {
+    ConfigForm form;
+    std::size_t plain, compact, heads, both;  // tail bytes written for each config
+  };
+  for (const Expect& e : {Expect{ConfigForm::wire_v1, 0, 0, 0, 0}, Expect{ConfigForm::snapshot_v2, 0, 0, 0, 0},
+                          Expect{ConfigForm::wire, 6, 6, 6, 6}, Expect{ConfigForm::snapshot, 2, 2, 6, 6},
+                          Expect{ConfigForm::log_record, 0, 2, 6, 6}}) {
+    const bool has_tail = e.compact != 0;
+    const std::pair<const CollectionConfig*, std::size_t> cases[] = {{&plain, e.plain}, {&compact, e.compact}, {&heads, e.heads}, {&both, e.both}};
+    for (const auto& [config, tail] : cases) {
+      INFO("form " << int(e.form) << ", heads " << config->heads << ", key precision " << int(config->key_precision));
+      detail::ByteWriter w;
+      detail::put_config(w, *config, e.form);
+      CHECK(w.bytes().size() == kFixed + tail);
+      detail::ByteReader r(w.bytes(), ErrorCode::protocol_error);
+      const CollectionConfig back = detail::get_config(r, e.form);
+      CHECK(r.remaining() == 0);
+      CHECK(back.dim == config->dim);
+      CHECK(back.scale == config->scale);
+      CHECK(back.index.hnsw_m == config->index.hnsw_m);
+      CHECK(back.index.ivf_train_size == config->index.ivf_train_size);
+      CHECK(back.key_precision == (has_tail ? config->key_precision : Precision::f32));
+      CHECK(back.value_precision == (has_tail ? config->value_precision : Precision::f32));
+      CHECK(back.heads == (has_tail ? config->heads : 1u));
+      // a group is read whole or refused: a config cut inside its tail is an error, never a default
+      if (tail != 0) {
+        detail::ByteReader cut(std::span(w.bytes()).first(kFixed + tail - 1), ErrorCode::protocol_error);
+        CHECK(test::error_of([&] { (void)detail::get_config(cut, e.form); }) == ErrorCode::protocol_error);
+      }
+      // a form that requires its groups refuses a config without them
+      if (e.form == ConfigForm::wire || e.form == ConfigForm::snapshot) {
+        detail::ByteReader bare(std::span(w.bytes()).first(kFixed), ErrorCode::protocol_error);
+        CHECK(test::error_of([&] { (void)detail::get_config(bare, e.form); }) == ErrorCode::protocol_error);
+      }
+    }
+  }
+  // Wider than the 32-bit fields: refused, never truncated.
+  CollectionConfig wide = plain;
+  wide.heads = std::size_t{1} << 32;
+  detail::ByteWriter w;
+  CHECK_THROWS_AS(detail::put_config(w, wide, ConfigForm::wire), Error);
 }

@@ -34,12 +34,7 @@ EncodedMutation encode_mutation(const Mutation& m) {
   const RecordType type = std::visit(
       Overloaded{
           [&](const mutation::Create& c) {
-            put_config(w, c.config);
-            // Compact collections only, so a float32 collection's record is byte-identical to the old one.
-            // Multi-head ones append heads after the precision fields (written then even for f32).
-            if (c.config.key_precision != Precision::f32 || c.config.value_precision != Precision::f32 || c.config.heads > 1)
-              put_config_precision(w, c.config);
-            if (c.config.heads > 1) put_config_heads(w, c.config);
+            put_config(w, c.config, ConfigForm::log_record);  // an f32 single-head config: the first format's bytes
             return RecordType::create;
           },
           [](const mutation::Drop&) { return RecordType::drop; },
@@ -72,10 +67,7 @@ Mutation decode_mutation(RecordType type, std::span<const std::byte> payload, co
   Mutation m;
   switch (type) {
     case RecordType::create: {
-      CollectionConfig config = get_config(r);
-      if (r.remaining() != 0) get_config_precision(r, config);  // compact storage (absent before issue 14)
-      if (r.remaining() != 0) get_config_heads(r, config);      // multi-head (absent before issue 15 and for heads = 1)
-      m = mutation::Create{std::move(name), config};
+      m = mutation::Create{std::move(name), get_config(r, ConfigForm::log_record)};
       break;
     }
     case RecordType::drop:

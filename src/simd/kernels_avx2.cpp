@@ -1,7 +1,7 @@
 // The avx2 kernel path: the shared scan algorithms instantiated with xsimd's xsimd::fma3<xsimd::avx2> (compiled with its ISA flags).
 #include "kernel_table.hpp"
 #include "primitives_xsimd.hpp"
-#include "scan_algorithms.hpp"
+#include "make_table.hpp"
 
 namespace softkv::detail {
 

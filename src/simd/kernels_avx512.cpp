@@ -1,7 +1,7 @@
 // The avx512 kernel path: the shared scan algorithms instantiated with xsimd's xsimd::avx512f (compiled with its ISA flags).
 #include "kernel_table.hpp"
 #include "primitives_xsimd.hpp"
-#include "scan_algorithms.hpp"
+#include "make_table.hpp"
 
 namespace softkv::detail {
 

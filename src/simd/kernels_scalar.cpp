@@ -1,7 +1,7 @@
 // The scalar kernel path: the shared scan algorithms over plain loops, the reference for every SIMD path.
 #include "kernel_table.hpp"
 #include "primitives_scalar.hpp"
-#include "scan_algorithms.hpp"
+#include "make_table.hpp"
 
 namespace softkv::detail {
 

@@ -103,9 +103,7 @@ std::vector<std::byte> encode_snapshot(const SnapshotImage& snapshot) {
       ar(std::uint16_t(c.name.size()), cereal::binary_data(c.name.data(), c.name.size()));
       ByteWriter config;
       const CollectionConfig& cc = c.image.config;
-      put_config(config, cc);
-      put_config_precision(config, cc);
-      if (cc.heads > 1) put_config_heads(config, cc);  // absent for h = 1: the bytes of format 3 before issue 15
+      put_config(config, cc, ConfigForm::snapshot);
       ar(std::uint16_t(config.bytes().size()), cereal::binary_data(config.bytes().data(), config.bytes().size()));
       const Rows& rows = c.image.rows;
       const std::size_t n = rows.ids.size();
@@ -154,9 +152,7 @@ SnapshotImage decode_snapshot(std::span<const std::byte> bytes, const std::strin
         std::vector<std::byte> config_bytes(config_size);
         ar(cereal::binary_data(config_bytes.data(), config_size));
         ByteReader r(config_bytes);
-        config = get_config(r);
-        if (blob.version >= 3) get_config_precision(r, config);
-        if (blob.version >= 3 && r.remaining() != 0) get_config_heads(r, config);  // multi-head (issue 15)
+        config = get_config(r, blob.version >= 3 ? ConfigForm::snapshot : ConfigForm::snapshot_v2);
         if (r.remaining() != 0) corrupt(file, at(), "unexpected bytes after the configuration");
       }
       config = fit_index_limits(config);  // index settings from before ConfigLimits (recovery logs them at replay)
