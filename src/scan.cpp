@@ -1,4 +1,5 @@
-// Scan orchestration: cut the rows into parts, scan each on the pool, merge in part order.
+// Scan orchestration: cut the rows (every row, or a mask's runs) into parts, scan each on the pool,
+// merge in part order.
 #include "scan.hpp"
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <optional>
 
 #include "precision.hpp"
+#include "row_walk.hpp"
 #include "thread_pool.hpp"
 
 namespace softkv::detail {
@@ -15,15 +17,20 @@ namespace {
 // Queries handled per pass over the rows: their scores, weights and accumulators stay in L2.
 constexpr std::size_t kBatchChunk = 64;
 
-RowSpan slice(const RowSpan& span, std::size_t part, std::size_t parts) {
-  const std::size_t begin = span.rows * part / parts;
-  const std::size_t end = span.rows * (part + 1) / parts;
-  return span.sub(begin, end - begin);
-}
+// The rows a scan visits: `only`, or every row of span as one run (scanned in place, like any long run).
+class Scope {
+ public:
+  Scope(const RowSpan& span, const EligibleRows* only) : only_(only) {
+    if (only_ != nullptr) return;
+    if (span.rows > 0) every_.runs.push_back({0, span.rows});
+    every_.count = span.rows;
+  }
+  [[nodiscard]] const EligibleRows& rows() const { return only_ != nullptr ? *only_ : every_; }
 
-std::size_t part_begin(const RowSpan& span, std::size_t part, std::size_t parts) {
-  return span.rows * part / parts;
-}
+ private:
+  const EligibleRows* only_;
+  EligibleRows every_;
+};
 
 bool all_finite(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
@@ -115,88 +122,109 @@ std::size_t choose_parts(std::size_t rows, std::size_t floats_per_row, std::size
 }
 
 SoftScan soft_scan_split(const KernelTable& k, const float* query, float scale, const RowSpan& span,
-                         std::size_t parts, std::size_t top_m) {
-  top_m = std::min(top_m, span.rows);
-  std::vector<SoftmaxState> states(parts, SoftmaxState(span.value_dim));
-  std::vector<std::optional<TopScores>> tops(parts);
-  ThreadPool::shared().run(parts, [&](std::size_t p) {
-    const RowSpan sub = slice(span, p, parts);
-    ScoreSink* sink = nullptr;
-    if (top_m > 0) sink = &tops[p].emplace(top_m, sub.ids);
-    k.soft_scan(query, scale, sub, states[p].max, states[p].sum, states[p].acc.data(), sink);
+                         std::size_t parts, std::size_t top_m, const EligibleRows* only) {
+  const Scope scope(span, only);
+  top_m = std::min(top_m, scope.rows().count);
+  const auto split = split_runs(scope.rows(), parts);
+  std::vector<SoftmaxState> states(split.size(), SoftmaxState(span.value_dim));
+  std::vector<std::optional<TopScores>> tops(split.size());
+  ThreadPool::shared().run(split.size(), [&](std::size_t p) {
+    BlockWalker walker(span);
+    SoftmaxState& st = states[p];
+    if (top_m > 0) tops[p].emplace(top_m, nullptr);
+    walker.walk(split[p], [&](const RowSpan& block, const std::size_t*, std::size_t) {
+      std::optional<TopScores> block_top;  // items carry ids, so a block's heap merges into the part's
+      if (top_m > 0) block_top.emplace(top_m, block.ids);
+      k.soft_scan(query, scale, block, st.max, st.sum, st.acc.data(), block_top ? &*block_top : nullptr);
+      if (block_top) tops[p]->absorb(*block_top);
+    });
   });
   SoftScan result{std::move(states[0]), {}};
-  for (std::size_t p = 1; p < parts; ++p) result.state.merge(states[p]);
+  for (std::size_t p = 1; p < states.size(); ++p) result.state.merge(states[p]);
   if (top_m > 0) {
-    for (std::size_t p = 1; p < parts; ++p) tops[0]->absorb(*tops[p]);
+    for (std::size_t p = 1; p < tops.size(); ++p) tops[0]->absorb(*tops[p]);
     result.top = tops[0]->sorted();
   }
   return result;
 }
 
 std::vector<float> blended_value(const KernelTable& k, const float* query, float scale, const RowSpan& span,
-                                 const SoftmaxState& state) {
+                                 const SoftmaxState& state, const EligibleRows* only) {
   std::vector<float> value(state.acc.size());
   const float inv = 1.0f / state.sum;
   for (std::size_t i = 0; i < value.size(); ++i) value[i] = state.acc[i] * inv;
   if (all_finite(value) || !std::isfinite(state.lse())) return value;
   // The single-query kernel's scores, weighted and summed in double, whose range holds N * FLT_MAX
-  // for any N (with their own max: a batch kernel's state rounds differently).
+  // for any N (with their own max: a batch kernel's state rounds differently); the scanned rows only.
+  const Scope scope(span, only);
   const std::size_t dv = span.value_dim;
   DoubleBlend blend(dv);
-  std::vector<float> scores(std::min(span.rows, kScanBlockRows));
-  std::vector<float> v(dv);
-  for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
-    const RowSpan block = span.sub(start, std::min(kScanBlockRows, span.rows - start));
-    k.scores(query, scale, block, scores.data());
-    for (std::size_t r = 0; r < block.rows; ++r) {
-      value_row(span, start + r, v.data());
-      blend.add(scores[r], v.data());
+  std::vector<float> scores(kScanBlockRows), v(dv);
+  BlockWalker walker(span);
+  walker.walk(scope.rows().runs, [&](const RowSpan& block, const std::size_t*, std::size_t) {
+    for (std::size_t start = 0; start < block.rows; start += kScanBlockRows) {
+      const RowSpan piece = block.sub(start, std::min(kScanBlockRows, block.rows - start));
+      k.scores(query, scale, piece, scores.data());
+      for (std::size_t r = 0; r < piece.rows; ++r) {
+        value_row(block, start + r, v.data());
+        blend.add(scores[r], v.data());
+      }
     }
-  }
+  });
   return blend.value();
 }
 
-ArgMax hard_scan_split(const KernelTable& k, const float* query, float scale, const RowSpan& span, std::size_t parts) {
-  std::vector<ArgMax> best(parts);
-  ThreadPool::shared().run(parts, [&](std::size_t p) { k.hard_scan(query, scale, slice(span, p, parts), best[p]); });
+ArgMax hard_scan_split(const KernelTable& k, const float* query, float scale, const RowSpan& span, std::size_t parts,
+                       const EligibleRows* only) {
+  const Scope scope(span, only);
+  const auto split = split_runs(scope.rows(), parts);
+  std::vector<ArgMax> best(split.size());
+  ThreadPool::shared().run(split.size(), [&](std::size_t p) {
+    BlockWalker walker(keys_only(span));
+    walker.walk(split[p], [&](const RowSpan& block, const std::size_t* map, std::size_t first) {
+      ArgMax b;
+      k.hard_scan(query, scale, block, b);
+      merge_block_best({&b, 1}, map, first, span.ids, &best[p]);
+    });
+  });
   ArgMax merged;
-  for (std::size_t p = 0; p < parts; ++p) {
-    if (best[p].row != ArgMax::kNoRow) best[p].row += part_begin(span, p, parts);
-    merge_argmax(best[p], span.ids, merged);
-  }
+  for (const ArgMax& b : best) merge_argmax(b, span.ids, merged);
   return merged;
 }
 
 std::vector<SoftmaxState> soft_scan_batch_split(const KernelTable& k, const float* queries, std::size_t nq,
-                                                const float* scales, const RowSpan& span, std::size_t parts) {
-  const std::size_t d = span.dim;
-  const std::size_t dv = span.value_dim;
+                                                const float* scales, const RowSpan& span, std::size_t parts,
+                                                const EligibleRows* only) {
+  const Scope scope(span, only);
+  const std::size_t d = span.dim, dv = span.value_dim;
+  const auto split = split_runs(scope.rows(), parts);
   // Per part: flat max/sum/acc arrays for all nq queries, which the kernel updates in place.
   struct PartState {
     std::vector<float> max, sum, acc;
   };
-  std::vector<PartState> part_states(parts);
-  ThreadPool::shared().run(parts, [&](std::size_t p) {
-    const RowSpan sub = slice(span, p, parts);
+  std::vector<PartState> part_states(split.size());
+  ThreadPool::shared().run(split.size(), [&](std::size_t p) {
     PartState& st = part_states[p];
     st.max.assign(nq, -std::numeric_limits<float>::infinity());
     st.sum.assign(nq, 0.0f);
     st.acc.assign(nq * dv, 0.0f);
-    std::vector<float> scratch(batch_scratch_floats(kBatchChunk, d));
-    for (std::size_t b = 0; b < nq; b += kBatchChunk) {
-      const std::size_t n = std::min(kBatchChunk, nq - b);
-      k.soft_scan_batch(queries + b * d, n, scales + b, sub, st.max.data() + b, st.sum.data() + b,
-                        st.acc.data() + b * dv, scratch.data());
-    }
+    std::vector<float> scratch(batch_scratch_floats(std::min(nq, kBatchChunk), d));
+    BlockWalker walker(span);
+    walker.walk(split[p], [&](const RowSpan& block, const std::size_t*, std::size_t) {
+      for (std::size_t b = 0; b < nq; b += kBatchChunk) {
+        const std::size_t n = std::min(kBatchChunk, nq - b);
+        k.soft_scan_batch(queries + b * d, n, scales + b, block, st.max.data() + b, st.sum.data() + b, st.acc.data() + b * dv,
+                          scratch.data());
+      }
+    });
   });
   std::vector<SoftmaxState> merged(nq, SoftmaxState(dv));
-  for (std::size_t p = 0; p < parts; ++p) {
+  for (const PartState& st : part_states) {
     SoftmaxState part(dv);
     for (std::size_t b = 0; b < nq; ++b) {
-      part.max = part_states[p].max[b];
-      part.sum = part_states[p].sum[b];
-      std::copy_n(part_states[p].acc.begin() + static_cast<std::ptrdiff_t>(b * dv), dv, part.acc.begin());
+      part.max = st.max[b];
+      part.sum = st.sum[b];
+      std::copy_n(st.acc.begin() + static_cast<std::ptrdiff_t>(b * dv), dv, part.acc.begin());
       merged[b].merge(part);
     }
   }
@@ -204,39 +232,44 @@ std::vector<SoftmaxState> soft_scan_batch_split(const KernelTable& k, const floa
 }
 
 std::vector<ArgMax> hard_scan_batch_split(const KernelTable& k, const float* queries, std::size_t nq,
-                                          const float* scales, const RowSpan& span, std::size_t parts) {
+                                          const float* scales, const RowSpan& span, std::size_t parts,
+                                          const EligibleRows* only) {
+  const Scope scope(span, only);
   const std::size_t d = span.dim;
-  std::vector<std::vector<ArgMax>> part_best(parts, std::vector<ArgMax>(nq));
-  ThreadPool::shared().run(parts, [&](std::size_t p) {
-    const RowSpan sub = slice(span, p, parts);
-    std::vector<float> scratch(batch_scratch_floats(kBatchChunk, d));
-    for (std::size_t b = 0; b < nq; b += kBatchChunk) {
-      const std::size_t n = std::min(kBatchChunk, nq - b);
-      k.hard_scan_batch(queries + b * d, n, scales + b, sub, part_best[p].data() + b, scratch.data());
-    }
+  const auto split = split_runs(scope.rows(), parts);
+  std::vector<std::vector<ArgMax>> part_best(split.size(), std::vector<ArgMax>(nq));
+  ThreadPool::shared().run(split.size(), [&](std::size_t p) {
+    std::vector<float> scratch(batch_scratch_floats(std::min(nq, kBatchChunk), d));
+    std::vector<ArgMax> block_best(nq);
+    BlockWalker walker(keys_only(span));
+    walker.walk(split[p], [&](const RowSpan& block, const std::size_t* map, std::size_t first) {
+      std::fill(block_best.begin(), block_best.end(), ArgMax{});
+      for (std::size_t b = 0; b < nq; b += kBatchChunk) {
+        const std::size_t n = std::min(kBatchChunk, nq - b);
+        k.hard_scan_batch(queries + b * d, n, scales + b, block, block_best.data() + b, scratch.data());
+      }
+      merge_block_best(block_best, map, first, span.ids, part_best[p].data());
+    });
   });
-  std::vector<ArgMax> merged(nq);
-  for (std::size_t p = 0; p < parts; ++p) {
-    const std::size_t begin = part_begin(span, p, parts);
-    for (std::size_t b = 0; b < nq; ++b) {
-      ArgMax part = part_best[p][b];
-      if (part.row != ArgMax::kNoRow) part.row += begin;
-      merge_argmax(part, span.ids, merged[b]);
-    }
-  }
-  return merged;
+  return merge_part_best(part_best, nq, span.ids);
 }
 
 std::vector<TopScores::Item> top_k_scan(const KernelTable& k, const float* query, float scale, const RowSpan& span,
-                                        std::size_t top_k, std::size_t parts) {
-  top_k = std::min(top_k, span.rows);
-  parts = std::clamp<std::size_t>(parts, 1, std::max<std::size_t>(1, span.rows));
-  std::vector<std::optional<TopScores>> tops(parts);
-  ThreadPool::shared().run(parts, [&](std::size_t p) {
-    const RowSpan sub = slice(span, p, parts);
-    k.top_scan(query, scale, sub, tops[p].emplace(top_k, sub.ids));
+                                        std::size_t top_k, std::size_t parts, const EligibleRows* only) {
+  const Scope scope(span, only);
+  top_k = std::min(top_k, scope.rows().count);
+  const auto split = split_runs(scope.rows(), parts);
+  std::vector<std::optional<TopScores>> tops(split.size());
+  ThreadPool::shared().run(split.size(), [&](std::size_t p) {
+    tops[p].emplace(top_k, nullptr);
+    BlockWalker walker(keys_only(span));
+    walker.walk(split[p], [&](const RowSpan& block, const std::size_t*, std::size_t) {
+      TopScores block_top(top_k, block.ids);
+      k.top_scan(query, scale, block, block_top);
+      tops[p]->absorb(block_top);
+    });
   });
-  for (std::size_t p = 1; p < parts; ++p) tops[0]->absorb(*tops[p]);
+  for (std::size_t p = 1; p < tops.size(); ++p) tops[0]->absorb(*tops[p]);
   return tops[0]->sorted();
 }
 

@@ -51,40 +51,59 @@ std::size_t choose_parts(std::size_t rows, std::size_t floats_per_row, std::size
 /// that does is redone in double (score_in_double). e is clamped so that factor stays a normal float.
 float split_scale(std::span<float> query, float scale);
 
+/// A run of consecutive rows [begin, begin + count).
+struct RowRun {
+  std::size_t begin = 0;  ///< first row
+  std::size_t count = 0;  ///< rows in the run
+};
+
+/// The rows a scan visits, as runs in storage order: a mask's eligible rows (mask.hpp). Every scan
+/// below takes one as `only`; null means every row of the span. Long runs are scanned in place, short
+/// ones gathered into a block first (row_walk.hpp), and parts hold about equally many rows; a scan of
+/// every row is the same scan over one run.
+struct EligibleRows {
+  std::vector<RowRun> runs;  ///< ascending, disjoint, non-adjacent
+  std::size_t count = 0;     ///< rows in all runs: the N of the tail bound
+};
+
 /// The merged softmax over span, its blended value and, if top_m > 0, its top_m rows (best first).
 struct SoftScan {
   SoftmaxState state;                    ///< merged (m, l, acc)
   std::vector<TopScores::Item> top;      ///< best rows, empty unless requested
 };
 
-/// One query over span in parts pieces (run on the shared pool), merged exactly. top_m is clamped to
-/// the row count (nothing is reserved for contributors that cannot exist).
+/// One query over span (or its rows `only`) in parts pieces (run on the shared pool), merged exactly.
+/// top_m is clamped to the row count (nothing is reserved for contributors that cannot exist).
 SoftScan soft_scan_split(const KernelTable& k, const float* query, float scale, const RowSpan& span,
-                         std::size_t parts, std::size_t top_m);
+                         std::size_t parts, std::size_t top_m, const EligibleRows* only = nullptr);
 
 /// The blended value acc / sum of a merged state over span, dv floats. The float accumulator
 /// overflows when values approach FLT_MAX / N although the answer, a convex combination of values,
 /// is representable: then (and only then, it costs a second pass) the blend is redone over span in
 /// double with the same scores. A state with a non-finite lse is returned as is (the caller reports
-/// numeric_overflow).
+/// numeric_overflow). `only`: the rows the state was scanned over (the double pass reads only them).
 std::vector<float> blended_value(const KernelTable& k, const float* query, float scale, const RowSpan& span,
-                                 const SoftmaxState& state);
+                                 const SoftmaxState& state, const EligibleRows* only = nullptr);
 
-/// Argmax over span in parts pieces; the returned row is absolute within span.
-ArgMax hard_scan_split(const KernelTable& k, const float* query, float scale, const RowSpan& span, std::size_t parts);
+/// Argmax over span (or its rows `only`) in parts pieces; the returned row is absolute within span.
+ArgMax hard_scan_split(const KernelTable& k, const float* query, float scale, const RowSpan& span, std::size_t parts,
+                       const EligibleRows* only = nullptr);
 
-/// nq queries (query b scaled by scales[b]) over span in parts pieces; one merged state per query.
+/// nq queries (query b scaled by scales[b]) over span (or its rows `only`) in parts pieces; one merged
+/// state per query.
 std::vector<SoftmaxState> soft_scan_batch_split(const KernelTable& k, const float* queries, std::size_t nq,
-                                                const float* scales, const RowSpan& span, std::size_t parts);
+                                                const float* scales, const RowSpan& span, std::size_t parts,
+                                                const EligibleRows* only = nullptr);
 
-/// nq argmaxes over span in parts pieces; rows are absolute within span.
+/// nq argmaxes over span (or its rows `only`) in parts pieces; rows are absolute within span.
 std::vector<ArgMax> hard_scan_batch_split(const KernelTable& k, const float* queries, std::size_t nq,
-                                          const float* scales, const RowSpan& span, std::size_t parts);
+                                          const float* scales, const RowSpan& span, std::size_t parts,
+                                          const EligibleRows* only = nullptr);
 
-/// The top k rows of span by score (higher score, then smaller id), from a fused score + top-k pass
-/// over parts row slices; best first. Scores are bit-identical to the soft scan's.
+/// The top k rows of span (or of its rows `only`) by score (higher score, then smaller id), from a
+/// fused score + top-k pass over parts pieces; best first. Scores are bit-identical to the soft scan's.
 std::vector<TopScores::Item> top_k_scan(const KernelTable& k, const float* query, float scale, const RowSpan& span,
-                                        std::size_t top_k, std::size_t parts);
+                                        std::size_t top_k, std::size_t parts, const EligibleRows* only = nullptr);
 
 /// Merges two argmaxes of the same span by (score, smaller id); an overflow in either carries over.
 void merge_argmax(const ArgMax& part, const std::uint64_t* ids, ArgMax& best);

@@ -74,8 +74,8 @@ std::vector<SoftResult> soft_fused_locked(const CollectionImpl& impl, const floa
   if (has_mask(options)) mask = impl.eligible(options);
   const std::size_t rows = mask ? mask->count : span.rows;
   const std::size_t parts = impl.parts_for(options, (d + dv) * n);
-  const std::vector<SoftmaxState> states = mask ? masked_soft_scan_batch(kernels, q, n, factors, span, *mask, parts)
-                                                : soft_scan_batch_split(kernels, q, n, factors, span, parts);
+  const EligibleRows* only = mask ? &*mask : nullptr;
+  const std::vector<SoftmaxState> states = soft_scan_batch_split(kernels, q, n, factors, span, parts, only);
   SOFTKV_ASSERT(top_m.empty() || top_m.size() == n, "one top_m per query of a fused pass");
   std::vector<SoftResult> out(n);
   errors.assign(n, nullptr);
@@ -87,11 +87,9 @@ std::vector<SoftResult> soft_fused_locked(const CollectionImpl& impl, const floa
       r.max_score = states[b].max;
       r.candidates = rows;
       r.rows_scored = rows;
-      r.value = mask ? masked_blended_value(kernels, q + b * d, factors[b], span, *mask, states[b])
-                     : blended_value(kernels, q + b * d, factors[b], span, states[b]);
+      r.value = blended_value(kernels, q + b * d, factors[b], span, states[b], only);
       if (!top_m.empty() && top_m[b] > 0) {  // contributors: a keys-only top-m pass of this query's own
-        SOFTKV_ASSERT(!mask, "contributors asked of a masked fused pass (the plan never fuses masked queries that want them)");
-        for (const auto& item : top_k_scan(kernels, q + b * d, factors[b], span, top_m[b], impl.parts_for(options, d)))
+        for (const auto& item : top_k_scan(kernels, q + b * d, factors[b], span, top_m[b], impl.parts_for(options, d), only))
           r.top.push_back({item.id, static_cast<float>(std::exp(static_cast<double>(item.score) - r.lse)), item.score});
       }
     } catch (...) {
@@ -107,9 +105,9 @@ std::vector<HardResult> hard_fused(const CollectionImpl& impl, const float* q, c
   impl.require_entries();
   const RowSpan span = impl.span();
   const std::size_t parts = impl.parts_for(options, impl.dim() * n);
-  const std::vector<ArgMax> best = has_mask(options)
-                                       ? masked_hard_scan_batch(detail::kernels(), q, n, factors, span, impl.eligible(options), parts)
-                                       : hard_scan_batch_split(detail::kernels(), q, n, factors, span, parts);
+  std::optional<EligibleRows> mask;
+  if (has_mask(options)) mask = impl.eligible(options);
+  const std::vector<ArgMax> best = hard_scan_batch_split(detail::kernels(), q, n, factors, span, parts, mask ? &*mask : nullptr);
   std::vector<HardResult> out(n);
   errors.assign(n, nullptr);
   for (std::size_t b = 0; b < n; ++b) {

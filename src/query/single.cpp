@@ -33,7 +33,7 @@ std::vector<std::size_t> masked_candidates(const CollectionImpl& impl, const Ker
   const RowSpan span = impl.span();
   std::vector<std::size_t> kept;
   if (!filter_after) {
-    for (const auto& item : masked_top_k_scan(kernels, q, f, span, mask, k, parts)) kept.push_back(*impl.row_of(item.id));
+    for (const auto& item : top_k_scan(kernels, q, f, span, k, parts, &mask)) kept.push_back(*impl.row_of(item.id));
     return kept;
   }
   for (std::size_t ask = std::max(k, k * span.rows / mask.count);; ask *= 4) {
@@ -106,8 +106,8 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
     mask = impl.eligible(options);
     scope.n = mask->count;
     scope.exact = [&] {
-      PrunedSoft r{masked_soft_scan(kernels, q, f, span, *mask, parts, options.top_m), {}, mask->count, 0.0};
-      r.value = masked_blended_value(kernels, q, f, span, *mask, r.scan.state);
+      PrunedSoft r{soft_scan_split(kernels, q, f, span, parts, options.top_m, &*mask), {}, mask->count, 0.0};
+      r.value = blended_value(kernels, q, f, span, r.scan.state, &*mask);
       return r;
     };
     if (prune && !index->exact_top_k()) {
@@ -266,7 +266,7 @@ HardResult hard_one(const CollectionImpl& impl, const float* q, float f, const Q
   }
   if (best.row == ArgMax::kNoRow && !best.overflow) {
     const std::size_t parts = impl.parts_for(options, impl.dim());
-    best = mask ? masked_hard_scan(kernels, q, f, span, *mask, parts) : hard_scan_split(kernels, q, f, span, parts);
+    best = hard_scan_split(kernels, q, f, span, parts, mask ? &*mask : nullptr);
     result.searched_with = IndexKind::exact;
   }
   check_best(best);
