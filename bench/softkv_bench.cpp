@@ -270,6 +270,27 @@ int main(int argc, char** argv) {
               "(%.1f and %.1f GFLOP/s)\n\n",
               cores, isa.c_str(), peak, 100.0 * median(batch_gf) / peak, 100.0 * median(hbatch_gf) / peak, median(batch_gf),
               median(hbatch_gf));
+  // Each choice of tile products side by side (tile_gemm.hpp): the automatic one is in the lines above.
+  report.text("tile products chosen at start-up: %s\n", softkv::tile_products().c_str());
+  std::vector<std::string> tile_choices = {"softkv"};
+  try {
+    softkv::force_tile_products("libxsmm");
+    tile_choices.emplace_back("libxsmm");
+  } catch (const softkv::Error&) {  // a build without libxsmm
+  }
+  std::vector<double> choice_soft, choice_hard;
+  for (const std::string& choice : tile_choices) {
+    softkv::force_tile_products(choice);
+    choice_soft.push_back(flops * static_cast<double>(nq) / median_ms(2 * reps + 1, [&] { br = c.query_soft_batch(qs); }) / 1e6);
+    choice_hard.push_back(kflops * static_cast<double>(nq) / median_ms(2 * reps + 1, [&] { hb = c.query_hard_batch(qs); }) / 1e6);
+    report.text("  tiles %-8s soft batch %.1f GFLOP/s (%.0f%% of the FMA peak), hard batch %.1f GFLOP/s (%.0f%%)\n", choice.c_str(),
+                choice_soft.back(), 100.0 * choice_soft.back() / peak, choice_hard.back(), 100.0 * choice_hard.back() / peak);
+  }
+  if (tile_choices.size() == 2)
+    report.text("  libxsmm / softkv tiles: soft batch %.2fx, hard batch %.2fx\n", choice_soft[1] / choice_soft[0],
+                choice_hard[1] / choice_hard[0]);
+  report.text("\n");
+  softkv::force_tile_products("auto");
 
   if (!baselines) {
     limits.probe(bw_bytes, cores, reps);

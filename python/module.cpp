@@ -167,6 +167,11 @@ PYBIND11_MODULE(_softkv, m) {
         }, "Every kernel path this CPU can run, from the portable scalar reference to the widest.");
   m.def("force_simd_path", [](const std::string& name) { force_simd_path(name); }, py::arg("name"),
         "Forces a kernel path for the whole process (call it before querying); softkv.Unsupported if the CPU lacks it.");
+  m.def("tile_products", [] { return tile_products(); },
+        "How batch passes compute their tile products on this CPU (softkv's own tiles or libxsmm's JIT GEMMs, "
+        "chosen by measuring both at first use), with the measured rates.");
+  m.def("force_tile_products", [](const std::string& name) { force_tile_products(name); }, py::arg("name"),
+        "Forces the tile products for the process: 'softkv', 'libxsmm' or 'auto'; softkv.Unsupported otherwise.");
   m.def("_error_names", [] {
           py::dict out;
           for (int code = 1; code < 256; ++code) {

@@ -7,7 +7,8 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libxsimd-dev xtl-dev          # SIMD kernels (xtl must be found before xsimd)
-  libopenblas-dev               # BLAS for FAISS and the benchmark baseline
+  libopenblas-dev               # BLAS for FAISS, libxsmm's fallbacks and the benchmark baseline
+  libxsmm-dev                   # JIT small GEMMs for the batch passes' tiles, where they measure faster
   libfaiss-dev                  # top-k pruning index
   libboost1.81-dev              # Asio for the server (not libboost-dev: it conflicts)
   libcereal-dev                 # snapshots

@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
       return 2;
     }
 #endif
-    if (tune) spdlog::info("scan tuning: {}", softkv::tune_scans());
+    if (tune) spdlog::info("scan tuning: {}; tile products: {}", softkv::tune_scans(), softkv::tile_products());
     softkv::Database db(data, options);
     softkv::server::Server server(db, config);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -9,6 +9,7 @@
 
 #include "precision.hpp"
 #include "row_walk.hpp"
+#include "simd/tile_gemm.hpp"
 #include "thread_pool.hpp"
 
 namespace softkv::detail {
@@ -198,6 +199,7 @@ std::vector<SoftmaxState> soft_scan_batch_split(const KernelTable& k, const floa
   const Scope scope(span, only);
   const std::size_t d = span.dim, dv = span.value_dim;
   const auto split = split_runs(scope.rows(), parts);
+  const TileProducts tiles = tiles_for(k);
   // Per part: flat max/sum/acc arrays for all nq queries, which the kernel updates in place.
   struct PartState {
     std::vector<float> max, sum, acc;
@@ -214,7 +216,7 @@ std::vector<SoftmaxState> soft_scan_batch_split(const KernelTable& k, const floa
       for (std::size_t b = 0; b < nq; b += kBatchChunk) {
         const std::size_t n = std::min(kBatchChunk, nq - b);
         k.soft_scan_batch(queries + b * d, n, scales + b, block, st.max.data() + b, st.sum.data() + b, st.acc.data() + b * dv,
-                          scratch.data());
+                          scratch.data(), tiles);
       }
     });
   });
@@ -237,6 +239,7 @@ std::vector<ArgMax> hard_scan_batch_split(const KernelTable& k, const float* que
   const Scope scope(span, only);
   const std::size_t d = span.dim;
   const auto split = split_runs(scope.rows(), parts);
+  const TileProducts tiles = tiles_for(k);
   std::vector<std::vector<ArgMax>> part_best(split.size(), std::vector<ArgMax>(nq));
   ThreadPool::shared().run(split.size(), [&](std::size_t p) {
     std::vector<float> scratch(batch_scratch_floats(std::min(nq, kBatchChunk), d));
@@ -246,7 +249,7 @@ std::vector<ArgMax> hard_scan_batch_split(const KernelTable& k, const float* que
       std::fill(block_best.begin(), block_best.end(), ArgMax{});
       for (std::size_t b = 0; b < nq; b += kBatchChunk) {
         const std::size_t n = std::min(kBatchChunk, nq - b);
-        k.hard_scan_batch(queries + b * d, n, scales + b, block, block_best.data() + b, scratch.data());
+        k.hard_scan_batch(queries + b * d, n, scales + b, block, block_best.data() + b, scratch.data(), tiles);
       }
       merge_block_best(block_best, map, first, span.ids, part_best[p].data());
     });

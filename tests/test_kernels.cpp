@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -10,6 +11,8 @@
 #include "reference.hpp"
 #include "scan.hpp"
 #include "simd/kernel_table.hpp"
+#include "simd/tile_gemm.hpp"
+#include "softkv/error.hpp"
 #include "softkv/simd.hpp"
 
 using namespace softkv;
@@ -373,4 +376,107 @@ TEST_CASE("a blend whose float accumulator overflows is redone in double", "[ker
     CHECK(v[0] == Approx(ref.value[0]).epsilon(1e-6));
     CHECK(v[1] == Approx(ref.value[1]).epsilon(1e-5));
   }
+}
+
+// The tile products a batch pass may run (softkv's own on every path; libxsmm's JIT GEMMs on the
+// native path where this build has it), each forced in turn.
+std::vector<std::string> tile_choices() {
+  std::vector<std::string> names = {"softkv"};
+  if (have_libxsmm()) names.push_back("libxsmm");
+  return names;
+}
+
+TEST_CASE("tile products: every choice computes both products as the double reference, at every shape", "[kernels][tiles]") {
+  for (const std::string& choice : tile_choices()) {
+    force_tile_products(choice);
+    const TileProducts tiles = tiles_for(kernels());
+    for (std::size_t lanes : {16u, 32u, 64u, 128u})
+      for (std::size_t rows : {1u, 7u, 64u, 255u, 256u})
+        for (std::size_t d : {1u, 3u, 16u, 129u, 384u}) {
+          INFO(choice << ": lanes " << lanes << ", rows " << rows << ", d " << d);
+          const auto qt = test::normal_floats(d * lanes, lanes + d), k = test::normal_floats(rows * d, rows + d);
+          std::vector<float> s(rows * lanes, std::numeric_limits<float>::quiet_NaN());  // overwritten, never read
+          tiles.scores(qt.data(), lanes, k.data(), rows, d, s.data());
+          double worst = 0;
+          for (std::size_t r = 0; r < rows; ++r)
+            for (std::size_t b = 0; b < lanes; ++b) {
+              double ref = 0, mag = 0;
+              for (std::size_t i = 0; i < d; ++i) {
+                ref += static_cast<double>(k[r * d + i]) * qt[i * lanes + b];
+                mag += std::fabs(static_cast<double>(k[r * d + i]) * qt[i * lanes + b]);
+              }
+              worst = std::max(worst, std::fabs(s[r * lanes + b] - ref) / (mag + 1e-30));
+            }
+          CHECK(worst <= 1e-5);
+          // blend: the first nq lanes of w, into an accumulator that already holds something
+          const std::size_t dv = d + 2, nq = lanes - 3;
+          const auto w = test::normal_floats(rows * lanes, 3 * rows + d), v = test::normal_floats(rows * dv, rows + 5 * d);
+          std::vector<float> acc = test::normal_floats(nq * dv, d + 11), before = acc;
+          tiles.blend(w.data(), lanes, nq, v.data(), rows, dv, acc.data());
+          worst = 0;
+          for (std::size_t q = 0; q < nq; ++q)
+            for (std::size_t c = 0; c < dv; ++c) {
+              double ref = before[q * dv + c], mag = std::fabs(ref);
+              for (std::size_t r = 0; r < rows; ++r) {
+                ref += static_cast<double>(w[r * lanes + q]) * v[r * dv + c];
+                mag += std::fabs(static_cast<double>(w[r * lanes + q]) * v[r * dv + c]);
+              }
+              worst = std::max(worst, std::fabs(acc[q * dv + c] - ref) / (mag + 1e-30));
+            }
+          CHECK(worst <= 1e-5);
+        }
+  }
+  for (const KernelTable* k : all_paths())  // libxsmm never stands in on the scalar or sse2 path
+    if (k->name == "scalar" || k->name == "sse2") {
+      force_tile_products(tile_choices().back());
+      CHECK(tiles_for(*k).scores == k->tiles.scores);
+      CHECK(tiles_for(*k).blend == k->tiles.blend);
+    }
+  force_tile_products("auto");
+  const std::string report = tile_products();
+  CHECK(report.find("scores ") == 0);
+  CHECK(report.find("blend ") != std::string::npos);
+  if (!have_libxsmm()) CHECK_THROWS_AS(force_tile_products("libxsmm"), Error);
+  CHECK_THROWS_AS(force_tile_products("no-such-tiles"), Error);
+}
+
+TEST_CASE("tile products: batch passes answer as the double reference and as each other with every choice", "[kernels][tiles]") {
+  const KernelTable& k = kernels();
+  for (std::size_t d : {1u, 33u, 128u})
+    for (std::size_t nq : {1u, 17u, 64u, 70u}) {
+      const std::size_t dv = d + 3, n = 700;
+      Rows rows(n, d, dv, 5 * d + nq);
+      const auto qs = test::normal_floats(nq * d, 7 + nq);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      const std::vector<float> scales(nq, scale);
+      std::vector<std::vector<SoftmaxState>> answers;
+      for (const std::string& choice : tile_choices()) {
+        INFO(choice << ": d " << d << ", nq " << nq);
+        force_tile_products(choice);
+        answers.push_back(soft_scan_batch_split(k, qs.data(), nq, scales.data(), rows.span(), 2));
+        for (std::size_t b = 0; b < nq; ++b) {
+          const test::SoftReference ref = test::soft_reference(qs.data() + b * d, rows.keys.data(), rows.values.data(), n, d, dv, scale);
+          check_soft(answers.back()[b], ref, test::max_abs(rows.values));
+        }
+        const std::vector<float> ones(nq, 1.0f);
+        Rows ints(n, d, dv, 3 * d + nq);
+        ints.keys = test::integer_floats(n * d, d);
+        const auto iq = test::integer_floats(nq * d, nq);
+        const auto hard = hard_scan_batch_split(k, iq.data(), nq, ones.data(), ints.span(), 2);
+        for (std::size_t b = 0; b < nq; ++b) {  // integer dots are exact: the argmax is the single path's
+          const ArgMax one = hard_scan_split(k, iq.data() + b * d, 1.0f, ints.span(), 1);
+          CHECK(hard[b].row == one.row);
+          CHECK(hard[b].score == one.score);
+        }
+      }
+      for (std::size_t a = 1; a < answers.size(); ++a)
+        for (std::size_t b = 0; b < nq; ++b) {
+          CHECK(std::fabs(answers[a][b].lse() - answers[0][b].lse()) <= 1e-5 * std::max(1.0, std::fabs(answers[0][b].lse())));
+          double err = 0;
+          for (std::size_t j = 0; j < dv; ++j)
+            err = std::max(err, static_cast<double>(std::fabs(answers[a][b].acc[j] / answers[a][b].sum - answers[0][b].acc[j] / answers[0][b].sum)));
+          CHECK(err <= 1e-5 * test::max_abs(rows.values));
+        }
+    }
+  force_tile_products("auto");
 }

@@ -234,14 +234,14 @@ TEST_CASE("every kernel path at every precision equals the float32 kernel on the
           std::vector<float> scratch(batch_scratch_floats(nq, d));
           std::vector<float> maxc(nq, -INFINITY), sumbc(nq, 0.0f), acbc(nq * dv, 0.0f);
           std::vector<float> maxf(nq, -INFINITY), sumbf(nq, 0.0f), acbf(nq * dv, 0.0f);
-          k->soft_scan_batch(qs.data(), nq, scales.data(), cs, maxc.data(), sumbc.data(), acbc.data(), scratch.data());
-          k->soft_scan_batch(qs.data(), nq, scales.data(), fs, maxf.data(), sumbf.data(), acbf.data(), scratch.data());
+          k->soft_scan_batch(qs.data(), nq, scales.data(), cs, maxc.data(), sumbc.data(), acbc.data(), scratch.data(), k->tiles);
+          k->soft_scan_batch(qs.data(), nq, scales.data(), fs, maxf.data(), sumbf.data(), acbf.data(), scratch.data(), k->tiles);
           REQUIRE(same_bits(maxc, maxf));
           REQUIRE(same_bits(sumbc, sumbf));
           REQUIRE(same_bits(acbc, acbf));
           std::vector<ArgMax> bc(nq), bf(nq);
-          k->hard_scan_batch(qs.data(), nq, scales.data(), cs, bc.data(), scratch.data());
-          k->hard_scan_batch(qs.data(), nq, scales.data(), fs, bf.data(), scratch.data());
+          k->hard_scan_batch(qs.data(), nq, scales.data(), cs, bc.data(), scratch.data(), k->tiles);
+          k->hard_scan_batch(qs.data(), nq, scales.data(), fs, bf.data(), scratch.data(), k->tiles);
           for (std::size_t b = 0; b < nq; ++b) {
             REQUIRE(bc[b].row == bf[b].row);
             REQUIRE(bits(bc[b].score) == bits(bf[b].score));

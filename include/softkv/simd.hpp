@@ -27,4 +27,14 @@ std::string tune_scans();
 /// The scans' prefetch settings in use.
 std::string scan_tuning();
 
+/// How batch passes compute their two tile products (scores, blend) on this CPU: softkv's own register
+/// tiles or libxsmm's JIT-generated GEMMs, each chosen by measuring both at first use (about 10-20 ms,
+/// once per process; SOFTKV_TILES=softkv|libxsmm|auto decides instead), with the measured rates.
+std::string tile_products();
+
+/// Forces the tile products for the process: "softkv", "libxsmm" or "auto" (measure again). Throws
+/// Error(unsupported) for an unknown name, or "libxsmm" in a build without it. Not synchronised with
+/// running queries: call it before querying.
+void force_tile_products(std::string_view name);
+
 }  // namespace softkv

@@ -63,6 +63,12 @@ const KernelTable* kernels_named(std::string_view name) {
 
 const KernelTable& kernels() { return *active().load(std::memory_order_acquire); }
 
+const KernelTable& native_kernels() {
+  for (const PathInfo& p : kPaths)
+    if (p.supported()) return p.table();
+  return scalar_kernels();
+}
+
 }  // namespace softkv::detail
 
 namespace softkv {

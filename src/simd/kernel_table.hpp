@@ -79,6 +79,17 @@ struct ArgMax {
   bool overflow = false;                                  ///< some score was +inf or NaN
 };
 
+/// The two products of a batch block, lane-major (query b is lane b; primitives_scalar.hpp states
+/// them): where a batch pass spends its flops. Each kernel path has its own (register tiles); a JIT
+/// GEMM may stand in for either on the CPU's native path where it measured faster (tile_gemm.hpp).
+struct TileProducts {
+  /// s[r * lanes + b] = sum_i k[r * d + i] * qt[i * lanes + b] for rows x lanes (s overwritten).
+  void (*scores)(const float* qt, std::size_t lanes, const float* k, std::size_t rows, std::size_t d, float* s);
+  /// acc[q * dv + c] += sum_r w[r * lanes + q] * v[r * dv + c] for q < nq and c < dv.
+  void (*blend)(const float* w, std::size_t lanes, std::size_t nq, const float* v, std::size_t rows, std::size_t dv,
+                float* acc);
+};
+
 /// One instruction set's kernels. All pointers are non-null.
 ///
 /// Every single-query kernel computes a row's score the same way, s = scale * dot(q, k) in one
@@ -99,17 +110,18 @@ struct KernelTable {
                     float* acc, ScoreSink* sink);
 
   /// The same for nq row-major queries at once, query b with its own scales[b]; max, sum have nq
-  /// entries, acc nq x value_dim. scratch holds batch_scratch_floats(nq, dim) floats.
+  /// entries, acc nq x value_dim. scratch holds batch_scratch_floats(nq, dim) floats. The two tile
+  /// products go through `tiles` (this path's own, or tiles_for's choice).
   void (*soft_scan_batch)(const float* queries, std::size_t nq, const float* scales, const RowSpan& span,
-                          float* max, float* sum, float* acc, float* scratch);
+                          float* max, float* sum, float* acc, float* scratch, const TileProducts& tiles);
 
   /// Argmax of s = scale * (q . k) over span (keys only); ties go to the smaller id. Updates best in place.
   void (*hard_scan)(const float* query, float scale, const RowSpan& span, ArgMax& best);
 
   /// The same for nq queries with scales[b] each; best has nq entries; scratch holds
-  /// batch_scratch_floats(nq, dim) floats.
+  /// batch_scratch_floats(nq, dim) floats; the scores through tiles.scores.
   void (*hard_scan_batch)(const float* queries, std::size_t nq, const float* scales, const RowSpan& span,
-                          ArgMax* best, float* scratch);
+                          ArgMax* best, float* scratch, const TileProducts& tiles);
 
   /// A pass over the keys only that offers every block's scores to sink (a fused score + top-k pass).
   void (*top_scan)(const float* query, float scale, const RowSpan& span, ScoreSink& sink);
@@ -123,6 +135,9 @@ struct KernelTable {
 
   /// Multi-head argmax (keys only): best[j] is head j's, scored like soft_scan_heads.
   void (*hard_scan_heads)(const float* query, const float* scales, std::size_t heads, const RowSpan& span, ArgMax* best);
+
+  /// This path's own tile products (P::scores_block, P::blend_block).
+  TileProducts tiles;
 };
 
 /// scale * (q . k) over key elements [first, first + count) of row `row` of span, the products and
@@ -142,6 +157,9 @@ const KernelTable& avx512_kernels();
 
 /// The active table: the widest the CPU supports, or the one forced by SOFTKV_SIMD / force_simd_path.
 const KernelTable& kernels();
+
+/// The widest table the CPU supports, whatever SOFTKV_SIMD or force_simd_path chose.
+const KernelTable& native_kernels();
 
 /// The table named name if this CPU can run it, else null.
 const KernelTable* kernels_named(std::string_view name);

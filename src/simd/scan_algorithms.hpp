@@ -5,7 +5,9 @@
 // reduce8 and transpose_heads (multi-head scoring), widen_f16, widen_bf16, widen_i8 (compact rows to
 // float32, exactly, for the batched scans), dot, max, exp_shifted, scale, and for the batched scans
 // scores_block, scale_columns, column_max, exp_columns, blend_block over lane-major blocks (see
-// primitives_scalar.hpp for the reference semantics). Include this only from a kernels_*.cpp.
+// primitives_scalar.hpp for the reference semantics; scores_block and blend_block are the path's own
+// TileProducts, and the batch scans call whichever TileProducts they are given: tile_gemm.hpp).
+// Include this only from a kernels_*.cpp.
 #pragma once
 
 #include <atomic>
@@ -299,11 +301,12 @@ inline void transpose_queries(const float* q, std::size_t nq, std::size_t d, flo
 // times factor[b]; lanes from nq on are padding): the keys' dot products, scaled per lane afterwards,
 // and any non-finite one redone by score_in_double, as score_block does for a single query.
 template <class P>
-void batch_scores(Widener<P>& widen, const float* qt, const float* queries, std::size_t nq, const float* factor,
-                  const RowSpan& span, std::size_t start, std::size_t rows, std::size_t lanes, float* scores) {
+void batch_scores(Widener<P>& widen, const TileProducts& tiles, const float* qt, const float* queries, std::size_t nq,
+                  const float* factor, const RowSpan& span, std::size_t start, std::size_t rows, std::size_t lanes,
+                  float* scores) {
   const std::size_t d = span.dim;
   widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
-    P::scores_block(qt, lanes, k, n, d, scores + off * lanes);
+    tiles.scores(qt, lanes, k, n, d, scores + off * lanes);
   });
   P::scale_columns(scores, rows, lanes, factor);
   if (P::all_finite(scores, rows * lanes)) return;
@@ -319,7 +322,7 @@ void batch_scores(Widener<P>& widen, const float* qt, const float* queries, std:
 // columns with whole vectors.
 template <class P>
 void soft_scan_batch(const float* queries, std::size_t nq, const float* scales, const RowSpan& span, float* max,
-                     float* sum, float* acc, float* scratch) {
+                     float* sum, float* acc, float* scratch, const TileProducts& tiles) {
   const std::size_t d = span.dim;
   const std::size_t dv = span.value_dim;
   const std::size_t lanes = batch_lanes(nq);
@@ -336,7 +339,7 @@ void soft_scan_batch(const float* queries, std::size_t nq, const float* scales, 
   Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    batch_scores<P>(widen, qt, queries, nq, factor, span, start, rows, lanes, scores);
+    batch_scores<P>(widen, tiles, qt, queries, nq, factor, span, start, rows, lanes, scores);
     P::column_max(scores, rows, lanes, block);
     for (std::size_t b = 0; b < nq; ++b) {
       raise_max<P>(block[b], max[b], sum[b], acc + b * dv, dv);
@@ -345,7 +348,7 @@ void soft_scan_batch(const float* queries, std::size_t nq, const float* scales, 
     P::exp_columns(scores, rows, lanes, shift, block);
     for (std::size_t b = 0; b < nq; ++b) sum[b] += block[b];
     widen.values(span, start, rows, [&](const float* v, std::size_t off, std::size_t n) {
-      P::blend_block(scores + off * lanes, lanes, nq, v, n, dv, acc);
+      tiles.blend(scores + off * lanes, lanes, nq, v, n, dv, acc);
     });
   }
 }
@@ -382,7 +385,7 @@ void hard_scan(const float* q, float scale, const RowSpan& span, ArgMax& best) {
 // scale * dot as before the screening, so the answers are bit for bit those of the row-by-row walk.
 template <class P>
 void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, const RowSpan& span, ArgMax* best,
-                     float* scratch) {
+                     float* scratch, const TileProducts& tiles) {
   const std::size_t d = span.dim;
   const std::size_t lanes = batch_lanes(nq);
   float* qt = scratch;                             // d x lanes
@@ -395,7 +398,7 @@ void hard_scan_batch(const float* queries, std::size_t nq, const float* scales, 
   Widener<P> widen;
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
-    batch_scores<P>(widen, qt, queries, nq, factor, span, start, rows, lanes, scores);
+    batch_scores<P>(widen, tiles, qt, queries, nq, factor, span, start, rows, lanes, scores);
     P::column_max_sum(scores, rows, lanes, top, total);
     for (std::size_t b = 0; b < nq; ++b) {
       if (std::isfinite(total[b]) && top[b] < best[b].score) continue;
