@@ -3,9 +3,12 @@
 #include "shard.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <tuple>
 #include <array>
 #include <cerrno>
 #include <csignal>
@@ -108,7 +111,10 @@ CommitLog::CommitLog(const fs::path& path, bool sync, bool legacy) : sync_(sync)
     }
     return;
   }
-  if (n != static_cast<ssize_t>(kCommitBytes)) fail("has " + std::to_string(std::max<ssize_t>(n, 0)) + " bytes, not 48");
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) fail(std::string("cannot be examined: ") + std::strerror(errno));
+  if (n != static_cast<ssize_t>(kCommitBytes) || st.st_size != static_cast<off_t>(kCommitBytes))
+    fail("has " + std::to_string(st.st_size) + " bytes, not 48");
   if (std::memcmp(words, kCommitMagic, sizeof kCommitMagic) != 0) fail("has a damaged header");
   int valid = 0;
   for (int i = 1; i <= 2; ++i)
@@ -177,8 +183,8 @@ void CrashPoint::at(std::size_t my_rank, const char* here, std::uint64_t count) 
 
 void Shard::agree(const std::function<void()>& body) const { detail::agree(comm_, body); }
 
-Shard::Shard(MPI_Comm comm, Database& db, fs::path dir, CommitLog* commits, bool sync)
-    : comm_(comm), db_(db), dir_(std::move(dir)), commits_(commits), sync_(sync) {
+Shard::Shard(MPI_Comm comm, Database& db, fs::path dir, std::string job, CommitLog* commits, bool sync)
+    : comm_(comm), db_(db), dir_(std::move(dir)), job_(std::move(job)), commits_(commits), sync_(sync) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm_, &rank);
   MPI_Comm_size(comm_, &size);
@@ -188,37 +194,58 @@ Shard::Shard(MPI_Comm comm, Database& db, fs::path dir, CommitLog* commits, bool
 
 std::pair<std::size_t, std::size_t> Shard::recover(std::uint64_t last_committed) {
   next_txn_ = last_committed + 1;
-  std::size_t applied = 0, dropped = 0;
+  // Phase 1, nothing changed yet: every rank reads and checks the parts it must complete. A damaged or
+  // foreign one stops the start on every rank with the directory as it was (an operator can restore
+  // the job from its backup: docs/SHARDING.md).
+  std::vector<std::tuple<std::uint64_t, fs::path, detail::Mutation>> committed;
+  std::vector<fs::path> uncommitted;
   agree([&] {
-    const std::string prefix = "part-" + std::to_string(rank_) + "-";
-    std::vector<std::pair<std::uint64_t, fs::path>> parts;
     for (const auto& e : fs::directory_iterator(dir_)) {
       const std::string name = e.path().filename().string();
-      if (name.rfind(prefix, 0) != 0) continue;
-      parts.emplace_back(std::strtoull(name.c_str() + prefix.size(), nullptr, 10), e.path());
-    }
-    std::sort(parts.begin(), parts.end());
-    for (const auto& [txn, path] : parts) {
-      if (txn <= last_committed) {
-        std::ifstream in(path, std::ios::binary);
-        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        const auto bytes = std::as_bytes(std::span(text.data(), text.size()));
-        detail::Mutation part;
-        try {
-          part = is_legacy_part(bytes) ? legacy_part(bytes) : detail::decode_part(bytes, path.string());
-        } catch (const Error& e) {
-          throw Error(ErrorCode::corrupt_file, path.string() + " (the part of committed write " + std::to_string(txn) +
-                                                   ") cannot be read: " + e.what());
-        }
-        apply_part(part);
-        ++applied;
-      } else {
-        ++dropped;
+      if (name.rfind("part-", 0) != 0) continue;
+      unsigned long long r = 0, txn = 0;
+      char tail = 0;
+      if (std::sscanf(name.c_str(), "part-%llu-%llu%c", &r, &txn, &tail) != 2)
+        throw Error(ErrorCode::invalid_argument, e.path().string() + " is not a part file this job writes (part-<rank>-<write>)");
+      if (r >= ranks_)
+        throw Error(ErrorCode::invalid_argument, e.path().string() + " is a part of rank " + std::to_string(r) + ", but this job has " +
+                                                     std::to_string(ranks_) + " ranks");
+      if (r != rank_) continue;
+      if (txn > last_committed) {  // never committed: no client was told it succeeded
+        uncommitted.push_back(e.path());
+        continue;
       }
-      fs::remove(path);
+      std::ifstream in(e.path(), std::ios::binary);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const auto bytes = std::as_bytes(std::span(text.data(), text.size()));
+      const std::string what = e.path().string() + " (the part of committed write " + std::to_string(txn) + ")";
+      try {
+        if (is_legacy_part(bytes)) {
+          committed.emplace_back(txn, e.path(), legacy_part(bytes));
+          continue;
+        }
+        detail::Part part = detail::decode_part(bytes, e.path().string());
+        const detail::PartTag expected{job_, static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(ranks_), txn};
+        if (!(part.tag == expected))
+          throw Error(ErrorCode::corrupt_file, "it belongs to rank " + std::to_string(part.tag.rank) + " of " +
+                                                   std::to_string(part.tag.ranks) + ", job '" + part.tag.job + "', write " +
+                                                   std::to_string(part.tag.txn) + ": a file copied from elsewhere");
+        committed.emplace_back(txn, e.path(), std::move(part.mutation));
+      } catch (const Error& err) {
+        throw Error(ErrorCode::corrupt_file, what + " cannot be used: " + err.what());
+      }
     }
   });
-  return {applied, dropped};
+  // Phase 2: complete the committed parts in write order, drop the others.
+  std::sort(committed.begin(), committed.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  agree([&] {
+    for (const auto& [txn, path, part] : committed) {
+      apply_part(part);
+      fs::remove(path);
+    }
+    for (const fs::path& path : uncommitted) fs::remove(path);
+  });
+  return {committed.size(), uncommitted.size()};
 }
 
 wire::Reply Shard::execute(const wire::Request& request) {
@@ -323,7 +350,10 @@ void Shard::mutate(const detail::Mutation& whole) {
   try {
     crash_.at(rank_, "write", spanning_);
     agree([&] {
-      if (mine) write_file(part_file, detail::encode_part(*mine), sync_);
+      if (mine)
+        write_file(part_file,
+                   detail::encode_part(*mine, {job_, static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(ranks_), txn}),
+                   sync_);
     });
     crash_.at(rank_, "parts", spanning_);
     agree([&] {

@@ -71,13 +71,18 @@ struct CrashPoint {
 // communicator. execute() is collective: every rank calls it with the same request, in the same order.
 class Shard {
  public:
-  // dir: the job's data directory (DIR), where this rank keeps its part files; commits: rank 0's
-  // commit log (null on the other ranks); sync: fsync part files (--fsync always).
-  Shard(MPI_Comm comm, Database& db, std::filesystem::path dir, CommitLog* commits, bool sync);
+  // dir: the job's data directory (DIR), where this rank keeps its part files; job: the job id its
+  // parts carry; commits: rank 0's commit log (null on the other ranks); sync: fsync part files
+  // (--fsync always).
+  Shard(MPI_Comm comm, Database& db, std::filesystem::path dir, std::string job, CommitLog* commits, bool sync);
 
   // Collective, at start after every rank opened its Database: completes the cross-shard writes that
   // rank 0 committed (re-applying this rank's part, which is idempotent) and drops the parts of the
   // others, which no client was told had succeeded. Returns the parts re-applied and dropped here.
+  // First every rank reads and checks every part it must complete (checksum, and that it is this
+  // job's, this rank's and this write's): a damaged or foreign part, or a part file of a rank the
+  // job does not have, throws Error(corrupt_file / invalid_argument) on every rank before any rank
+  // changes anything.
   std::pair<std::size_t, std::size_t> recover(std::uint64_t last_committed);
 
   // The reply to request on rank 0 (other ranks discard theirs). A failure throws softkv::Error on
@@ -127,6 +132,7 @@ class Shard {
   MPI_Comm comm_;
   Database& db_;
   std::filesystem::path dir_;
+  std::string job_;
   CommitLog* commits_;
   bool sync_;
   std::size_t rank_ = 0, ranks_ = 1;

@@ -153,15 +153,19 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
       }))
     return stop(failed);
   MPI_Bcast(&last_committed, 1, MPI_UINT64_T, 0, comm);
-  Shard shard(comm, *db, dir, commits.get(), options.fsync == FsyncPolicy::always);
+  Shard shard(comm, *db, dir, job.job, commits.get(), options.fsync == FsyncPolicy::always);
   try {
     const auto [applied, dropped] = shard.recover(last_committed);
     if (applied + dropped > 0)
       spdlog::info("shard {}: recovery completed {} committed cross-shard write part(s) and dropped {} uncommitted one(s)",
                    rank, applied, dropped);
   } catch (const std::exception& e) {
+    // A damaged or foreign part (or a stray part file) refuses the start like the other job files (2),
+    // nothing changed; an I/O error or a failure to apply is 1.
+    const auto* error = dynamic_cast<const Error*>(&e);
+    const bool refused = error != nullptr && (error->code() == ErrorCode::corrupt_file || error->code() == ErrorCode::invalid_argument);
     if (rank == 0) spdlog::error("recovery of the cross-shard writes failed: {}", e.what());
-    return stop(1);
+    return stop(refused ? 2 : 1);
   }
   // Rank 0 compares every shard's logged writes with the progress record of the last start or stop:
   // a shard behind it was restored from an older copy. Then it records where every shard is now.

@@ -522,6 +522,48 @@ TEST_CASE("sharded server refuses a job directory whose shards are not the job's
     expect_refused(std::string("a damaged ") + file, "is damaged (its CRC-32 does not match)");
   }
   copy_job(good, work);
+  std::filesystem::resize_file(work / "commits", 49);
+  expect_refused("a commit log one byte too long", "has 49 bytes, not 48");
+  {  // part files of committed write 1 (the create): each must be this job's, this rank's and this write's
+    const std::string manifest = read_file(good / "shards");
+    const std::string job_id = manifest.substr(manifest.find("\njob ") + 5, 32);
+    const auto part = [&](std::size_t rank, std::uint64_t id, std::string job) {  // an upsert of one row rank owns
+      return detail::encode_part(detail::mutation::Upsert{"t", Rows{{id}, {1, 0, 0, 0}, {7, 7}, {}}, true},
+                                 {std::move(job), static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(ranks), 1});
+    };
+    const auto put = [&](const std::string& name, const std::vector<std::byte>& bytes) {
+      std::ofstream(work / name, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(bytes.data()),
+                                                                           static_cast<std::streamsize>(bytes.size()));
+    };
+    const std::uint64_t id0 = 1000 * ranks, id1 = 1000 * ranks + 1;  // owned by rank 0 and rank 1
+    copy_job(good, work);
+    put("part-0-1", part(1, id1, job_id));  // rank 1's part where rank 0's belongs
+    expect_refused("a part file of rank 1 in rank 0's name", "it belongs to rank 1 of " + std::to_string(ranks));
+    CHECK(std::filesystem::exists(work / "part-0-1"));  // refused as it was: nothing applied, nothing deleted
+    copy_job(good, work);
+    put("part-1-1", part(1, id1, std::string(32, 'f')));
+    expect_refused("a part file of another job", "job '" + std::string(32, 'f') + "'");
+    copy_job(good, work);
+    put("part-0-1", part(0, id0, job_id));  // a good part on rank 0 beside a damaged one on rank 1
+    std::vector<std::byte> damaged = part(1, id1, job_id);
+    damaged.back() ^= std::byte{1};
+    put("part-1-1", damaged);
+    expect_refused("a damaged part of a committed write", "part-1-1 (the part of committed write 1) cannot be used");
+    CHECK(std::filesystem::exists(work / "part-0-1"));  // no rank completed its part before every part was read
+    copy_job(good, work);
+    put("part-" + std::to_string(ranks) + "-1", part(0, id0, job_id));
+    expect_refused("a part file of a rank the job does not have", "but this job has " + std::to_string(ranks) + " ranks");
+    copy_job(good, work);  // the good parts alone: completed at start (an upsert applied again is the same rows)
+    put("part-0-1", part(0, id0, job_id));
+    put("part-1-1", part(1, id1, job_id));
+    Job job(work, ranks, dir.path / "parts.log");
+    Client c(job.client());
+    CHECK(c.get("t", id0).value == std::vector<float>{7, 7});
+    CHECK(c.get("t", id1).value == std::vector<float>{7, 7});
+    CHECK(job.stop_rank0() == 0);
+    CHECK_FALSE(std::filesystem::exists(work / "part-0-1"));
+  }
+  copy_job(good, work);
   std::filesystem::remove(work / "progress");
   expect_refused("a deleted progress record", "progress is missing");
   copy_job(good, work);
@@ -581,7 +623,7 @@ std::size_t rows_of(Client& c, std::size_t b, std::size_t rows) {
 // Rewrites a part file as the release before format "skvpart1" wrote it (a request frame), so that
 // recovery's reader of those is tested on the parts of a real crash.
 void rewrite_as_legacy_part(const std::filesystem::path& path, const std::string& text) {
-  const detail::Mutation part = detail::decode_part(std::as_bytes(std::span(text.data(), text.size())), path.string());
+  const detail::Mutation part = detail::decode_part(std::as_bytes(std::span(text.data(), text.size())), path.string()).mutation;
   const auto& u = std::get<detail::mutation::Upsert>(part);
   const std::vector<std::byte> frame =
       wire::encode_request(wire::Upsert{u.name, u.rows.ids, u.rows.keys, u.rows.values, u.rows.tags}, 0, wire::kProtocolVersion);

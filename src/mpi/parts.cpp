@@ -3,6 +3,8 @@
 
 #include <string_view>
 
+#include "assert.hpp"
+#include "codec/bytes.hpp"
 #include "codec/checked_blob.hpp"
 #include "mpi/sharded_impl.hpp"
 #include "overloaded.hpp"
@@ -68,25 +70,36 @@ std::size_t owners_of(const Mutation& m, std::size_t ranks) {
                     m);
 }
 
-std::vector<std::byte> encode_part(const Mutation& part) {
+std::vector<std::byte> encode_part(const Mutation& part, const PartTag& tag) {
   const EncodedMutation e = encode_mutation(part);
-  std::vector<std::byte> payload;
-  payload.reserve(1 + e.payload.size());
-  payload.push_back(static_cast<std::byte>(e.type));
-  payload.insert(payload.end(), e.payload.begin(), e.payload.end());
-  return seal_blob(kPartMagic, kPartVersion, payload);
+  ByteWriter w;
+  w.put_string(tag.job);
+  w.put(tag.rank);
+  w.put(tag.ranks);
+  w.put(tag.txn);
+  w.put(static_cast<std::uint8_t>(e.type));
+  w.put_array(std::span<const std::byte>(e.payload));
+  return seal_blob(kPartMagic, kPartVersion, w.bytes());
 }
 
-Mutation decode_part(std::span<const std::byte> bytes, const std::string& file) {
+Part decode_part(std::span<const std::byte> bytes, const std::string& file) {
   const OpenedBlob blob = open_blob(bytes, kPartMagic, file);
   if (blob.version != kPartVersion)
     throw Error(ErrorCode::corrupt_file, file + ": part format version " + std::to_string(blob.version) + " is not 1");
-  if (blob.payload.empty()) throw Error(ErrorCode::corrupt_file, file + ": an empty part");
-  const auto type = static_cast<RecordType>(blob.payload[0]);
-  if (type == RecordType::upsert || static_cast<std::uint8_t>(type) > kMaxRecordType || static_cast<std::uint8_t>(type) == 0)
-    throw Error(ErrorCode::corrupt_file, file + ": record type " + std::to_string(int(blob.payload[0])) + " is not a part's");
   try {
-    return decode_mutation(type, blob.payload.subspan(1), [](const std::string&) { return std::nullopt; });
+    ByteReader r(blob.payload, ErrorCode::corrupt_file);
+    Part part;
+    part.tag.job = r.get_string("job id");
+    part.tag.rank = r.get<std::uint32_t>("rank");
+    part.tag.ranks = r.get<std::uint32_t>("rank count");
+    part.tag.txn = r.get<std::uint64_t>("write number");
+    const auto byte = r.get<std::uint8_t>("record type");
+    const auto type = static_cast<RecordType>(byte);
+    if (type == RecordType::upsert || byte > kMaxRecordType || byte == 0)
+      throw Error(ErrorCode::corrupt_file, "record type " + std::to_string(int(byte)) + " is not a part's");
+    const std::span<const std::byte> rest = blob.payload.subspan(blob.payload.size() - r.remaining());
+    part.mutation = decode_mutation(type, rest, [](const std::string&) { return std::nullopt; });
+    return part;
   } catch (const Error& e) {
     throw Error(ErrorCode::corrupt_file, file + ": " + e.what());
   }
@@ -100,7 +113,7 @@ EncodedParts encode_parts(const Mutation& whole, std::size_t ranks) {
     out.displs[r] = mpi_count(out.bytes.size(), "one write's parts");
     const std::optional<Mutation> part = part_of(whole, r, ranks);
     if (!part) continue;
-    const std::vector<std::byte> sealed = encode_part(*part);
+    const std::vector<std::byte> sealed = encode_part(*part, PartTag{"", static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(ranks), 0});
     out.counts[r] = mpi_count(sealed.size(), "one rank's part of a write");
     out.bytes.insert(out.bytes.end(), sealed.begin(), sealed.end());
   }
@@ -115,7 +128,13 @@ std::optional<Mutation> scatter_parts(const EncodedParts& at_root, int root, MPI
   MPI_Scatterv(at_root.bytes.data(), at_root.counts.data(), at_root.displs.data(), MPI_BYTE, received.data(), mine, MPI_BYTE,
                root, comm);
   if (mine == 0) return std::nullopt;
-  return decode_part(received, "the part of a write sent by rank " + std::to_string(root));
+  Part part = decode_part(received, "the part of a write sent by rank " + std::to_string(root));
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  SOFTKV_ASSERT(part.tag.rank == static_cast<std::uint32_t>(rank) && part.tag.ranks == static_cast<std::uint32_t>(size),
+                "a scattered part reaches the rank it was cut for");
+  return std::move(part.mutation);
 }
 
 }  // namespace softkv::detail

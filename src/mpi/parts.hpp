@@ -23,12 +23,29 @@ namespace softkv::detail {
 /// The number of ranks whose part_of(m) is not empty: one means the write is atomic on that rank alone.
 [[nodiscard]] std::size_t owners_of(const Mutation& m, std::size_t ranks);
 
-/// A part as bytes: a checked blob (magic "skvpart1", version 1) holding the record type byte and the
-/// encode_mutation payload, so a part file is checked like every other file and decoded by the log's codec.
-[[nodiscard]] std::vector<std::byte> encode_part(const Mutation& part);
+/// Whose a part is: a part names the job, the rank it belongs to, the rank count and the cross-shard
+/// write, so a part file copied to another rank, job or write number is refused, never applied.
+struct PartTag {
+  std::string job;          ///< the job id (the sharded server's manifest; empty for the library's parts)
+  std::uint32_t rank = 0;   ///< the rank that applies it
+  std::uint32_t ranks = 1;  ///< P
+  std::uint64_t txn = 0;    ///< the cross-shard write (0 for the library's parts, which are never stored)
+  bool operator==(const PartTag&) const = default;
+};
+
+/// A decoded part.
+struct Part {
+  PartTag tag;        ///< whose it is
+  Mutation mutation;  ///< what it changes
+};
+
+/// A part as bytes: a checked blob (magic "skvpart1", version 1) holding the tag (u16-prefixed job,
+/// u32 rank, u32 ranks, u64 txn), the record type byte and the encode_mutation payload, so a part file is
+/// checked like every other file and decoded by the log's codec.
+[[nodiscard]] std::vector<std::byte> encode_part(const Mutation& part, const PartTag& tag);
 
 /// Reads what encode_part wrote; throws Error(corrupt_file) naming `file` for damaged or foreign bytes.
-[[nodiscard]] Mutation decode_part(std::span<const std::byte> bytes, const std::string& file);
+[[nodiscard]] Part decode_part(std::span<const std::byte> bytes, const std::string& file);
 
 /// Root's half of a scatter: every rank's encode_part bytes in one buffer, with MPI counts and offsets.
 struct EncodedParts {
@@ -42,7 +59,8 @@ struct EncodedParts {
 [[nodiscard]] EncodedParts encode_parts(const Mutation& whole, std::size_t ranks);
 
 /// Sends every rank its part (at_root: significant at root only; one MPI_Scatter of the counts and one
-/// MPI_Scatterv of the bytes) and returns this rank's (nullopt: it owns nothing). Collective over comm.
+/// MPI_Scatterv of the bytes) and returns this rank's (nullopt: it owns nothing), its tag checked
+/// (Error(internal) for a part meant for another rank). Collective over comm.
 [[nodiscard]] std::optional<Mutation> scatter_parts(const EncodedParts& at_root, int root, MPI_Comm comm);
 
 }  // namespace softkv::detail

@@ -953,11 +953,13 @@ TEST_CASE("write parts: the byte form round-trips every kind and refuses damaged
                                                   mutation::Upsert{"u", untagged, false}, mutation::Upsert{"t", tagged, false},
                                                   mutation::Upsert{"e", Rows{}, false},
                                                   mutation::Remove{"r", {0, 5, std::numeric_limits<std::uint64_t>::max() - 1}}}) {
-    const std::vector<std::byte> bytes = encode_part(m);
-    const Mutation back = decode_part(bytes, "part");
-    REQUIRE(back.index() == m.index());
-    CHECK(collection_of(back) == collection_of(m));
-    CHECK(encode_part(back) == bytes);  // every field survived
+    const PartTag tag{"0123456789abcdef0123456789abcdef", 2, 3, std::numeric_limits<std::uint64_t>::max()};
+    const std::vector<std::byte> bytes = encode_part(m, tag);
+    const Part back = decode_part(bytes, "part");
+    CHECK(back.tag == tag);
+    REQUIRE(back.mutation.index() == m.index());
+    CHECK(collection_of(back.mutation) == collection_of(m));
+    CHECK(encode_part(back.mutation, back.tag) == bytes);  // every field survived
     // any flipped byte, any truncation: corrupt_file, never a different write
     for (std::size_t at = 0; at < bytes.size(); at += 1 + bytes.size() / 40) {
       std::vector<std::byte> bad = bytes;
