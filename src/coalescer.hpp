@@ -1,10 +1,15 @@
 // Group commit for reads: concurrent single queries on one collection share one pass over its rows.
 // The first query runs at once, alone; queries that arrive while a pass runs wait, and when it ends
-// the first of them leads the next pass for all of them (up to a cap). No timer, so an idle store
-// adds no latency.
+// the first of them leads the next pass for all of them (up to a cap). A leader first waits, briefly,
+// for the queries the last pass says are coming: the clients a pass has just answered send their next
+// queries a round trip later, and a pass started without them leaves them to wait a whole pass (passes
+// then alternate, a few queries each). The wait ends as soon as they are there, and never lasts more
+// than a quarter of a recent pass; an idle store (no pass within the last one's duration) and a lone
+// client (passes of one) wait for nothing, so they keep the latency of no coalescing.
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -40,25 +45,39 @@ class Coalescer {
     std::unique_lock lock(mutex_);
     if (!running_) {
       running_ = true;
-      count_pass(1);
-      lock.unlock();
-      try {
-        alone(q);
-      } catch (...) {
-        q.error = std::current_exception();
+      if (expected_now() <= 1) {  // idle, or a lone client: at once
+        count_pass(1);
+        const auto start = Clock::now();
+        lock.unlock();
+        try {
+          alone(q);
+        } catch (...) {
+          q.error = std::current_exception();
+        }
+        hand_off(1, start);
+        return;
       }
-      hand_off();
-      return;
+      queue_.push_front(&q);  // the clients of the last pass are coming back: q gathers them
+    } else {
+      queue_.push_back(&q);
+      if (gathering_) gather_.notify_one();
+      wake_.wait(lock, [&] { return q.done || q.lead; });
+      if (q.done) return;
     }
-    queue_.push_back(&q);
-    wake_.wait(lock, [&] { return q.done || q.lead; });
-    if (q.done) return;
-    std::vector<Q*> members;  // q is at the front: it was woken as the first of the queue
+    // q leads (it is at the front of the queue): first the brief wait for the expected arrivals.
+    const std::size_t target = std::min(max_batch_, expected_);
+    if (queue_.size() < target) {
+      gathering_ = true;
+      gather_.wait_until(lock, Clock::now() + window(), [&] { return queue_.size() >= target; });
+      gathering_ = false;
+    }
+    std::vector<Q*> members;
     while (!queue_.empty() && members.size() < max_batch_) {
       members.push_back(queue_.front());
       queue_.pop_front();
     }
     count_pass(members.size());
+    const auto start = Clock::now();
     lock.unlock();
     try {
       batch(members);
@@ -70,7 +89,7 @@ class Coalescer {
     lock.lock();
     for (Q* m : members) m->done = true;
     lock.unlock();
-    hand_off();
+    hand_off(members.size(), start);
   }
 
   /// Serves q at once through alone(q), whether or not a pass is running, and counts it as a pass of
@@ -100,14 +119,35 @@ class Coalescer {
   }
 
  private:
-  // The pass is over: the first waiting query leads the next one, or the coalescer goes idle.
-  void hand_off() {
+  using Clock = std::chrono::steady_clock;
+
+  // The pass of `served` queries that began at start is over: it updates what the next leader expects
+  // (the queries it served, which come back, and those that queued meanwhile) and how long passes
+  // take; then the first waiting query leads the next pass, or the coalescer goes idle.
+  void hand_off(std::size_t served, Clock::time_point start) {
     {
       std::lock_guard lock(mutex_);
+      const Clock::time_point end = Clock::now();
+      const double seconds = std::chrono::duration<double>(end - start).count();
+      pass_seconds_ = pass_seconds_ == 0 ? seconds : 0.75 * pass_seconds_ + 0.25 * seconds;
+      last_end_ = end;
+      expected_ = served + queue_.size();
       if (queue_.empty()) running_ = false;
       else queue_.front()->lead = true;
     }
     wake_.notify_all();  // the members just served and the next leader
+  }
+
+  // What a query arriving at an idle coalescer should gather: 1 (nothing) when no pass ended within
+  // the last pass's duration (the store was idle: its clients are not waiting on a round trip).
+  [[nodiscard]] std::size_t expected_now() const {
+    const double since = std::chrono::duration<double>(Clock::now() - last_end_).count();
+    return since > pass_seconds_ ? 1 : expected_;
+  }
+
+  // The longest a leader waits for the expected arrivals: a quarter of a recent pass.
+  [[nodiscard]] Clock::duration window() const {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(0.25 * pass_seconds_));
   }
 
   void count_pass(std::size_t n) {
@@ -119,7 +159,12 @@ class Coalescer {
   const std::size_t max_batch_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
+  std::condition_variable gather_;  // a gathering leader waits on it; arrivals notify it
   bool running_ = false;
+  bool gathering_ = false;
+  std::size_t expected_ = 1;    // queries the next pass should gather: the last pass's and those queued meanwhile
+  double pass_seconds_ = 0;     // recent passes' duration (moving average)
+  Clock::time_point last_end_;  // when the last pass ended
   std::deque<Q*> queue_;
   CoalescingStats stats_;
 };

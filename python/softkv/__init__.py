@@ -24,7 +24,7 @@ from ._errors import __all__ as _error_names
 from ._results import Contributors, HardBatchResult, HardResult, SoftBatchResult, SoftResult
 try:
     from ._softkv import (Collection, CollectionView, Database, __version__, available_simd_paths, check_config,
-                          force_simd_path, simd_path)
+                          force_simd_path, force_tile_products, simd_path, tile_products)
 except ImportError as e:  # the pure-Python files without the native module beside them
     raise ImportError(f"softkv's native module is missing or does not load ({e}); build it with CMake (target "
                       "softkv_python, on by default) and use PYTHONPATH=<build>/python, or cmake --install") from e
@@ -32,4 +32,4 @@ from .client import Client
 
 __all__ = ["Collection", "CollectionView", "Database", "Client", "Contributors", "SoftResult", "HardResult",
            "SoftBatchResult", "HardBatchResult", "simd_path", "available_simd_paths", "force_simd_path", "check_config",
-           "__version__", *_error_names]
+           "tile_products", "force_tile_products", "__version__", *_error_names]
