@@ -6,12 +6,13 @@ own query, closed loop), for each setting: the C++ load_gen, and the Python clie
 thread per connection: a CPU-hungry client on the server's cores, as a Python application is). Hard
 queries at 1 and 64 connections with load_gen. With coalescing on, the server's query_stats give the
 queries per pass. Writes bench/results/COALESCING.md and coalescing.png.
-Usage: coalescing_bench.py --build build [--n 300000,1000000] [--seconds 6]
+Usage: coalescing_bench.py --build build [--n 300000,1000000] [--seconds 4] [--rounds 3]
 """
 import argparse
 import datetime
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,26 +81,48 @@ def passes(softkv, port, work):
     return result, (n / p if p else 0.0)
 
 
-def measure_n(build, softkv, n, seconds):
+def measure_n(build, softkv, n, seconds, rounds):
+    """Both servers run side by side (the idle one takes no CPU) and every measurement alternates between
+    them, `rounds` times: a machine whose speed drifts (a shared VM) then weighs on both alike. Each
+    figure is the round with the median rate."""
     results = {}
-    with tempfile.TemporaryDirectory() as data:
-        for coalesce in ("on", "off"):
-            port = free_port()
-            server = serve(build, data, port, coalesce)
-            try:
-                wait_port(port, seconds=300)  # the second start loads the snapshot the first one wrote
-                if coalesce == "on":
-                    run([f"{build}/bench/load_gen", "--port", str(port), "--setup", "--n", str(n), "--d", "128", "--op", "ping",
-                         "--connections", "1", "--seconds", "1"])
-                load_gen(build, port, "soft", 1, 2)  # warm the pages up before anything is timed
-                for c in CONNECTIONS:
-                    results[(coalesce, "load_gen", "soft", c)] = passes(softkv, port, lambda: load_gen(build, port, "soft", c, seconds))
-                    results[(coalesce, "python", "soft", c)] = passes(softkv, port, lambda: python_clients(softkv, port, c, seconds))
-                for c in (1, 64):
-                    results[(coalesce, "load_gen", "hard", c)] = passes(softkv, port, lambda: load_gen(build, port, "hard", c, seconds))
-            finally:
-                server.send_signal(signal.SIGINT)  # writes the snapshot the "off" run starts from
-                server.wait(timeout=300)
+    with tempfile.TemporaryDirectory() as root:
+        dirs = {"on": os.path.join(root, "on"), "off": os.path.join(root, "off")}
+        port = free_port()
+        server = serve(build, dirs["on"], port, "on")
+        try:
+            wait_port(port, seconds=300)
+            run([f"{build}/bench/load_gen", "--port", str(port), "--setup", "--n", str(n), "--d", "128", "--op", "ping",
+                 "--connections", "1", "--seconds", "1"])
+        finally:
+            server.send_signal(signal.SIGINT)  # writes the snapshot both servers start from
+            server.wait(timeout=300)
+        shutil.copytree(dirs["on"], dirs["off"])
+        ports = {c: free_port() for c in ("on", "off")}
+        servers = {c: serve(build, dirs[c], ports[c], c) for c in ("on", "off")}
+        try:
+            for c in ("on", "off"):
+                wait_port(ports[c], seconds=300)
+                load_gen(build, ports[c], "soft", 1, 2)  # warm the pages up before anything is timed
+            cases = [("load_gen", "soft", c) for c in CONNECTIONS] + [("python", "soft", c) for c in CONNECTIONS] + \
+                    [("load_gen", "hard", c) for c in (1, 64)]
+            for client, op, c in cases:
+                for coalesce in ("on", "off"):
+                    results[(coalesce, client, op, c)] = []
+                for _ in range(rounds):
+                    for coalesce in ("on", "off"):
+                        p = ports[coalesce]
+                        work = (lambda: load_gen(build, p, op, c, seconds)) if client == "load_gen" else \
+                            (lambda: python_clients(softkv, p, c, seconds))
+                        results[(coalesce, client, op, c)].append(passes(softkv, p, work))
+                for coalesce in ("on", "off"):
+                    runs = sorted(results[(coalesce, client, op, c)], key=lambda x: x[0][0])
+                    results[(coalesce, client, op, c)] = runs[len(runs) // 2]
+        finally:
+            for srv in servers.values():
+                srv.send_signal(signal.SIGINT)
+            for srv in servers.values():
+                srv.wait(timeout=300)
     return results
 
 
@@ -107,17 +130,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--n", default="300000,1000000", help="collection sizes, comma-separated")
-    ap.add_argument("--seconds", type=float, default=6)
+    ap.add_argument("--seconds", type=float, default=4)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating on/off measurements of each case (the median is kept)")
     a = ap.parse_args()
     sys.path.insert(0, os.path.join(os.path.abspath(a.build), "python"))
     import softkv
     sizes = [int(x) for x in a.n.split(",")]
-    results = {n: measure_n(a.build, softkv, n, a.seconds) for n in sizes}
+    results = {n: measure_n(a.build, softkv, n, a.seconds, a.rounds) for n in sizes}
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     lines = [f"# Coalesced queries ({datetime.date.today()}, {cpu}, {os.cpu_count()} cores, kernel path {softkv.simd_path()})", "",
-             f"`bench/coalescing_bench.py --n {a.n} --seconds {a.seconds:g}` (run by `make bench`): softkv-server with "
-             "`--coalesce on` and `off`, d = dv = 128, `--fsync never`; each connection sends its own single query as soon "
+             f"`bench/coalescing_bench.py --n {a.n} --seconds {a.seconds:g} --rounds {a.rounds}` (run by `make bench`): softkv-server "
+             "with `--coalesce on` and `off` side by side (each case measured on one, then the other, {a.rounds} times; the round "
+             "with the median rate kept), d = dv = 128, `--fsync never`; each connection sends its own single query as soon "
              "as its last is answered (closed loop), from the C++ `load_gen` or from the Python client (`softkv.Client`, one "
              "thread per connection, sharing the server's cores). \"per pass\": queries per coalesced pass (server "
              "`query_stats`).", ""]

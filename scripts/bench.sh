@@ -11,7 +11,7 @@ cmake --build build -j "$(nproc)" --target softkv_bench pruning_bench masks_benc
 /usr/bin/python3 bench/run_bench.py --build build --sizes "${BENCH_SIZES:-10000,100000,1000000}" \
   --reps "${BENCH_REPS:-5}" --server-seconds "${BENCH_SERVER_SECONDS:-5}"
 # Coalesced queries: softkv-server with --coalesce on and off under load (bench/results/COALESCING.md).
-/usr/bin/python3 bench/coalescing_bench.py --build build --seconds "${BENCH_SERVER_SECONDS:-6}"
+/usr/bin/python3 bench/coalescing_bench.py --build build --seconds "${BENCH_SERVER_SECONDS:-4}"
 # Pruning on five data regimes (peaked, out-of-distribution, spread, heavy-tailed): certified ivf and flat
 # against the exact scan at 1M, with how often a bound was below the truth (docs/PRUNING.md, "Measured").
 ./build/bench/pruning_bench --regimes --n 1000000 --queries 20 --d 128 --kinds ivf flat exact | tee bench/results/PRUNING_REGIMES.txt

@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "query/pass_choice.hpp"
 #include "stored_rows.hpp"
 #include "coalescer.hpp"
 #include "index/pruning_index.hpp"
@@ -126,6 +127,9 @@ class CollectionImpl {
   [[nodiscard]] detail::Coalescer<detail::HardPending>& hard_coalescer() const noexcept { return hard_coalescer_; }
   /// The planner's measured costs on this machine (pruning.hpp).
   [[nodiscard]] detail::PlannerCalibration& calibration() const noexcept { return calibration_; }
+  /// How this collection's fused soft / hard passes of a few queries run (measured as they run).
+  [[nodiscard]] detail::PassChoice& soft_pass_choice() const noexcept { return soft_pass_choice_; }
+  [[nodiscard]] detail::PassChoice& hard_pass_choice() const noexcept { return hard_pass_choice_; }  ///< see soft_pass_choice
   /// Whether single queries are coalesced.
   [[nodiscard]] bool coalescing() const noexcept { return coalesce_.load(std::memory_order_relaxed); }
   /// Turns coalescing on or off.
@@ -189,6 +193,7 @@ class CollectionImpl {
   // Coalescing is query-side machinery, not collection state: usable through a const collection.
   mutable std::atomic<bool> coalesce_{true};
   mutable detail::PlannerCalibration calibration_;  // query-side too: measured by const queries
+  mutable detail::PassChoice soft_pass_choice_, hard_pass_choice_;
   mutable detail::Coalescer<detail::SoftPending> soft_coalescer_{detail::kMaxCoalescedBatch};
   mutable detail::Coalescer<detail::HardPending> hard_coalescer_{detail::kMaxCoalescedBatch};
   // Background index builds, one at a time; the thread is joined in the destructor before the rest goes.

@@ -95,6 +95,18 @@ std::vector<SoftmaxState> soft_scan_batch_split(const KernelTable& k, const floa
                                                 const float* scales, const RowSpan& span, std::size_t parts,
                                                 const EligibleRows* only = nullptr);
 
+/// nq queries as nq single queries (soft_scan_split with no top_m, bit for bit, query by query) that
+/// read the rows from memory once: each chunk of rows (about 256 KiB, whole 256-row blocks) is scanned
+/// by the single-query kernel for every query while it is in cache. One memory pass plus nq - 1 passes
+/// over cached rows: for a few queries cheaper than the batch kernel, which pads them to 16 lanes.
+std::vector<SoftmaxState> soft_scan_each_split(const KernelTable& k, const float* queries, std::size_t nq,
+                                               const float* scales, const RowSpan& span, std::size_t parts,
+                                               const EligibleRows* only = nullptr);
+
+/// The same for argmaxes: hard_scan_split per query, bit for bit, the keys read from memory once.
+std::vector<ArgMax> hard_scan_each_split(const KernelTable& k, const float* queries, std::size_t nq, const float* scales,
+                                         const RowSpan& span, std::size_t parts, const EligibleRows* only = nullptr);
+
 /// nq argmaxes over span (or its rows `only`) in parts pieces; rows are absolute within span.
 std::vector<ArgMax> hard_scan_batch_split(const KernelTable& k, const float* queries, std::size_t nq,
                                           const float* scales, const RowSpan& span, std::size_t parts,

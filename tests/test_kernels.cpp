@@ -11,6 +11,7 @@
 #include "reference.hpp"
 #include "scan.hpp"
 #include "simd/kernel_table.hpp"
+#include "query/pass_choice.hpp"
 #include "simd/tile_gemm.hpp"
 #include "softkv/error.hpp"
 #include "softkv/simd.hpp"
@@ -479,4 +480,62 @@ TEST_CASE("tile products: batch passes answer as the double reference and as eac
         }
     }
   force_tile_products("auto");
+}
+
+TEST_CASE("interleaved passes: each query's answer is its single query's, bit for bit, on every path, with and without a mask", "[kernels]") {
+  for (const KernelTable* k : all_paths()) {
+    for (std::size_t d : {3u, 128u, 300u}) {
+      const std::size_t dv = d % 5 + 2, n = 2000;
+      Rows rows(n, d, dv, 17 * d);
+      EligibleRows mask;  // long and short runs, as a tag mask gives them
+      for (std::size_t begin = 0; begin < n; begin += 700) {
+        mask.runs.push_back({begin, std::min<std::size_t>(600, n - begin)});
+        mask.count += mask.runs.back().count;
+        if (begin + 650 < n) {
+          mask.runs.push_back({begin + 650, 7});
+          mask.count += 7;
+        }
+      }
+      for (std::size_t nq : {2u, 5u, 17u})
+        for (std::size_t parts : {1u, 2u, 3u})
+          for (const EligibleRows* only : std::vector<const EligibleRows*>{nullptr, &mask}) {
+            INFO("path " << k->name << ", d " << d << ", nq " << nq << ", parts " << parts << (only ? ", masked" : ""));
+            const auto qs = test::normal_floats(nq * d, nq + d);
+            std::vector<float> scales(nq);
+            for (std::size_t b = 0; b < nq; ++b) scales[b] = 0.1f + 0.05f * static_cast<float>(b);
+            const auto soft = soft_scan_each_split(*k, qs.data(), nq, scales.data(), rows.span(), parts, only);
+            const auto hard = hard_scan_each_split(*k, qs.data(), nq, scales.data(), rows.span(), parts, only);
+            for (std::size_t b = 0; b < nq; ++b) {
+              const SoftScan one = soft_scan_split(*k, qs.data() + b * d, scales[b], rows.span(), parts, 0, only);
+              CHECK(soft[b].max == one.state.max);
+              CHECK(soft[b].sum == one.state.sum);
+              CHECK(soft[b].acc == one.state.acc);
+              const ArgMax h = hard_scan_split(*k, qs.data() + b * d, scales[b], rows.span(), parts, only);
+              CHECK(hard[b].row == h.row);
+              CHECK(hard[b].score == h.score);
+            }
+          }
+    }
+  }
+}
+
+TEST_CASE("pass choice: each way is measured once per pass size, then the cheaper runs and the other one pass in 16", "[kernels]") {
+  PassChoice c;
+  using Way = PassChoice::Way;
+  CHECK(c.choose(1) == Way::batch);
+  CHECK(c.choose(PassChoice::kMax + 1) == Way::batch);
+  CHECK(c.choose(4) == Way::each);  // not measured yet
+  c.note(Way::each, 4, 3000, 1000);
+  CHECK(c.choose(4) == Way::batch);
+  c.note(Way::batch, 4, 9000, 1000);
+  int each = 0, batch = 0;
+  for (int i = 0; i < 64; ++i) (c.choose(4) == Way::each ? each : batch)++;
+  CHECK(each == 60);  // cheaper: 3 ns a row against 9
+  CHECK(batch == 4);  // re-measured one pass in 16
+  c.note(Way::each, 4, 20000, 1000);  // each became dearer: 0.75 * 3 + 0.25 * 20 = 7.25 ns, still below 9
+  c.note(Way::each, 4, 20000, 1000);  // 0.75 * 7.25 + 5 = 10.4 ns: batch now
+  int now_batch = 0;
+  for (int i = 0; i < 16; ++i) now_batch += c.choose(4) == Way::batch;
+  CHECK(now_batch == 15);
+  CHECK(c.choose(5) == Way::each);  // every pass size has its own measurements
 }

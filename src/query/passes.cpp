@@ -1,6 +1,7 @@
 // One pass for many queries (paths.hpp): the fused batch over the (eligible) rows, and the coalescer
 // that gathers single queries from concurrent callers into such a pass (docs/PERFORMANCE.md, "Coalescing").
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 
@@ -58,15 +59,15 @@ void deliver(std::span<Pending* const> members, std::vector<Result>& results, co
 
 std::vector<SoftResult> soft_fused(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
                                    const QueryOptions& options, std::span<const std::size_t> top_m,
-                                   std::vector<std::exception_ptr>& errors) {
+                                   std::vector<std::exception_ptr>& errors, PassChoice* choice) {
   const auto lock = impl.read_lock();
   impl.require_entries();
-  return soft_fused_locked(impl, q, factors, n, options, top_m, errors);
+  return soft_fused_locked(impl, q, factors, n, options, top_m, errors, choice);
 }
 
 std::vector<SoftResult> soft_fused_locked(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
                                           const QueryOptions& options, std::span<const std::size_t> top_m,
-                                          std::vector<std::exception_ptr>& errors) {
+                                          std::vector<std::exception_ptr>& errors, PassChoice* choice) {
   const RowSpan span = impl.span();
   const std::size_t d = impl.dim(), dv = impl.value_dim();
   const KernelTable& kernels = detail::kernels();
@@ -75,7 +76,11 @@ std::vector<SoftResult> soft_fused_locked(const CollectionImpl& impl, const floa
   const std::size_t rows = mask ? mask->count : span.rows;
   const std::size_t parts = impl.parts_for(options, (d + dv) * n);
   const EligibleRows* only = mask ? &*mask : nullptr;
-  const std::vector<SoftmaxState> states = soft_scan_batch_split(kernels, q, n, factors, span, parts, only);
+  const PassChoice::Way way = choice != nullptr ? choice->choose(n) : PassChoice::Way::batch;
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<SoftmaxState> states = way == PassChoice::Way::each ? soft_scan_each_split(kernels, q, n, factors, span, parts, only)
+                                                                        : soft_scan_batch_split(kernels, q, n, factors, span, parts, only);
+  if (choice != nullptr) choice->note(way, n, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count(), rows);
   SOFTKV_ASSERT(top_m.empty() || top_m.size() == n, "one top_m per query of a fused pass");
   std::vector<SoftResult> out(n);
   errors.assign(n, nullptr);
@@ -100,14 +105,21 @@ std::vector<SoftResult> soft_fused_locked(const CollectionImpl& impl, const floa
 }
 
 std::vector<HardResult> hard_fused(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
-                                   const QueryOptions& options, std::vector<std::exception_ptr>& errors) {
+                                   const QueryOptions& options, std::vector<std::exception_ptr>& errors, PassChoice* choice) {
   const auto lock = impl.read_lock();
   impl.require_entries();
   const RowSpan span = impl.span();
   const std::size_t parts = impl.parts_for(options, impl.dim() * n);
   std::optional<EligibleRows> mask;
   if (has_mask(options)) mask = impl.eligible(options);
-  const std::vector<ArgMax> best = hard_scan_batch_split(detail::kernels(), q, n, factors, span, parts, mask ? &*mask : nullptr);
+  const EligibleRows* only = mask ? &*mask : nullptr;
+  const PassChoice::Way way = choice != nullptr ? choice->choose(n) : PassChoice::Way::batch;
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<ArgMax> best = way == PassChoice::Way::each ? hard_scan_each_split(detail::kernels(), q, n, factors, span, parts, only)
+                                                                : hard_scan_batch_split(detail::kernels(), q, n, factors, span, parts, only);
+  if (choice != nullptr)
+    choice->note(way, n, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count(),
+                 mask ? mask->count : span.rows);
   std::vector<HardResult> out(n);
   errors.assign(n, nullptr);
   for (std::size_t b = 0; b < n; ++b) {
@@ -145,7 +157,8 @@ SoftResult soft_coalesced(const CollectionImpl& impl, const float* q, const floa
                   std::vector<std::size_t> top_m(members.size());  // each member's own
                   for (std::size_t b = 0; b < members.size(); ++b) top_m[b] = members[b]->top_m;
                   std::vector<std::exception_ptr> errors;
-                  std::vector<SoftResult> results = soft_fused(impl, all.data(), f.data(), members.size(), options, top_m, errors);
+                  std::vector<SoftResult> results =
+                      soft_fused(impl, all.data(), f.data(), members.size(), options, top_m, errors, &impl.soft_pass_choice());
                   deliver(members, results, errors);
                 });
 }
@@ -164,7 +177,8 @@ HardResult hard_coalesced(const CollectionImpl& impl, const float* q, const floa
                   gather(members, impl.dim(), per_query, all, f);
                   std::vector<std::exception_ptr> errors;
                   std::vector<HardResult> results = per_query > 1 ? hard_heads_fused(impl, all.data(), f.data(), members.size(), options, errors)
-                                                                  : hard_fused(impl, all.data(), f.data(), members.size(), options, errors);
+                                                                  : hard_fused(impl, all.data(), f.data(), members.size(), options, errors,
+                                                                               &impl.hard_pass_choice());
                   deliver(members, results, errors);
                 });
 }

@@ -17,6 +17,7 @@
 namespace softkv::detail {
 
 class CollectionImpl;
+class PassChoice;
 struct ArgMax;
 struct PrunedSoft;
 
@@ -60,22 +61,26 @@ void check_best(const ArgMax& best);
 [[nodiscard]] HardResult hard_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options);
 
 // ---- every query in one pass (passes.cpp); a failure that belongs to one query is errors[b] ----
-/// Soft, over the eligible rows; top_m (empty, or one per query) asks for contributors (unmasked only).
+/// Soft, over the eligible rows; top_m (empty, or one per query) asks for contributors. choice: null
+/// for the batch kernel (a batch call: the same bits every time), or the collection's PassChoice for a
+/// coalesced pass (the batch kernel, or each query's single-query scan over cached chunks: the answers
+/// of the queries alone, bit for bit; whichever has measured cheaper for this many queries).
 [[nodiscard]] std::vector<SoftResult> soft_fused(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
                                                  const QueryOptions& options, std::span<const std::size_t> top_m,
-                                                 std::vector<std::exception_ptr>& errors);
+                                                 std::vector<std::exception_ptr>& errors, PassChoice* choice = nullptr);
 /// soft_fused for a caller that holds the read lock and has checked for entries.
 [[nodiscard]] std::vector<SoftResult> soft_fused_locked(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
                                                         const QueryOptions& options, std::span<const std::size_t> top_m,
-                                                        std::vector<std::exception_ptr>& errors);
+                                                        std::vector<std::exception_ptr>& errors, PassChoice* choice = nullptr);
 /// Soft with error_target > 0 for n queries (estimated.cpp): each query's certified walk, then one
 /// shared sample of blocks for the rest (each block read once for the batch), then one fused pass over
 /// every row for the queries the sample could not answer.
 [[nodiscard]] std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
                                                      const QueryOptions& options, std::vector<std::exception_ptr>& errors);
-/// Hard, over the eligible keys.
+/// Hard, over the eligible keys; choice as soft_fused's.
 [[nodiscard]] std::vector<HardResult> hard_fused(const CollectionImpl& impl, const float* q, const float* factors, std::size_t n,
-                                                 const QueryOptions& options, std::vector<std::exception_ptr>& errors);
+                                                 const QueryOptions& options, std::vector<std::exception_ptr>& errors,
+                                                 PassChoice* choice = nullptr);
 
 // ---- multi-head (heads.cpp): every head from one pass over the eligible rows ----
 /// One soft query, with its heads' contributors when options.top_m > 0.
