@@ -141,7 +141,7 @@ def main():
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     lines = [f"# Coalesced queries ({datetime.date.today()}, {cpu}, {os.cpu_count()} cores, kernel path {softkv.simd_path()})", "",
              f"`bench/coalescing_bench.py --n {a.n} --seconds {a.seconds:g} --rounds {a.rounds}` (run by `make bench`): softkv-server "
-             "with `--coalesce on` and `off` side by side (each case measured on one, then the other, {a.rounds} times; the round "
+             f"with `--coalesce on` and `off` side by side (each case measured on one, then the other, {a.rounds} times; the round "
              "with the median rate kept), d = dv = 128, `--fsync never`; each connection sends its own single query as soon "
              "as its last is answered (closed loop), from the C++ `load_gen` or from the Python client (`softkv.Client`, one "
              "thread per connection, sharing the server's cores). \"per pass\": queries per coalesced pass (server "
