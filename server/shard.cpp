@@ -34,6 +34,15 @@ namespace {
 namespace fs = std::filesystem;
 using detail::Overloaded;
 
+// fsync of a directory: its entries (a created, renamed or removed file) on stable storage.
+void sync_directory(const fs::path& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
 std::uint64_t check_word(std::uint64_t txn) { return txn * 0x9E3779B97F4A7C15ull + 0x736f66746b76ull; }
 
 // Writes bytes to path, on stable storage (file and directory) when sync.
@@ -53,20 +62,20 @@ void write_file(const fs::path& path, std::span<const std::byte> bytes, bool syn
   const bool synced = !sync || ::fdatasync(fd) == 0;
   ::close(fd);
   if (!synced) throw Error(ErrorCode::io_error, "cannot fsync " + path.string() + ": " + std::strerror(errno));
-  if (!sync) return;
-  const int dfd = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  if (sync) sync_directory(path.parent_path());
 }
 
 }  // namespace
 
 namespace {
 
-constexpr char kCommitMagic[16] = "softkv-commits1";  // 15 characters and the terminating zero
-constexpr std::size_t kCommitBytes = 48;              // header, two slots
+// Format 2: a slot's first word is the write number in its low 48 bits and the number of ranks that
+// held a part of it in its high 16 (recovery checks that none is missing). Format 1 (the same size, no
+// owner count) is read and its header rewritten as format 2, which an older build then refuses.
+constexpr char kCommitMagic[16] = "softkv-commits2";   // 15 characters and the terminating zero
+constexpr char kCommitMagic1[16] = "softkv-commits1";  // format 1
+constexpr std::size_t kCommitBytes = 48;               // header, two slots
+constexpr std::uint64_t kTxnBits = 48;
 
 // The commit log as create() writes it: header, slots {0, check_word(0)} twice, or slots {last, ...}.
 std::array<std::uint64_t, 6> commit_image(std::uint64_t a, std::uint64_t b) {
@@ -115,25 +124,41 @@ CommitLog::CommitLog(const fs::path& path, bool sync, bool legacy) : sync_(sync)
   if (::fstat(fd_, &st) != 0) fail(std::string("cannot be examined: ") + std::strerror(errno));
   if (n != static_cast<ssize_t>(kCommitBytes) || st.st_size != static_cast<off_t>(kCommitBytes))
     fail("has " + std::to_string(st.st_size) + " bytes, not 48");
-  if (std::memcmp(words, kCommitMagic, sizeof kCommitMagic) != 0) fail("has a damaged header");
+  const bool format1 = std::memcmp(words, kCommitMagic1, sizeof kCommitMagic1) == 0;
+  if (!format1 && std::memcmp(words, kCommitMagic, sizeof kCommitMagic) != 0) fail("has a damaged header");
   int valid = 0;
+  std::uint64_t best = 0;
   for (int i = 1; i <= 2; ++i)
     if (words[2 * i + 1] == check_word(words[2 * i])) {
-      last_ = std::max(last_, words[2 * i]);
+      const std::uint64_t txn = format1 ? words[2 * i] : words[2 * i] & ((std::uint64_t{1} << kTxnBits) - 1);
+      if (valid == 0 || txn > last_) {
+        last_ = txn;
+        best = words[2 * i];
+      }
       ++valid;
     }
   if (valid == 0) fail("is damaged: neither slot holds a valid commit point");
   damaged_slot_ = valid == 1;
+  owners_ = format1 ? 0 : best >> kTxnBits;
+  if (format1 && (::pwrite(fd_, kCommitMagic, sizeof kCommitMagic, 0) != static_cast<ssize_t>(sizeof kCommitMagic) ||
+                  ::fdatasync(fd_) != 0)) {
+    ::close(fd_);
+    throw Error(ErrorCode::io_error, "cannot rewrite the header of " + path.string() + ": " + std::strerror(errno));
+  }
 }
 
 CommitLog::~CommitLog() { ::close(fd_); }
 
-void CommitLog::commit(std::uint64_t txn) {
-  const std::uint64_t slot[2] = {txn, check_word(txn)};
+void CommitLog::commit(std::uint64_t txn, std::size_t owners) {
+  if (txn >> kTxnBits != 0 || owners >> (64 - kTxnBits) != 0)
+    throw Error(ErrorCode::resource_exhausted, "the commit log numbers at most 2^48 cross-shard writes over at most 65,535 ranks");
+  const std::uint64_t word = txn | (static_cast<std::uint64_t>(owners) << kTxnBits);
+  const std::uint64_t slot[2] = {word, check_word(word)};
   if (::pwrite(fd_, slot, sizeof(slot), static_cast<off_t>(sizeof(kCommitMagic) + (txn % 2) * sizeof(slot))) != static_cast<ssize_t>(sizeof(slot)) ||
       (sync_ && ::fdatasync(fd_) != 0))
     throw Error(ErrorCode::io_error, std::string("cannot record a commit point in the commit log: ") + std::strerror(errno));
   last_ = txn;
+  owners_ = owners;
 }
 
 wire::Request decode_command(std::span<const std::byte> bytes) {
@@ -192,16 +217,32 @@ Shard::Shard(MPI_Comm comm, Database& db, fs::path dir, std::string job, CommitL
   ranks_ = static_cast<std::size_t>(size);
 }
 
-std::pair<std::size_t, std::size_t> Shard::recover(std::uint64_t last_committed) {
+std::pair<std::size_t, std::size_t> Shard::recover(std::uint64_t last_committed, std::uint64_t owners) {
   next_txn_ = last_committed + 1;
   // Phase 1, nothing changed yet: every rank reads and checks the parts it must complete. A damaged or
   // foreign one stops the start on every rank with the directory as it was (an operator can restore
   // the job from its backup: docs/SHARDING.md).
   std::vector<std::tuple<std::uint64_t, fs::path, detail::Mutation>> committed;
-  std::vector<fs::path> uncommitted;
+  std::vector<fs::path> uncommitted, markers;
+  std::uint64_t holds_last = 0;  // this rank holds the part of the last committed write, or its applied marker
   agree([&] {
     for (const auto& e : fs::directory_iterator(dir_)) {
       const std::string name = e.path().filename().string();
+      if (name.rfind("applied-", 0) == 0) {  // applied-<r>-<n>: this rank applied its part of write n
+        unsigned long long r = 0, txn = 0;
+        char tail = 0;
+        if (std::sscanf(name.c_str(), "applied-%llu-%llu%c", &r, &txn, &tail) != 2 || r >= ranks_)
+          throw Error(ErrorCode::invalid_argument, e.path().string() + " is not a marker this job writes (applied-<rank>-<write>)");
+        if (r != rank_) continue;
+        if (txn > last_committed)  // applied only after its commit point was on disk: the commit log lost it
+          throw Error(ErrorCode::corrupt_file, e.path().string() + " shows that cross-shard write " + std::to_string(txn) +
+                                                   " was committed and applied, but the commit log's last commit point is " +
+                                                   std::to_string(last_committed) + ": the commit log is damaged or older than "
+                                                   "the shards; restore the whole job directory from one backup (docs/SHARDING.md)");
+        if (txn == last_committed) holds_last = 1;
+        else markers.push_back(e.path());  // an earlier write, applied everywhere
+        continue;
+      }
       if (name.rfind("part-", 0) != 0) continue;
       unsigned long long r = 0, txn = 0;
       char tail = 0;
@@ -222,6 +263,7 @@ std::pair<std::size_t, std::size_t> Shard::recover(std::uint64_t last_committed)
       try {
         if (is_legacy_part(bytes)) {
           committed.emplace_back(txn, e.path(), legacy_part(bytes));
+          if (txn == last_committed) holds_last = 1;
           continue;
         }
         detail::Part part = detail::decode_part(bytes, e.path().string());
@@ -231,19 +273,35 @@ std::pair<std::size_t, std::size_t> Shard::recover(std::uint64_t last_committed)
                                                    std::to_string(part.tag.ranks) + ", job '" + part.tag.job + "', write " +
                                                    std::to_string(part.tag.txn) + ": a file copied from elsewhere");
         committed.emplace_back(txn, e.path(), std::move(part.mutation));
+        if (txn == last_committed) holds_last = 1;
       } catch (const Error& err) {
         throw Error(ErrorCode::corrupt_file, what + " cannot be used: " + err.what());
       }
     }
   });
+  // Every rank that held a part of the last committed write still has it, or its applied marker: a
+  // part deleted by hand would leave that write half applied.
+  MPI_Allreduce(MPI_IN_PLACE, &holds_last, 1, MPI_UINT64_T, MPI_SUM, comm_);
+  if (owners != 0 && holds_last < owners)
+    throw Error(ErrorCode::corrupt_file, "cross-shard write " + std::to_string(last_committed) + " was committed with parts on " +
+                                             std::to_string(owners) + " ranks, but only " + std::to_string(holds_last) +
+                                             " hold their part (part-<rank>-" + std::to_string(last_committed) + ") or its applied "
+                                             "marker: a part file was deleted; restore the whole job directory from one backup "
+                                             "(docs/SHARDING.md)");
   // Phase 2: complete the committed parts in write order, drop the others.
   std::sort(committed.begin(), committed.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   agree([&] {
     for (const auto& [txn, path, part] : committed) {
       apply_part(part);
-      fs::remove(path);
+      if (txn == last_committed) last_marker_ = mark_applied(path);
+      else fs::remove(path);
     }
     for (const fs::path& path : uncommitted) fs::remove(path);
+    for (const fs::path& path : markers) fs::remove(path);
+    if (holds_last != 0 && !last_marker_) {  // the marker already there stays until the next write commits
+      const fs::path marker = dir_ / ("applied-" + std::to_string(rank_) + "-" + std::to_string(last_committed));
+      if (fs::exists(marker)) last_marker_ = marker;
+    }
   });
   return {committed.size(), uncommitted.size()};
 }
@@ -357,7 +415,7 @@ void Shard::mutate(const detail::Mutation& whole) {
     });
     crash_.at(rank_, "parts", spanning_);
     agree([&] {
-      if (commits_ != nullptr) commits_->commit(txn);
+      if (commits_ != nullptr) commits_->commit(txn, owners);
     });
   } catch (...) {
     forget();  // not committed: no rank applies its part
@@ -365,10 +423,28 @@ void Shard::mutate(const detail::Mutation& whole) {
   }
   crash_.at(rank_, "commit", spanning_);
   agree([&] {
+    // Write txn is committed: every earlier one was applied everywhere, so their markers can go.
+    if (last_marker_) {
+      std::error_code ec;
+      fs::remove(*last_marker_, ec);
+      last_marker_.reset();
+    }
     if (!mine) return;
     apply_part(*mine);  // on failure the file stays: the next start completes the committed write
-    forget();
+    last_marker_ = mark_applied(part_file);
   });
+}
+
+fs::path Shard::mark_applied(const fs::path& part) const {
+  // part-<r>-<n> becomes applied-<r>-<n>, emptied: until the next cross-shard write commits, it tells a
+  // restart that this rank held a part of write n and applied it (a part missing without its marker was
+  // deleted by hand). Synced under --fsync always, so that the part cannot come back after a power loss
+  // and be applied again over later writes.
+  const fs::path marker = part.parent_path() / ("applied" + part.filename().string().substr(4));
+  fs::rename(part, marker);
+  fs::resize_file(marker, 0);
+  if (sync_) sync_directory(dir_);
+  return marker;
 }
 
 wire::Reply Shard::add(const wire::Add& m) {

@@ -21,8 +21,9 @@
 namespace softkv::server {
 
 // Rank 0's record of the last committed cross-shard write: DIR/commits, a 16-byte header then two
-// 16-byte slots (the transaction number and a check word) written alternately, so that a torn write
-// spoils only the slot being written and the other still holds the previous commit.
+// 16-byte slots (the transaction number with the count of ranks holding a part of it, and a check
+// word) written alternately, so that a torn write spoils only the slot being written and the other
+// still holds the previous commit.
 class CommitLog {
  public:
   // Opens path, which create() made: throws Error(invalid_argument) when it is missing and
@@ -39,15 +40,19 @@ class CommitLog {
 
   // The last committed transaction (0: none).
   [[nodiscard]] std::uint64_t last() const { return last_; }
+  // How many ranks held a part of it (0: not recorded, a log of format 1).
+  [[nodiscard]] std::uint64_t owners() const { return owners_; }
   // Whether one of the two slots failed its check when the log was opened (last() is the other's).
   [[nodiscard]] bool damaged_slot() const { return damaged_slot_; }
-  // Records txn (> last()) as committed, on stable storage when sync.
-  void commit(std::uint64_t txn);
+  // Records txn (> last()) as committed, with the number of ranks holding a part of it, on stable
+  // storage when sync.
+  void commit(std::uint64_t txn, std::size_t owners);
 
  private:
   int fd_ = -1;
   bool sync_;
   std::uint64_t last_ = 0;
+  std::uint64_t owners_ = 0;
   bool damaged_slot_ = false;
 };
 
@@ -83,7 +88,9 @@ class Shard {
   // job's, this rank's and this write's): a damaged or foreign part, or a part file of a rank the
   // job does not have, throws Error(corrupt_file / invalid_argument) on every rank before any rank
   // changes anything.
-  std::pair<std::size_t, std::size_t> recover(std::uint64_t last_committed);
+  // owners: how many ranks held a part of write last_committed (0: unknown); fewer holding its part
+  // or its applied marker (a part file deleted by hand) throws Error(corrupt_file) on every rank.
+  std::pair<std::size_t, std::size_t> recover(std::uint64_t last_committed, std::uint64_t owners);
 
   // The reply to request on rank 0 (other ranks discard theirs). A failure throws softkv::Error on
   // every rank alike.
@@ -136,7 +143,11 @@ class Shard {
   CommitLog* commits_;
   bool sync_;
   std::size_t rank_ = 0, ranks_ = 1;
+  // Marks this rank's part of a write applied (see shard.cpp) and returns the marker's path.
+  std::filesystem::path mark_applied(const std::filesystem::path& part) const;
+
   std::uint64_t next_txn_ = 1;  // the number the next cross-shard write takes (the same on every rank)
+  std::optional<std::filesystem::path> last_marker_;  // this rank's applied marker of the last cross-shard write
   std::uint64_t spanning_ = 0;  // cross-shard writes this process ran (for the test hook)
   CrashPoint crash_;
 };

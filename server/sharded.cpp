@@ -136,14 +136,15 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
     return stop(failed);
   // Rank 0's commit log tells every rank which cross-shard writes committed; each completes or drops its parts.
   std::unique_ptr<CommitLog> commits;
-  std::uint64_t last_committed = 0;
+  std::uint64_t last_committed[2] = {0, 0};  // the write and how many ranks held a part of it
   if (const int failed = on_root([&] {
         try {
           commits = std::make_unique<CommitLog>(dir / "commits", options.fsync == FsyncPolicy::always, job.upgraded);
-          last_committed = commits->last();
+          last_committed[0] = commits->last();
+          last_committed[1] = commits->owners();
           if (commits->damaged_slot())
             spdlog::warn("{}: one of its two slots is damaged (a write torn by a crash, or damage): the commit point is the "
-                         "other slot's, cross-shard write {}", (dir / "commits").string(), last_committed);
+                         "other slot's, cross-shard write {}", (dir / "commits").string(), last_committed[0]);
           return 0;
         } catch (const Error& e) {
           return logged("", e, 2);  // a missing, damaged or unreadable commit log refuses the start, as the other job files do
@@ -152,10 +153,10 @@ int run_sharded(const fs::path& dir, const DatabaseOptions& options, ServerConfi
         }
       }))
     return stop(failed);
-  MPI_Bcast(&last_committed, 1, MPI_UINT64_T, 0, comm);
+  MPI_Bcast(last_committed, 2, MPI_UINT64_T, 0, comm);
   Shard shard(comm, *db, dir, job.job, commits.get(), options.fsync == FsyncPolicy::always);
   try {
-    const auto [applied, dropped] = shard.recover(last_committed);
+    const auto [applied, dropped] = shard.recover(last_committed[0], last_committed[1]);
     if (applied + dropped > 0)
       spdlog::info("shard {}: recovery completed {} committed cross-shard write part(s) and dropped {} uncommitted one(s)",
                    rank, applied, dropped);

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <atomic>
@@ -524,6 +526,38 @@ TEST_CASE("sharded server refuses a job directory whose shards are not the job's
   copy_job(good, work);
   std::filesystem::resize_file(work / "commits", 49);
   expect_refused("a commit log one byte too long", "has 49 bytes, not 48");
+  {  // each rank's marker of the last cross-shard write stays until the next one commits; one naming a
+     // later write than the commit log's says the log lost a commit point (damaged, or an older copy)
+    copy_job(good, work);
+    std::size_t markers = 0;
+    for (const auto& e : std::filesystem::directory_iterator(work)) {
+      unsigned long long r = 0, txn = 0;
+      if (std::sscanf(e.path().filename().c_str(), "applied-%llu-%llu", &r, &txn) != 2) continue;
+      ++markers;
+      if (r == 0) std::filesystem::rename(e.path(), work / ("applied-0-" + std::to_string(txn + 5)));
+    }
+    CHECK(markers == ranks);  // the last write spanned every rank
+    expect_refused("an applied marker of a write the commit log does not have", "but the commit log's last commit point is");
+  }
+  {  // a commit log of format 1 (slots without the owner count, as the build before wrote them) is read
+     // and its header rewritten as format 2
+    copy_job(good, work);
+    std::uint64_t last = 0;
+    for (const auto& e : std::filesystem::directory_iterator(work)) {
+      unsigned long long r = 0, txn = 0;
+      if (std::sscanf(e.path().filename().c_str(), "applied-%llu-%llu", &r, &txn) == 2) last = txn;
+    }
+    REQUIRE(last > 0);
+    const auto check_word = [](std::uint64_t txn) { return txn * 0x9E3779B97F4A7C15ull + 0x736f66746b76ull; };  // the file format's
+    std::uint64_t words[6] = {0, 0, last, check_word(last), last, check_word(last)};
+    std::memcpy(words, "softkv-commits1", 16);
+    std::ofstream(work / "commits", std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(words), sizeof words);
+    Job job(work, ranks, dir.path / "format1.log");
+    Client c(job.client());
+    CHECK(c.describe("t").size == 16 * ranks);
+    CHECK(job.stop_rank0() == 0);
+    CHECK(read_file(work / "commits").rfind("softkv-commits2", 0) == 0);
+  }
   {  // part files of committed write 1 (the create): each must be this job's, this rank's and this write's
     const std::string manifest = read_file(good / "shards");
     const std::string job_id = manifest.substr(manifest.find("\njob ") + 5, 32);
@@ -582,6 +616,8 @@ TEST_CASE("sharded server refuses a job directory whose shards are not the job's
     std::filesystem::remove(work / "progress");
     for (std::size_t r = 0; r < ranks; ++r) std::filesystem::remove(work / ("shard-" + std::to_string(r)) / "IDENTITY");
     std::filesystem::resize_file(work / "commits", 0);
+    for (const auto& e : std::filesystem::directory_iterator(work))  // nor applied markers (not written then)
+      if (e.path().filename().string().rfind("applied-", 0) == 0) std::filesystem::remove(e.path());
     Job job(work, ranks, dir.path / "upgrade.log");
     Client c(job.client());
     CHECK(c.describe("t").size == 16 * ranks);
@@ -653,6 +689,17 @@ TEST_CASE("sharded server keeps a batch that spans shards all or nothing when a 
         CHECK(failed_exit(job.wait()));  // a dead rank ends the job, non-zero
       }
       wait_unlocked(dir.path / "data", ranks);
+      if (point == "commit" && victim == 0) {  // rank 0's part of the committed batch deleted by hand: refused
+        copy_job(dir.path / "data", dir.path / "deleted");
+        std::size_t removed = 0;
+        for (const auto& e : std::filesystem::directory_iterator(dir.path / "deleted"))
+          if (e.path().filename().string().rfind("part-0-", 0) == 0) removed += std::filesystem::remove(e.path()) ? 1 : 0;
+        CHECK(removed == 1);
+        const std::string log = refused_start(dir.path / "deleted", ranks, dir.path / "deleted.log");
+        INFO(log);
+        CHECK(log.find("hold their part") != std::string::npos);
+        CHECK(log.find("was committed with parts on " + std::to_string(ranks) + " ranks") != std::string::npos);
+      }
       std::size_t part_files = 0;  // parts are checked blobs of log-record payloads (format "skvpart1")
       for (const auto& e : std::filesystem::directory_iterator(dir.path / "data"))
         if (e.path().filename().string().rfind("part-", 0) == 0) {
