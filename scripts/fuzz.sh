@@ -13,7 +13,7 @@ CC=clang CXX=clang++ cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=all"
 cmake --build "$dir" -j "$(nproc)"
 export OMP_NUM_THREADS=1
-for target in frame wal records snapshot; do
+for target in frame wal records snapshot parts; do
   mkdir -p "$dir/corpus-$target"
   echo "== fuzz_$target for ${seconds} s"
   # malloc_limit_mb: twice the 64 MiB frame limit; any larger single allocation is a finding.

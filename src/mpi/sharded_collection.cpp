@@ -74,13 +74,7 @@ int mpi_count(std::size_t n, const char* what) {
 
 }  // namespace detail
 
-std::size_t shard_owner(std::uint64_t id, std::size_t ranks) noexcept { return static_cast<std::size_t>(id % ranks); }
-
-std::vector<std::vector<std::size_t>> detail::split_by_owner(std::span<const std::uint64_t> ids, std::size_t ranks) {
-  std::vector<std::vector<std::size_t>> by_owner(ranks);
-  for (std::size_t i = 0; i < ids.size(); ++i) by_owner[shard_owner(ids[i], ranks)].push_back(i);
-  return by_owner;
-}
+std::size_t shard_owner(std::uint64_t id, std::size_t ranks) noexcept { return detail::owner_of(id, ranks); }
 
 namespace {
 // Sharded collections merge one softmax per query: multi-head ones are not built (issue 15).

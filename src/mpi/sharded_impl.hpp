@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "codec/parts.hpp"
 #include "mpi/partial_record.hpp"
 #include "softkv/error.hpp"
 #include "softkv/mpi.hpp"
@@ -38,9 +39,6 @@ void broadcast_status(RootStatus& status, int root, MPI_Comm comm);
 void root_decides(MPI_Comm comm, int root, const std::function<void()>& body);
 /// See root_decides.
 void agree(MPI_Comm comm, const std::function<void()>& body);
-
-/// The positions of ids grouped by the rank that owns each (shard_owner: id mod ranks), in order.
-[[nodiscard]] std::vector<std::vector<std::size_t>> split_by_owner(std::span<const std::uint64_t> ids, std::size_t ranks);
 
 /// n as an MPI count; Error(resource_exhausted) naming `what` when it does not fit an int.
 int mpi_count(std::size_t n, const char* what);

@@ -6,6 +6,8 @@
 #include <string>
 
 #include "softkv/database.hpp"
+#include "codec/checked_blob.hpp"
+#include "codec/parts.hpp"
 #include "codec/records.hpp"
 #include "storage/file.hpp"
 #include "storage/snapshot.hpp"
@@ -71,6 +73,16 @@ int main(int argc, char** argv) {
     std::vector<std::byte> bytes{std::byte(e.type)};
     bytes.insert(bytes.end(), e.payload.begin(), e.payload.end());
     write(root / "records" / ("record-" + std::to_string(k++)), bytes);
+  }
+  // One part per mutation kind, as a part file holds it (fuzz_parts), and its payload alone (which the
+  // target seals itself).
+  fs::create_directories(root / "parts");
+  k = 0;
+  for (const auto& mutation : mutations) {
+    const std::vector<std::byte> part = detail::encode_part(mutation, {"0123456789abcdef0123456789abcdef", 1, 3, 7});
+    write(root / "parts" / ("part-" + std::to_string(k)), part);
+    write(root / "parts" / ("payload-" + std::to_string(k++)),
+          std::vector<std::byte>(part.begin() + static_cast<std::ptrdiff_t>(detail::kBlobHeaderSize), part.end()));
   }
   fs::remove_all(dir);
   std::printf("corpus written to %s\n", root.c_str());
