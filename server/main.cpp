@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   bool tune = false;
   app.add_flag("--tune-scans", tune,
                "measure the scans' prefetch settings on this machine at start-up (~0.4 s, 256 MiB while it runs) and keep the "
-               "fastest (default: off)");
+               "fastest, and choose the batch tile products (~20 ms; otherwise at the first batch) (default: off)");
   app.add_option("--max-frame", config.max_frame, "largest frame in bytes")->capture_default_str();
   app.add_option("--max-connections", config.max_connections,
                  "connection limit (lowered to fit under the file-descriptor limit, keeping 1/8 of it, at least 32, for files)")
