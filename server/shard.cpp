@@ -224,15 +224,25 @@ std::pair<std::size_t, std::size_t> Shard::recover(std::uint64_t last_committed,
   // the job from its backup: docs/SHARDING.md).
   std::vector<std::tuple<std::uint64_t, fs::path, detail::Mutation>> committed;
   std::vector<fs::path> uncommitted, markers;
+  std::optional<fs::path> marker_of_last;  // this rank's applied marker of the last committed write
   std::uint64_t holds_last = 0;  // this rank holds the part of the last committed write, or its applied marker
+  // <kind>-<r>-<n> names rank r's file of write n: (r, n), or Error(invalid_argument) for another name
+  // of that kind or a rank the job does not have.
+  const auto rank_and_write = [&](const fs::path& path, const char* kind) {
+    unsigned long long r = 0, txn = 0;
+    char tail = 0;
+    if (std::sscanf(path.filename().c_str(), (std::string(kind) + "-%llu-%llu%c").c_str(), &r, &txn, &tail) != 2)
+      throw Error(ErrorCode::invalid_argument, path.string() + " is not a file this job writes (" + kind + "-<rank>-<write>)");
+    if (r >= ranks_)
+      throw Error(ErrorCode::invalid_argument, path.string() + " belongs to rank " + std::to_string(r) + ", but this job has " +
+                                                   std::to_string(ranks_) + " ranks");
+    return std::pair<std::size_t, std::uint64_t>(r, txn);
+  };
   agree([&] {
     for (const auto& e : fs::directory_iterator(dir_)) {
       const std::string name = e.path().filename().string();
-      if (name.rfind("applied-", 0) == 0) {  // applied-<r>-<n>: this rank applied its part of write n
-        unsigned long long r = 0, txn = 0;
-        char tail = 0;
-        if (std::sscanf(name.c_str(), "applied-%llu-%llu%c", &r, &txn, &tail) != 2 || r >= ranks_)
-          throw Error(ErrorCode::invalid_argument, e.path().string() + " is not a marker this job writes (applied-<rank>-<write>)");
+      if (name.rfind("applied-", 0) == 0) {  // applied-<r>-<n>: rank r applied its part of write n
+        const auto [r, txn] = rank_and_write(e.path(), "applied");
         if (r != rank_) continue;
         // Applied only after its commit point was on disk: the commit log lost it. (Without --fsync always
         // neither is synced, and a machine crash may keep the marker and lose the commit point: then the
@@ -242,18 +252,16 @@ std::pair<std::size_t, std::size_t> Shard::recover(std::uint64_t last_committed,
                                                    " was committed and applied, but the commit log's last commit point is " +
                                                    std::to_string(last_committed) + ": the commit log is damaged or older than "
                                                    "the shards; restore the whole job directory from one backup (docs/SHARDING.md)");
-        if (txn == last_committed) holds_last = 1;
-        else markers.push_back(e.path());  // an earlier write, applied everywhere
+        if (txn == last_committed) {
+          holds_last = 1;
+          marker_of_last = e.path();
+        } else {
+          markers.push_back(e.path());  // an earlier write, applied everywhere
+        }
         continue;
       }
       if (name.rfind("part-", 0) != 0) continue;
-      unsigned long long r = 0, txn = 0;
-      char tail = 0;
-      if (std::sscanf(name.c_str(), "part-%llu-%llu%c", &r, &txn, &tail) != 2)
-        throw Error(ErrorCode::invalid_argument, e.path().string() + " is not a part file this job writes (part-<rank>-<write>)");
-      if (r >= ranks_)
-        throw Error(ErrorCode::invalid_argument, e.path().string() + " is a part of rank " + std::to_string(r) + ", but this job has " +
-                                                     std::to_string(ranks_) + " ranks");
+      const auto [r, txn] = rank_and_write(e.path(), "part");
       if (r != rank_) continue;
       if (txn > last_committed) {  // never committed: no client was told it succeeded
         uncommitted.push_back(e.path());
@@ -301,10 +309,7 @@ std::pair<std::size_t, std::size_t> Shard::recover(std::uint64_t last_committed,
     }
     for (const fs::path& path : uncommitted) fs::remove(path);
     for (const fs::path& path : markers) fs::remove(path);
-    if (holds_last != 0 && !last_marker_) {  // the marker already there stays until the next write commits
-      const fs::path marker = dir_ / ("applied-" + std::to_string(rank_) + "-" + std::to_string(last_committed));
-      if (fs::exists(marker)) last_marker_ = marker;
-    }
+    if (!last_marker_) last_marker_ = marker_of_last;  // the marker already there stays until the next write commits
   });
   return {committed.size(), uncommitted.size()};
 }

@@ -33,8 +33,8 @@ std::string scan_tuning();
 std::string tile_products();
 
 /// Forces the tile products for the process: "softkv", "libxsmm" or "auto" (measure again). Throws
-/// Error(unsupported) for an unknown name, or "libxsmm" in a build without it. Not synchronised with
-/// running queries: call it before querying.
+/// Error(unsupported) for an unknown name, or "libxsmm" in a build without it. Safe beside running
+/// queries: a pass already started finishes with the tiles it began with.
 void force_tile_products(std::string_view name);
 
 }  // namespace softkv

@@ -87,26 +87,30 @@ bool jit_allowed(const KernelTable& k) {
 }
 #endif
 
-// What the process uses: per product, whether libxsmm's stands in for the native path's own.
+// A choice: per product, whether libxsmm's stands in for the path's own tiles.
 struct Choice {
-  bool decided = false;
   bool scores = false, blend = false;
   std::string measured;  // the rates behind an automatic choice
 };
 
-std::mutex& choice_mutex() {
-  static std::mutex m;
-  return m;
-}
+// The process's choice. The flags are atomic: tiles_for reads them on every batch pass while
+// force_tiles may change them; the text and the first decision are under the mutex.
+struct Current {
+  std::mutex mutex;
+  std::atomic<bool> decided{false}, scores{false}, blend{false};
+  std::string measured;
 
-Choice& choice() {
-  static Choice c;
+  void set(Choice&& c) {  // with the mutex held
+    scores.store(c.scores, std::memory_order_relaxed);
+    blend.store(c.blend, std::memory_order_relaxed);
+    measured = std::move(c.measured);
+    decided.store(true, std::memory_order_release);
+  }
+};
+
+Current& current_state() {
+  static Current c;
   return c;
-}
-
-std::atomic<bool>& decided() {
-  static std::atomic<bool> d{false};
-  return d;
 }
 
 // The best of several timings of fn (seconds): the machine is shared, the minimum is the kernel's own speed.
@@ -126,7 +130,6 @@ double best_seconds(int reps, Fn&& fn) {
 // keeps libxsmm's where it is at least 5% faster: a tie keeps softkv's own.
 Choice measure() {
   Choice c;
-  c.decided = true;
 #ifdef SOFTKV_WITH_LIBXSMM
   if (!jit_allowed(kernels())) return c;
   const TileProducts own = kernels().tiles, jit{&jit_scores, &jit_blend};
@@ -154,7 +157,6 @@ Choice measure() {
 
 Choice named(std::string_view name) {
   Choice c;
-  c.decided = true;
   if (name == "softkv") return c;
   if (name == "libxsmm") {
     if (!have_libxsmm()) throw Error(ErrorCode::unsupported, "tile products 'libxsmm': this build has no libxsmm");
@@ -168,16 +170,17 @@ Choice named(std::string_view name) {
   throw Error(ErrorCode::unsupported, "tile products '" + std::string(name) + "' are not softkv, libxsmm or auto");
 }
 
-const Choice& current() {
-  if (!decided().load(std::memory_order_acquire)) {
-    const std::lock_guard lock(choice_mutex());
-    if (!decided().load(std::memory_order_relaxed)) {
+// The process's choice, decided on first use (SOFTKV_TILES, or a measurement).
+Current& current() {
+  Current& c = current_state();
+  if (!c.decided.load(std::memory_order_acquire)) {
+    const std::lock_guard lock(c.mutex);
+    if (!c.decided.load(std::memory_order_relaxed)) {
       const char* env = std::getenv("SOFTKV_TILES");
-      choice() = named(env != nullptr && *env != '\0' ? std::string_view(env) : std::string_view("auto"));
-      decided().store(true, std::memory_order_release);
+      c.set(named(env != nullptr && *env != '\0' ? std::string_view(env) : std::string_view("auto")));
     }
   }
-  return choice();
+  return c;
 }
 
 }  // namespace
@@ -194,23 +197,24 @@ TileProducts tiles_for(const KernelTable& k) {
   TileProducts tiles = k.tiles;
 #ifdef SOFTKV_WITH_LIBXSMM
   if (!jit_allowed(k)) return tiles;
-  const Choice& c = current();
-  if (c.scores) tiles.scores = &jit_scores;
-  if (c.blend) tiles.blend = &jit_blend;
+  const Current& c = current();
+  if (c.scores.load(std::memory_order_relaxed)) tiles.scores = &jit_scores;
+  if (c.blend.load(std::memory_order_relaxed)) tiles.blend = &jit_blend;
 #endif
   return tiles;
 }
 
 std::string tiles_report() {
-  const Choice& c = current();
+  Current& c = current();
+  const std::lock_guard lock(c.mutex);
   return std::string("scores ") + (c.scores ? "libxsmm" : "softkv") + ", blend " + (c.blend ? "libxsmm" : "softkv") + c.measured;
 }
 
 void force_tiles(std::string_view name) {
-  Choice c = named(name);
-  const std::lock_guard lock(choice_mutex());
-  choice() = std::move(c);
-  decided().store(true, std::memory_order_release);
+  Choice choice = named(name);  // measuring ("auto") outside the lock
+  Current& c = current_state();
+  const std::lock_guard lock(c.mutex);
+  c.set(std::move(choice));
 }
 
 }  // namespace softkv::detail

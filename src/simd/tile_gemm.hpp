@@ -23,7 +23,7 @@ std::string tiles_report();
 
 /// Forces the choice: "softkv" (every path's own tiles), "libxsmm" (both products JIT where
 /// tiles_for allows it) or "auto" (measure again). Error(unsupported) for "libxsmm" in a build without it, and
-/// for an unknown name.
+/// for an unknown name. Safe beside running queries (a pass already started keeps its tiles).
 void force_tiles(std::string_view name);
 
 /// Whether this build has libxsmm.
