@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build server run test docs bench clean
+.PHONY: all deps configure build server python run test docs bench clean
 
 all: build
 
@@ -20,6 +20,10 @@ build: configure
 # start; not the tests, benchmarks, examples or the Python module).
 server: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target softkv-server softkv-cli
+
+# The Python package (the native module and the TCP client) into $(BUILD_DIR)/python/softkv.
+python: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target softkv_python
 
 # The main job on an embedded default: softkv-server on ./softkv-data, 127.0.0.1:7878 (Ctrl-C stops it
 # after finishing in-flight requests and writing a snapshot).

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <csignal>
 #include <fstream>
+#include <string>
 #include <thread>
 
 #include "server.hpp"
@@ -26,6 +27,14 @@ int signal_pipe[2] = {-1, -1};
 extern "C" void on_signal(int sig) {
   const char byte = static_cast<char>(sig);
   [[maybe_unused]] const auto n = ::write(signal_pipe[1], &byte, 1);  // async-signal-safe
+}
+
+// How to run the softkv command-line client that was built beside this server: its path when the
+// server was started by a path (./build/server/softkv-server -> ./build/server/softkv), else "softkv".
+std::string cli_beside(const char* argv0) {
+  const std::string self = argv0 != nullptr ? argv0 : "";
+  const auto slash = self.rfind('/');
+  return slash == std::string::npos ? "softkv" : self.substr(0, slash + 1) + "softkv";
 }
 
 }  // namespace
@@ -68,8 +77,9 @@ int main(int argc, char** argv) {
   app.add_option("--reply-deadline", reply_s, "seconds a client may take to read a reply before it is disconnected")->capture_default_str();
   app.add_option("--snapshot-after-mb", snapshot_mb, "log megabytes between background snapshots (0: never)")->capture_default_str();
   app.add_flag("--repair", repair,
-               "(default: off) start even if a log record is corrupt: keep the records before it, set the later log segments aside as "
-               "*.corrupt (their writes are lost) and log what was kept; cannot bridge a missing log segment or a damaged snapshot");
+               "start even if a log record is corrupt: keep the records before it, set the later log segments aside as "
+               "*.corrupt (their writes are lost) and log what was kept; cannot bridge a missing log segment or a damaged snapshot "
+               "(default: off)");
   CLI11_PARSE(app, argc, argv);
   config.max_pending_bytes = static_cast<std::size_t>(pending_mb) << 20;
   config.idle_timeout = std::chrono::seconds(idle_s);
@@ -127,7 +137,7 @@ int main(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("softkv-server {} on {}:{}, kernel path {}, data {}, {} collection(s) loaded in {:.2f} s, fsync {}, coalescing {}", softkv::kVersion,
                  config.host, server.port(), softkv::simd_path(), data, db.list_collections().size(), secs, fsync, coalesce);
-    spdlog::info("connect with: softkv --port {} stats   (or softkv::Client / Python softkv.Client)", server.port());
+    spdlog::info("connect with: {} --port {} stats   (or softkv::Client / Python softkv.Client)", cli_beside(argv[0]), server.port());
     std::thread waiter([&] {
       char sig = 0;
       while (::read(signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {

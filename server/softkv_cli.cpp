@@ -75,6 +75,7 @@ void progress(std::size_t done, std::size_t total, double seconds) {
 int main(int argc, char** argv) {
   CLI::App app{"softkv: command-line client for softkv-server"};
   app.require_subcommand(1);
+  app.footer("example: softkv --port 7878 stats   (each subcommand's --help shows an example of it)");
   softkv::ClientOptions options;
   std::string token_file;
   app.add_option("--host", options.host, "server address")->capture_default_str();
@@ -125,9 +126,9 @@ int main(int argc, char** argv) {
   query->add_option("--query", inline_query, "one query as comma-separated floats (default: none; give this or --queries)");
   query->add_option("--queries", queries_file, "B x d queries (.npy or .fvecs; default: none; give this or --query)")->check(CLI::ExistingFile);
   query->add_flag("--hard", hard, "hard retrieval (argmax) instead of soft (default: soft)");
-  query->add_option("--temperature", temperature, "T > 0: scores q·k / (sqrt(d)·T) (default: the collection's scale, 1/sqrt(d))");
+  query->add_option("--temperature", temperature, "T > 0: scores q·k / (sqrt(d)·T) (default: the collection's own scale if it was created with one, else T = 1, i.e. scale 1/sqrt(d))");
   query->add_option("--scale", scale, "score factor instead of 1/(sqrt(d)·T), finite and > 0 (exclusive with --temperature; default: 1/(sqrt(d)·T))");
-  query->add_option("--top-m", top_m, "contributors to show (soft)")->capture_default_str();
+  query->add_option("--top-m", top_m, "contributors to show (soft; the libraries' top_m defaults to 0)")->capture_default_str();
   query->add_option("--top-k", top_k, "prune to the k best keys (needs an index; default: no pruning)");
   query->add_option("--epsilon", epsilon, "adaptive pruning: stop once the dropped weight is <= this (needs an index; default: none)");
   query->add_option("--error-target", error_target,
