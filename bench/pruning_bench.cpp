@@ -342,12 +342,14 @@ double lse_of(const std::vector<float>& keys, const float* q, std::size_t d, dou
 // Each regime: exact, flat, ivf (certified) and hnsw (on the first hnsw_n rows), top_k 32 and epsilon 1e-3:
 // median ms, speed-up over the exact scan of the same collection, median candidates, and how many answers'
 // true omitted mass exceeded their reported bound (guaranteed bounds never may).
-void regimes(std::size_t n_all, std::size_t hnsw_n, std::size_t d_all, std::size_t nq, const std::vector<std::string>& kinds) {
+void regimes(std::size_t n_all, std::size_t hnsw_n, std::size_t d_all, std::size_t nq, const std::vector<std::string>& kinds,
+             const std::string& only) {
   std::printf("\nregimes: N = %zu (hnsw: %zu), d = dv = %zu, %zu queries each; speed-up = exact scan ms / pruned ms, same collection\n",
               n_all, hnsw_n, d_all, nq);
   std::printf("  %-10s %-12s %9s %9s %9s %11s %11s %6s\n", "index", "query", "ms", "exact ms", "speed-up", "candidates",
               "bound < true", "guar.");
   for (const Regime& g : make_regimes(n_all, d_all, nq)) {
+    if (g.name.find(only) == std::string::npos) continue;
     const std::size_t d = g.d != 0 ? g.d : d_all, dv = g.dv != 0 ? g.dv : d_all, n = g.keys.size() / d;
     std::printf(" %s%s\n", g.name.c_str(), g.d != 0 ? (" (N = " + std::to_string(n) + ", d = " + std::to_string(d) + ", dv = " + std::to_string(dv) + ")").c_str() : "");
     std::size_t lse_rows = 0;  // the double-precision references, shared by the indexes over the same rows
@@ -659,6 +661,8 @@ int main(int argc, char** argv) {
   bool only_estimate_batch = false;
   std::size_t sample = 256;
   std::vector<std::string> kinds{"ivf", "flat", "hnsw"};
+  std::string only_regime;
+  app.add_option("--regime", only_regime, "with --regimes: only the regimes whose name contains this text (default: every regime)");
   app.add_option("--n", n, "entries for the exact, flat and IVF tables");
   app.add_option("--hnsw-n", hnsw_n, "entries for the HNSW table (HNSW builds slowly on 2 cores)");
   app.add_option("--d", d, "key and value dimension");
@@ -688,7 +692,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (only_regimes) {
-    regimes(n, hnsw_n, d, nq, kinds);
+    regimes(n, hnsw_n, d, nq, kinds, only_regime);
     return 0;
   }
   if (only_violations) {

@@ -51,6 +51,19 @@ inline constexpr std::size_t kGiveUpBlocks = 256;
 std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
                                          const EstimateTarget& target, const EligibleRows* eligible = nullptr);
 
+/// An estimated answer over certified lists after a walk that left a head (pruning.hpp, ListHead with
+/// rows; src/list_estimate.cpp): the head's rows scored exactly, every other list drawn whole with a
+/// probability proportional to its bounded mass live_c e^{ub_c} (capped at 1), in rounds that grow until
+/// the error meets target.error_target; the rest's totals are Horvitz-Thompson estimates over the drawn
+/// lists. The error: z x the estimated standard error plus a Bernstein range term, (7/3) ln(2 dv / 0.05)
+/// x 2 max_c (live_c e^{ub_c} / pi_c) / Z^, which holds whatever an undrawn list's rows score below its
+/// bound. rows_scored counts the head and the drawn lists. nullopt when the target cannot be met within
+/// target.budget_rows rows (the head's included), a bound is not finite or a total left the float range:
+/// the exact scan answers.
+std::optional<PrunedSoft> estimate_over_lists(const KernelTable& kernels, const CertifiedLists& lists, const float* query, float scale,
+                                              const RowSpan& span, const std::function<std::size_t(std::uint64_t)>& row_of,
+                                              const ListHead& head, const EstimateTarget& target);
+
 /// estimated_soft for n queries (row-major, prepared, one scale each) over one shared sample: each round's
 /// blocks are read once and scanned by every query still estimating, a query leaves the rounds when its
 /// target is met (or it gives up), and the rounds grow as the neediest query asks. The budget counts the

@@ -210,7 +210,7 @@ double share_of_rest(double log_rest, double log_visited) {
 
 std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const CertifiedLists& lists, const float* query, float scale,
                                          const RowSpan& span, const std::function<std::size_t(std::uint64_t)>& row_of,
-                                         const ListTarget& target, std::size_t top_m) {
+                                         const ListTarget& target, std::size_t top_m, ListHead* head) {
   constexpr double kUnit = 1.0 / 16777216.0;
   ListWalk walk(lists, query, scale);
   std::vector<std::uint64_t> ids;
@@ -231,9 +231,33 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
   // the bounds whether the rest of the budget can do it, and gives up at once if not (spread attention).
   bool judged = false;
   double known_max = -std::numeric_limits<double>::infinity();
+  // With head: each visited list's mass, and whether the later half of them holds a quarter of it or more.
+  std::vector<LogSum> list_mass;
+  const auto spread = [&] {
+    LogSum all, later;
+    for (std::size_t i = 0; i < list_mass.size(); ++i) {
+      const double m = list_mass[i].log();
+      if (m == -std::numeric_limits<double>::infinity()) continue;
+      all.add(m);
+      if (2 * i >= list_mass.size()) later.add(m);
+    }
+    return later.log() >= all.log() + std::log(0.25);
+  };
+  // A head walk that ends short of epsilon: its rows, unless the mass looked spread (then none).
+  const auto leave_head = [&]() -> std::optional<PrunedSoft> {
+    if (!spread()) {
+      head->rows.resize(ids.size());
+      std::transform(ids.begin(), ids.end(), head->rows.begin(), row_of);
+      std::vector<std::pair<double, std::uint32_t>> rest;
+      walk.unvisited(rest);
+      for (const auto& [ub, c] : rest) head->rest.push_back({ub, c, walk.live(c)});
+    }
+    return std::nullopt;
+  };
   while (!walk.done() && !finished()) {
-    if (ids.size() > target.budget_rows) return std::nullopt;  // the exact scan is cheaper from here
-    if (!judged && ids.size() > target.budget_rows / 8) {
+    if (ids.size() > target.budget_rows) return head != nullptr ? leave_head() : std::nullopt;  // the exact scan is cheaper from here
+    if (head != nullptr && list_mass.size() >= 8 && (list_mass.size() & (list_mass.size() - 1)) == 0 && spread()) return std::nullopt;
+    if (head == nullptr && !judged && ids.size() > target.budget_rows / 8) {
       judged = true;
       if (!walk.can_meet(target.top_k, target.epsilon, target.budget_rows - ids.size(), known_max, low_log(visited, ids.size())))
         return std::nullopt;
@@ -241,12 +265,14 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
     const std::size_t first = ids.size();
     const double list_error = lists.score_list(walk.next(), query, scale, ids, scores);
     best.offer_ids(scores.data() + first, ids.data() + first, ids.size() - first);
+    if (head != nullptr) list_mass.emplace_back();
     for (std::size_t i = first; i < ids.size(); ++i) {
       const double s = scores[i];
       error.push_back(list_error + kUnit * std::fabs(s));
       worst_error = std::max(worst_error, error.back());
       visited.add(s - error.back());
       known_max = std::max(known_max, s);
+      if (head != nullptr) list_mass.back().add(s);
     }
   }
   if (ids.empty()) return std::nullopt;

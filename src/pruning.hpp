@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -159,13 +160,31 @@ struct ListTarget {
   std::size_t budget_rows = 0;  ///< most rows to score before giving up (the exact scan costs less from there)
 };
 
+/// What a certified walk for an estimated answer leaves when it cannot meet its target (certified_soft's
+/// head): the rows it visited, when their lists held the mass (the first visited lists outweigh the later
+/// ones: peaked attention), and a bound on every other row.
+struct ListHead {
+  /// A list not visited: its bound on every live member's kernel score, its index and live members.
+  struct Rest {
+    double ub;
+    std::uint32_t list;
+    std::uint32_t live;
+  };
+  std::vector<std::size_t> rows;  ///< the visited rows of span; empty when the mass looked spread over the lists
+  std::vector<Rest> rest;         ///< with rows: every list not visited that has a live member
+};
+
 /// Pruned soft retrieval over certified lists (docs/PRUNING.md): visits lists by decreasing upper bound
 /// until target is met; the candidates are the exact top_k, or every visited row (epsilon). The tail
 /// bound is a guarantee: the unvisited lists' bounded mass (plus, for top_k, the visited non-candidates)
 /// relative to the candidates'. row_of maps a live id to its row of span. nullopt when more than
 /// budget_rows rows would be scored: the caller runs the exact scan.
+/// With head (epsilon only: an estimated answer's walk), a walk that does not meet epsilon within the
+/// budget stops there (it does not ask the bounds whether it could), and leaves its visited rows in head
+/// unless the second half of the lists it visited holds a quarter or more of their mass (spread attention:
+/// a head would not hold it); it also stops so, empty-handed, as soon as that is seen at 8, 16, 32, ... lists.
 std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const CertifiedLists& lists, const float* query, float scale,
                                          const RowSpan& span, const std::function<std::size_t(std::uint64_t)>& row_of,
-                                         const ListTarget& target, std::size_t top_m);
+                                         const ListTarget& target, std::size_t top_m, ListHead* head = nullptr);
 
 }  // namespace softkv::detail

@@ -459,3 +459,134 @@ TEST_CASE("an estimate's top_m is clamped to the rows before anything is reserve
     for (const SoftResult& r : batch.soft) CHECK(r.top.size() <= r.rows_scored);
   }
 }
+
+namespace {
+
+// Lists of consecutive rows (list c holds rows [c * size, (c + 1) * size)) whose score_list counts the rows
+// it scores: what estimate_over_lists reads besides its head.
+class CountingLists final : public detail::CertifiedLists {
+ public:
+  CountingLists(const detail::RowSpan& span, std::size_t size) : span_(span), size_(size) {}
+  [[nodiscard]] std::size_t list_count() const override { return span_.rows / size_; }
+  void bounds(const float*, float, std::vector<double>&, std::vector<std::uint32_t>&) const override {}  // not asked for
+  double score_list(std::size_t c, const float* query, float factor, std::vector<std::uint64_t>& ids,
+                    std::vector<float>& scores) const override {
+    const std::size_t first = scores.size();
+    scores.resize(first + size_);
+    detail::kernels().scores(query, factor, span_.sub(c * size_, size_), scores.data() + first);
+    for (std::size_t i = 0; i < size_; ++i) ids.push_back(c * size_ + i);
+    scored += size_;
+    return 0.0;
+  }
+  mutable std::size_t scored = 0;
+
+ private:
+  detail::RowSpan span_;
+  std::size_t size_;
+};
+
+}  // namespace
+
+TEST_CASE("an estimate over lists: the head exact, the other lists drawn by their bounded mass, within the target and counted",
+          "[estimate]") {
+  // 400 lists of 256 rows, each a cluster (its keys near its own centre); queries near a list's centre:
+  // the head is the heaviest lists, up to 99% of the mass or 16 lists, and the queries kept are those
+  // that leave 0.1% to 5% of the mass to the sample (the estimator's case: neither nothing nor the most).
+  const std::size_t size = 256, lists = 400, n = size * lists, d = 16, dv = 8;
+  const auto centres = test::normal_floats(lists * d, 91, 1.0f);
+  auto keys = test::normal_floats(n * d, 92, 0.15f);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < d; ++j) keys[i * d + j] += centres[(i / size) * d + j];
+  const auto values = test::normal_floats(n * dv, 93);
+  std::vector<std::uint64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = i;
+  const detail::RowSpan span{keys.data(), values.data(), ids.data(), n, d, dv};
+  const double value_max = largest_abs(values);
+  const float scale = 1.0f;
+  const float target = 0.01f;
+  std::size_t answered = 0, gave_up = 0, below = 0, sampled_lists = 0;
+  for (std::size_t b = 0; b < 40; ++b) {
+    std::vector<float> q(d);
+    const auto noise = test::normal_floats(d, 100 + b, 0.7f);
+    for (std::size_t j = 0; j < d; ++j) q[j] = centres[(b * 37 % lists) * d + j] + noise[j];
+    const test::SoftReference ref = test::soft_reference(q.data(), keys.data(), values.data(), n, d, dv, scale);
+    // Each list's exact mass and largest score; the head: the heaviest lists up to 99% of the mass.
+    std::vector<double> mass(lists, 0.0), top(lists, -std::numeric_limits<double>::infinity());
+    double total = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double w = std::exp(ref.scores[i] - ref.max_score);
+      mass[i / size] += w, total += w;
+      top[i / size] = std::max(top[i / size], ref.scores[i]);
+    }
+    std::vector<std::size_t> order(lists);
+    for (std::size_t c = 0; c < lists; ++c) order[c] = c;
+    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return mass[x] > mass[y]; });
+    detail::ListHead head;
+    double held = 0;
+    std::size_t c = 0;
+    for (; c < lists && c < 16 && held < 0.99 * total; ++c) {
+      held += mass[order[c]];
+      for (std::size_t i = 0; i < size; ++i) head.rows.push_back(order[c] * size + i);
+    }
+    if (held > 0.999 * total || held < 0.95 * total) continue;
+    // The rest with a valid bound: each list's largest score raised past the kernel's rounding.
+    for (; c < lists; ++c)
+      head.rest.push_back({top[order[c]] + 1e-3 * (1 + std::fabs(top[order[c]])), static_cast<std::uint32_t>(order[c]),
+                           static_cast<std::uint32_t>(size)});
+    INFO("query " << b << ": head " << head.rows.size() << " rows, rest " << head.rest.size() << " lists, " << (total - held) / total
+                  << " of the mass outside the head");
+    CountingLists counting(span, size);
+    const detail::EstimateTarget t{target, value_max, n / 2, 500 + b, 4};
+    const auto got = detail::estimate_over_lists(detail::kernels(), counting, q.data(), scale, span, [](std::uint64_t id) { return id; }, head, t);
+    if (!got) {  // more lists than the budget holds would be needed (the range term is cautious): the scan answers
+      ++gave_up;
+      continue;
+    }
+    ++answered;
+    const double err = relative_error(got->value, ref.value, value_max);
+    INFO("rows " << got->rows_scored << ", estimate " << *got->error_estimate << ", true " << err);
+    CHECK(got->rows_scored == head.rows.size() + counting.scored);  // the head and every list drawn, once each
+    CHECK(got->rows_scored < n / 2);
+    CHECK(err <= target);
+    CHECK(*got->error_estimate <= target);
+    below += err > *got->error_estimate + 1e-5;
+    sampled_lists += counting.scored / size;
+    CHECK(std::fabs(got->scan.state.lse() - ref.lse) <= 0.05);  // the log-sum-exp, estimated too
+    REQUIRE(!got->scan.top.empty());
+    CHECK(got->scan.top[0].id == static_cast<std::uint64_t>(std::max_element(ref.scores.begin(), ref.scores.end()) - ref.scores.begin()));
+
+    // A list without a finite bound: nothing sizes the sample, the scan must answer.
+    detail::ListHead unbounded = head;
+    unbounded.rest.front().ub = std::numeric_limits<double>::infinity();
+    CHECK_FALSE(detail::estimate_over_lists(detail::kernels(), counting, q.data(), scale, span, [](std::uint64_t id) { return id; },
+                                            unbounded, t));
+    // Bounds far above the truth: more lists read (or the scan), never a worse answer.
+    detail::ListHead loose = head;
+    for (auto& r : loose.rest) r.ub += 4;
+    if (const auto l = detail::estimate_over_lists(detail::kernels(), counting, q.data(), scale, span, [](std::uint64_t id) { return id; },
+                                                   loose, t))
+      CHECK(relative_error(l->value, ref.value, value_max) <= target);
+    // A budget that cannot hold the head and the lists the target needs: the scan answers.
+    const detail::EstimateTarget tight{target, value_max, head.rows.size() + size, 500 + b, 4};
+    if (head.rest.size() > 1)
+      CHECK_FALSE(detail::estimate_over_lists(detail::kernels(), counting, q.data(), scale, span, [](std::uint64_t id) { return id; },
+                                              loose, tight));
+  }
+  INFO(answered << " answered, " << gave_up << " left to the scan");
+  CHECK(answered >= 8);
+  CHECK(answered >= 2 * gave_up);
+  CHECK(below * 10 <= answered);
+  CHECK(sampled_lists > 0);  // the rest was sampled, not all read: the test exercised the estimator
+  // Every list in the head: the exact answer.
+  detail::ListHead all;
+  for (std::size_t i = 0; i < n; ++i) all.rows.push_back(i);
+  CountingLists counting(span, size);
+  const std::vector<float> q = test::normal_floats(d, 99);
+  const auto exact = detail::estimate_over_lists(detail::kernels(), counting, q.data(), scale, span, [](std::uint64_t id) { return id; }, all,
+                                                 {target, value_max, n, 1, 0});
+  REQUIRE(exact);
+  CHECK(*exact->error_estimate == 0.0);
+  CHECK(counting.scored == 0);
+  const test::SoftReference ref = test::soft_reference(q.data(), keys.data(), values.data(), n, d, dv, scale);
+  CHECK(relative_error(exact->value, ref.value, value_max) <= 1e-5);
+}

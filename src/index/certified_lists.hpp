@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "index/pruning_index.hpp"
@@ -56,6 +57,10 @@ class ListWalk {
                               double log_visited) const;
   /// Live rows in the lists not yet visited.
   [[nodiscard]] std::size_t rows_left() const noexcept { return rows_left_; }
+  /// Appends (bound, list) for every list not yet visited that has a live member.
+  void unvisited(std::vector<std::pair<double, std::uint32_t>>& out) const;
+  /// List c's live members.
+  [[nodiscard]] std::uint32_t live(std::size_t c) const noexcept { return live_[c]; }
 
  private:
   void recount();                  // after a list with an infinite bound: the flag, and the sum afresh

@@ -152,6 +152,11 @@ bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_ro
   return true;  // every list is within reach
 }
 
+void ListWalk::unvisited(std::vector<std::pair<double, std::uint32_t>>& out) const {
+  for (const auto& entry : heap_) out.push_back(entry);
+  for (const std::uint32_t c : cold_) out.emplace_back(ub_[c], c);
+}
+
 double ListWalk::next_bound() const noexcept { return std::max(heap_.empty() ? -kInf : heap_.front().first, cold_max_); }
 
 double ListWalk::log_rest() {

@@ -2,6 +2,7 @@
 // sample of row blocks for the rest, one fused pass for what the sample could not answer
 // (docs/PRUNING.md, "Estimated answers").
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "collection_impl.hpp"
@@ -29,17 +30,24 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   errors.assign(n, nullptr);
   std::vector<std::optional<PrunedSoft>> answers(n);
   std::vector<std::uint8_t> walked(n, 0);
-  // 1. Certified lists: each query's walk, as a query alone takes it (soft_one).
+  // 1. Certified lists: each query's walk, and the estimate over its head where it left one, as a query
+  // alone takes them (soft_one); a query whose head's estimate fails goes to the fused pass (3.).
+  std::vector<std::uint8_t> to_scan(n, 0);
   if (!mask && impl.use_index(options) && index->lists() != nullptr) {
-    const ListTarget walk{0, target / 2, prune_budget(span.rows, impl.row_bytes()) / 2};
+    const std::size_t budget = prune_budget(span.rows, impl.row_bytes());
+    const ListTarget walk{0, target / 2, budget / 8};
+    const auto row_of = [&](std::uint64_t id) { return *impl.row_of(id); };
     for (std::size_t b = 0; b < n; ++b) {
       try {
-        answers[b] = certified_soft(kernels, *index->lists(), q + b * d, factors[b], span, [&](std::uint64_t id) { return *impl.row_of(id); },
-                                    walk, options.top_m);
-        if (answers[b]) {
-          answers[b]->error_estimate = std::min(1.0, 2 * answers[b]->tail_bound);
-          walked[b] = 1;
-        }
+        ListHead head;
+        answers[b] = certified_soft(kernels, *index->lists(), q + b * d, factors[b], span, row_of, walk, options.top_m,
+                                    budget == std::numeric_limits<std::size_t>::max() ? nullptr : &head);  // as soft_one
+        if (answers[b]) answers[b]->error_estimate = std::min(1.0, 2 * answers[b]->tail_bound);
+        else if (!head.rows.empty())
+          answers[b] = estimate_over_lists(kernels, *index->lists(), q + b * d, factors[b], span, row_of, head,
+                                           {target, impl.value_max(), budget, seed_of(q + b * d, d, span.rows), options.top_m});
+        walked[b] = answers[b] ? 1 : 0;
+        to_scan[b] = !answers[b] && !head.rows.empty() ? 1 : 0;
       } catch (...) {
         errors[b] = std::current_exception();
       }
@@ -48,7 +56,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   // 2. One sample for the rest, seeded by the first of them: its blocks are read once for all of them.
   std::vector<std::size_t> rest;
   for (std::size_t b = 0; b < n; ++b)
-    if (!answers[b] && !errors[b]) rest.push_back(b);
+    if (!answers[b] && !errors[b] && to_scan[b] == 0) rest.push_back(b);
   // The queries at the given positions side by side, with their factors.
   const auto gather = [&](const std::vector<std::size_t>& which, std::vector<float>& qs, std::vector<float>& fs) {
     qs.resize(which.size() * d);

@@ -151,14 +151,25 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // target for sure (dropping a share tau of the mass moves the blend by at most 2 tau max ||v||_inf),
       // reading only the lists that hold the mass (peaked attention). It gives up early when the bounds
       // show the mass is spread.
+      // A walk that falls short of that leaves its rows as the head of an estimate when they hold the mass
+      // (estimate_over_lists: the head exact, the other lists sampled); where the mass is spread over the
+      // lists, the sample below draws from every row.
       if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (the walk visits every row of a list: no mask)
-        const ListTarget walk{0, target / 2, budget / 2};
-        if (std::optional<PrunedSoft> walked = certified_soft(
-                kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); }, walk, options.top_m)) {
-          walked->error_estimate = std::min(1.0, 2 * walked->tail_bound);
+        const ListTarget walk{0, target / 2, budget / 8};
+        ListHead head;
+        const auto row_of = [&](std::uint64_t id) { return *impl.row_of(id); };
+        // (A collection too small for the planner's budget is walked to the end: its sample would be its scan.)
+        const bool small = budget == std::numeric_limits<std::size_t>::max();
+        std::optional<PrunedSoft> walked = certified_soft(kernels, *index->lists(), q, f, span, row_of, walk, options.top_m, small ? nullptr : &head);
+        if (walked) walked->error_estimate = std::min(1.0, 2 * walked->tail_bound);
+        else if (!head.rows.empty())
+          walked = estimate_over_lists(kernels, *index->lists(), q, f, span, row_of, head,
+                                       {target, impl.value_max(), budget, seed_of(q, impl.dim(), span.rows), options.top_m});
+        if (walked) {
           walked_lists = true;
           return std::move(*walked);
         }
+        if (!head.rows.empty()) return exact();  // the head's estimate could not meet the target: the scan answers
       }
       // Then a sample of blocks of rows (spread attention), up to an eighth of the rows over all rounds; the
       // rounds give up as soon as their error says the target needs more, and the exact scan answers.
