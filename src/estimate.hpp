@@ -57,7 +57,8 @@ std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float
 /// the error meets target.error_target; the rest's totals are Horvitz-Thompson estimates over the drawn
 /// lists. The error: z x the estimated standard error plus a Bernstein range term, (7/3) ln(2 dv / 0.05)
 /// x 2 max_c (live_c e^{ub_c} / pi_c) / Z^, which holds whatever an undrawn list's rows score below its
-/// bound. rows_scored counts the head and the drawn lists. nullopt when the target cannot be met within
+/// bound; lists bounded 40 nats below the largest score are dropped and their bounded share (twice) added.
+/// rows_scored counts the head and the drawn lists. nullopt when the target cannot be met within
 /// target.budget_rows rows (the head's included), a bound is not finite or a total left the float range:
 /// the exact scan answers.
 std::optional<PrunedSoft> estimate_over_lists(const KernelTable& kernels, const CertifiedLists& lists, const float* query, float scale,

@@ -14,7 +14,8 @@
 // estimated variance, as in Maurer and Pontil's empirical Bernstein bound). Drawing with pi_c proportional
 // to B_c makes B_c / pi_c the same for every list not drawn for sure: the range term then falls as 1 / m
 // with m the lists expected in the sample, and a walk that bounded the rest to a share tau of the mass
-// needs about (7/3) ln(...) x 2 tau / target lists.
+// needs about (7/3) ln(...) x 2 tau / target lists. Lists bounded kTailNats below the largest score are
+// the tail: never drawn, their bounded mass (at most e^-40 a row) added to the error whole.
 #include <algorithm>
 #include <cmath>
 #include <limits>
