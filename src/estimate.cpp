@@ -11,6 +11,7 @@
 #include "estimate.hpp"
 
 #include "mask.hpp"
+#include "thread_pool.hpp"
 #include "top_scores.hpp"
 
 #include <algorithm>
@@ -78,39 +79,68 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
   std::vector<Query> state;
   state.reserve(n);
   for (std::size_t j = 0; j < n; ++j) state.push_back({{}, {}, {}, TopScores(target.top_m, nullptr), true, 1});
-  BlockSink sink;
   std::vector<double> y(dv), t(dv), shift;  // shift[i] = e^{max_i - best}, block i's factor to the common shift
-  // Scans block b for every active query; a query whose block state left the float range stops (the
-  // exact path reports it).
-  const auto scan_block = [&](std::size_t b) {
-    taken[b] = 1;
-    std::size_t at = b * kEstimateBlockRows;
-    const std::size_t end = std::min(at + kEstimateBlockRows, total);
-    read += end - at;
+  // Scans block b for query j into its slot (max, sum, acc at slot), folding the block's eligible rows,
+  // piece by piece over the runs they fall in, into one state; sink (if any) gets their scores.
+  const auto scan_block = [&](std::size_t b, std::size_t j, std::size_t slot, BlockSink* sink) {
+    Query& s = state[j];
+    std::size_t row = b * kEstimateBlockRows;
+    const std::size_t end = std::min(row + kEstimateBlockRows, total);
+    std::size_t run = static_cast<std::size_t>(std::upper_bound(run_start.begin(), run_start.end(), row) - run_start.begin()) - 1;
+    while (row < end) {
+      const std::size_t offset = row - run_start[run], count = std::min(end, run_start[run + 1]) - row;
+      const std::size_t first = rows_in.runs[run].begin + offset;
+      if (sink != nullptr) sink->ids = span.ids + first;
+      kernels.soft_scan(queries + j * d, scales[j], span.sub(first, count), s.maxes[slot], s.sums[slot], s.accs.data() + slot * dv, sink);
+      row += count;
+      ++run;
+    }
+  };
+  // Scans the blocks a round drew (ascending) for every query still estimating, on the shared pool's
+  // threads: each part takes a run of them, each block's state goes to its own slot (the same answer
+  // whatever the split), contributors to a part's own TopScores, merged after. A query whose block state
+  // left the float range stops (the exact path reports it).
+  ThreadPool& pool = ThreadPool::shared();
+  const auto scan_fresh = [&](const std::vector<std::size_t>& fresh) {
+    if (fresh.empty()) return;
+    std::vector<std::size_t> base(n, 0);
     for (std::size_t j = 0; j < n; ++j) {
       Query& s = state[j];
       if (!s.active) continue;
-      s.maxes.push_back(-std::numeric_limits<float>::infinity());
-      s.sums.push_back(0.0f);
-      s.accs.resize(s.accs.size() + dv, 0.0f);
-      sink.top = &s.top;
-      // The block's eligible rows, piece by piece over the runs they fall in, folded into one state.
-      std::size_t row = at;
-      std::size_t run = static_cast<std::size_t>(std::upper_bound(run_start.begin(), run_start.end(), row) - run_start.begin()) - 1;
-      while (row < end) {
-        const std::size_t offset = row - run_start[run], count = std::min(end, run_start[run + 1]) - row;
-        const std::size_t first = rows_in.runs[run].begin + offset;
-        sink.ids = span.ids + first;
-        kernels.soft_scan(queries + j * d, scales[j], span.sub(first, count), s.maxes.back(), s.sums.back(),
-                          s.accs.data() + s.accs.size() - dv, target.top_m > 0 ? &sink : nullptr);
-        row += count;
-        ++run;
-      }
-      if (!std::isfinite(s.maxes.back()) || !std::isfinite(s.sums.back())) s.active = false;
+      base[j] = s.maxes.size();
+      s.maxes.resize(base[j] + fresh.size(), -std::numeric_limits<float>::infinity());
+      s.sums.resize(base[j] + fresh.size(), 0.0f);
+      s.accs.resize((base[j] + fresh.size()) * dv, 0.0f);
+    }
+    for (const std::size_t b : fresh) {
+      taken[b] = 1;
+      read += std::min(kEstimateBlockRows, total - b * kEstimateBlockRows);
+    }
+    const std::size_t parts = std::clamp<std::size_t>(fresh.size() / 16, 1, pool.concurrency());
+    std::vector<std::vector<TopScores>> tops(parts);
+    pool.run(parts, [&](std::size_t part) {
+      BlockSink sink;
+      if (target.top_m > 0)
+        for (std::size_t j = 0; j < n; ++j) tops[part].emplace_back(target.top_m, nullptr);
+      for (std::size_t i = fresh.size() * part / parts; i < fresh.size() * (part + 1) / parts; ++i)
+        for (std::size_t j = 0; j < n; ++j) {
+          if (!state[j].active) continue;
+          sink.top = target.top_m > 0 ? &tops[part][j] : nullptr;
+          scan_block(fresh[i], j, base[j] + i, target.top_m > 0 ? &sink : nullptr);
+        }
+    });
+    for (std::size_t j = 0; j < n; ++j) {
+      Query& s = state[j];
+      if (!s.active) continue;
+      if (target.top_m > 0)
+        for (std::size_t part = 0; part < parts; ++part) s.top.absorb(tops[part][j]);
+      for (std::size_t i = base[j]; i < s.maxes.size(); ++i)
+        if (!std::isfinite(s.maxes[i]) || !std::isfinite(s.sums[i])) s.active = false;
     }
   };
   // Rounds: the first draws 32 to 64 blocks; each later one as many as the neediest query's last error
-  // says it needs (1.1 x (error / target)^2 times as many, at least 1.5 and at most 16 times), until every
+  // says it needs (1.05 x (error / target)^2 times the blocks drawn, at least 1.25 and at most 16 times the last
+  // round's expected count), until every
   // query's target is met by a sample whose weight is spread over enough blocks for the normal approximation.
   double m = std::min(static_cast<double>(blocks), std::clamp(static_cast<double>(blocks) / 32, 32.0, 64.0));
   for (;;) {
@@ -118,15 +148,17 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     if (read + static_cast<std::size_t>(std::max(0.0, want - (1 - miss)) * static_cast<double>(total)) > target.budget_rows)
       return out;  // every query still estimating: the exact scan is cheaper
     const double pi_round = want >= 1 ? 1.0 : 1 - (1 - want) / miss;
+    std::vector<std::size_t> fresh;  // the blocks this round adds, ascending
     if (pi_round >= 1) {
       for (std::size_t b = 0; b < blocks; ++b)
-        if (taken[b] == 0) scan_block(b);
+        if (taken[b] == 0) fresh.push_back(b);
     } else if (pi_round > 0) {  // each block with probability pi_round: geometric gaps between successive draws
       const double log_miss = std::log1p(-pi_round);
       for (double b = std::floor(std::log(1 - unit(rng)) / log_miss); b < static_cast<double>(blocks);
            b += 1 + std::floor(std::log(1 - unit(rng)) / log_miss))
-        if (taken[static_cast<std::size_t>(b)] == 0) scan_block(static_cast<std::size_t>(b));
+        if (taken[static_cast<std::size_t>(b)] == 0) fresh.push_back(static_cast<std::size_t>(b));
     }
+    scan_fresh(fresh);
     miss *= 1 - std::max(0.0, pi_round);
     double grow = 0;  // the neediest active query's
     for (std::size_t j = 0; j < n; ++j) {
@@ -192,7 +224,9 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         s.active = false;
         continue;
       }
-      grow = std::max(grow, spread ? std::clamp(error * error / (target.error_target * target.error_target) * 1.1, 1.5, 16.0)
+      // (Projected from the blocks drawn, not the expected count: a Poisson round may draw a fifth fewer.)
+      grow = std::max(grow, spread ? std::clamp(static_cast<double>(drawn) * error * error / (target.error_target * target.error_target) *
+                                                    1.05 / m, 1.25, 16.0)
                                    : std::clamp(needed / static_cast<double>(drawn) * 1.1, 1.5, 16.0));
     }
     if (grow == 0) return out;  // no query still estimating

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -300,7 +301,7 @@ TEST_CASE("a bad value in a batch answered query by query is named by its row in
 namespace {
 
 // The kernels with soft_scan counting the rows it is given: what an estimate really scores.
-std::size_t counted_rows = 0;
+std::atomic<std::size_t> counted_rows{0};  // (the sample scans its blocks on the pool's threads)
 const detail::KernelTable* real_kernels = nullptr;
 
 void counting_soft_scan(const float* query, float scale, const detail::RowSpan& span, float& max, float& sum, float* acc,
