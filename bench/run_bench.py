@@ -41,6 +41,8 @@ def parse_softkv_bench(text):
     out["beside"] = (float(beside.group(1)), float(beside.group(2))) if beside else None
     bb = re.search(r"sgemm probed just before each \(median of \d+ rounds\): soft batch (\d+)%, hard batch (\d+)%", text)
     out["batch_beside"] = (float(bb.group(1)), float(bb.group(2))) if bb else None
+    fma = re.search(r"FMA peak \(([^,]+), ([\d.]+) GFLOP/s[^)]*\): soft batch (\d+)%, hard batch (\d+)%", text)
+    out["fma"] = (fma.group(1), float(fma.group(2)), float(fma.group(3)), float(fma.group(4))) if fma else None
     foreign = re.search(r"^foreign threads while softkv was timed[^:]*:(.*)$", text, re.M)
     out["foreign"] = max((float(x) for x in re.findall(r" ([\d.]+);", foreign.group(1))), default=0.0) if foreign else None
     return out
@@ -247,6 +249,19 @@ def main():
     hard_bw = f"{hard_row[2]:.0f}% of the best probe" + (f", {beside[1]:.0f}% of the probe beside it" if beside else "")
     def bb_text(i):
         return f", {s['batch_beside'][i]:.0f}% of the probe beside it" if s.get("batch_beside") else ""
+    # The batch goals' limit: sgemm where the BLAS is tuned for this CPU (it reaches 60% of the FMA peak or
+    # more), else the FMA peak itself (a register-only loop on every core), where the goal is 60%.
+    fma = s.get("fma")
+    tuned = fma is None or gf2 >= 0.6 * fma[1]
+    def batch_goal(name, row, i, sgemm_goal):
+        if tuned:
+            return (f"{name}: >= {sgemm_goal}% of 2-thread sgemm (the BLAS reaches "
+                    + (f"{100 * gf2 / fma[1]:.0f}% of the FMA peak here" if fma else "its own limit") + ")",
+                    f"{row[4]:.0f}% of the best probe" + bb_text(i) + (f"; {fma[2 + i]:.0f}% of the FMA peak" if fma else ""),
+                    row[4] >= sgemm_goal)
+        return (f"{name}: >= 60% of the 2-thread FMA peak ({fma[0]}, {fma[1]:.0f} GFLOP/s; OpenBLAS sgemm reaches {100 * gf2 / fma[1]:.0f}% "
+                "of it here, so it is no limit)", f"{fma[2 + i]:.0f}% of the FMA peak; {row[4]:.0f}% of the best sgemm probe" + bb_text(i),
+                fma[2 + i] >= 60)
 
     goals = [
         ("exact soft, 1 query at N = %d: >= 90%% of 2-thread read bandwidth (probed beside it)" % big, soft_bw,
@@ -254,13 +269,13 @@ def main():
         ("... >= 1.0x numpy", f"{npy / one[0]:.2f}x" if npy else "n/a", bool(npy) and npy / one[0] >= 1.0),
         ("... >= 1.4x numpy", f"{npy / one[0]:.2f}x" if npy else "n/a", bool(npy) and npy / one[0] >= 1.4),
         ("... >= 2.5x PyTorch", f"{tch / one[0]:.2f}x" if tch else "n/a", bool(tch) and tch / one[0] >= 2.5),
-        ("soft batch of 64: >= 75% of 2-thread sgemm", f"{batch[4]:.0f}% of the best probe" + bb_text(0), batch[4] >= 75),
+        batch_goal("soft batch of 64", batch, 0, 75),
         ("... >= 1.6x numpy", f"{npy_b / batch[0]:.2f}x" if npy_b else "n/a", bool(npy_b) and npy_b / batch[0] >= 1.6),
         ("hard, 1 query: >= 90% of 2-thread read bandwidth (keys only; probed beside it)", hard_bw,
          (beside[1] if beside else hard_row[2]) >= 90),
         ("... >= 1.0x the strongest peer (FAISS IndexFlatIP, numpy and PyTorch argmax(K @ q))",
          f"{strongest_h / hard:.2f}x", strongest_h / hard >= 1.0),
-        ("hard batch of 64: >= 60% of 2-thread sgemm", f"{hard_batch[4]:.0f}% of the best probe" + bb_text(1), hard_batch[4] >= 60),
+        batch_goal("hard batch of 64", hard_batch, 1, 60),
         ("bench self-check: each softkv call in the suite within 10% of the same call alone (--only softkv), in "
          "milliseconds or as a share of the limit probed just before it (bandwidth / sgemm), and no foreign thread busy while softkv ran",
          (f"worst {worst[0]}: {100 * worst[1][0]:+.0f}% in milliseconds"
