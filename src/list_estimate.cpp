@@ -49,15 +49,18 @@ void proportional_to_size(const std::vector<double>& bound, double m, std::vecto
   const std::size_t n = bound.size();
   pi.assign(n, 1.0);
   if (m >= static_cast<double>(n)) return;
-  double free_mass = 0;
-  for (const double b : bound) free_mass += b;
   std::vector<std::uint8_t> sure(n, 0);
   double taken = 0;
   for (;;) {
+    // The mass of the lists not taken for sure, summed afresh each pass (subtracting the heavy ones
+    // from the total would cancel to nothing when they dominate: bounds span 40 nats).
+    double free_mass = 0;
+    for (std::size_t c = 0; c < n; ++c)
+      if (sure[c] == 0) free_mass += bound[c];
     const double lambda = free_mass > 0 ? (m - taken) / free_mass : 0.0;
     bool more = false;
     for (std::size_t c = 0; c < n; ++c)
-      if (sure[c] == 0 && lambda * bound[c] >= 1) sure[c] = 1, taken += 1, free_mass -= bound[c], more = true;
+      if (sure[c] == 0 && lambda * bound[c] >= 1) sure[c] = 1, taken += 1, more = true;
     if (!more || taken >= m) {
       for (std::size_t c = 0; c < n; ++c) pi[c] = sure[c] != 0 ? 1.0 : std::min(1.0, lambda * bound[c]);
       return;
@@ -108,8 +111,11 @@ std::optional<PrunedSoft> estimate_over_lists(const KernelTable& kernels, const 
   }
   const std::size_t lists_left = rest_of.size();
 
-  const double z = simultaneous_z(dv);
-  const double range_factor = 7.0 / 3.0 * std::log(2.0 * static_cast<double>(std::max<std::size_t>(dv, 1)) / (1 - kCheckConfidence)) * 2;
+  // Bernstein's form: sqrt(2 L) x the standard error plus (7/3) L x the range, L = ln(2 dv / (1 - confidence))
+  // (sqrt(2 L) is a little above the normal quantile simultaneous_z gives the block sample).
+  const double log_term = std::log(2.0 * static_cast<double>(std::max<std::size_t>(dv, 1)) / (1 - kCheckConfidence));
+  const double z = std::max(simultaneous_z(dv), std::sqrt(2 * log_term));
+  const double range_factor = 7.0 / 3.0 * log_term * 2;
   std::uint64_t rng = target.seed;
   TopScores top(target.top_m, nullptr);
   for (const TopScores::Item& item : answer.scan.top) top.offer_ids(&item.score, &item.id, 1);
@@ -120,12 +126,15 @@ std::optional<PrunedSoft> estimate_over_lists(const KernelTable& kernels, const 
   std::vector<std::uint64_t> ids;
   std::vector<float> scores, value(dv);
   std::vector<double> y(dv), t(dv), vhat(dv);
-  // Rounds: 32 lists expected in the first, then as many more as the error says it needs.
+  // Rounds: 32 lists expected in the first, then as many more as the error says it needs; none once the
+  // projection says the budget cannot hold them.
   double m = std::min(static_cast<double>(lists_left), 32.0);
   for (;;) {
     proportional_to_size(bound, m, want);
+    // The rows this round reads, expected: an undrawn list joins with probability (want - pi) / (1 - pi).
     double new_rows = 0;
-    for (std::size_t i = 0; i < lists_left; ++i) new_rows += (want[i] - pi[i]) * head.rest[rest_of[i]].live;
+    for (std::size_t i = 0; i < lists_left; ++i)
+      if (drawn_at[i] == lists_left && want[i] > pi[i]) new_rows += (want[i] - pi[i]) / (1 - pi[i]) * head.rest[rest_of[i]].live;
     if (static_cast<double>(read) + new_rows > static_cast<double>(target.budget_rows)) return std::nullopt;  // the scan is cheaper
     // Each list joins the sample with the probability that brings its union over the rounds to want.
     for (std::size_t i = 0; i < lists_left; ++i) {
@@ -200,6 +209,11 @@ std::optional<PrunedSoft> estimate_over_lists(const KernelTable& kernels, const 
       answer.scan.top = top.sorted();
       answer.k = read;
       answer.rows_scored = read;
+      // What was dropped for sure (the tail), over a sure lower bound of the total (the head and the lists drawn).
+      double z_low = static_cast<double>(h.sum) * head_factor;
+      for (const DrawnList& dl : drawn) z_low += dl.sum * std::exp(dl.max - best);
+      const double tail_mass = tail_rows * std::exp(shift - kTailNats - best);
+      answer.tail_bound = tail_rows == 0 ? 0.0 : std::min(1.0, tail_mass / (z_low + tail_mass));
       answer.error_estimate = everything && tail_rows == 0 ? 0.0 : error;
       return answer;
     }
@@ -207,7 +221,14 @@ std::optional<PrunedSoft> estimate_over_lists(const KernelTable& kernels, const 
     // a x + b x^2 = 1 with x = 1 / sqrt(r), grown by a tenth, at least 1.5 and at most 16 times.
     const double a = normal / target.error_target, b = range / target.error_target;
     if (!std::isfinite(b)) return std::nullopt;
-    const double x = b > 0 ? (-a + std::sqrt(a * a + 4 * b)) / (2 * b) : 1 / a;
+    const double x = 2 / (a + std::sqrt(a * a + 4 * b));  // (the root without the cancellation of -a + sqrt(...))
+    // Give up at once when the lists the projection asks for would pass the budget: the scan answers
+    // after one round instead of after the budget's worth of rounds.
+    const double projected = std::min(static_cast<double>(lists_left), m * 1.1 / (x * x));
+    proportional_to_size(bound, projected, want);
+    double projected_rows = static_cast<double>(head.rows.size());
+    for (std::size_t i = 0; i < lists_left; ++i) projected_rows += want[i] * head.rest[rest_of[i]].live;
+    if (projected_rows > static_cast<double>(target.budget_rows)) return std::nullopt;
     m = std::min(static_cast<double>(lists_left), m * std::clamp(1.1 / (x * x), 1.5, 16.0));
   }
 }

@@ -45,7 +45,8 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
         if (answers[b]) answers[b]->error_estimate = std::min(1.0, 2 * answers[b]->tail_bound);
         else if (!head.rows.empty())
           answers[b] = estimate_over_lists(kernels, *index->lists(), q + b * d, factors[b], span, row_of, head,
-                                           {target, impl.value_max(), budget, seed_of(q + b * d, d, span.rows), options.top_m});
+                                           {target, impl.value_max(), budget, seed_of(q + b * d, d, span.rows),
+                                            std::min(options.top_m, span.rows)});
         walked[b] = answers[b] ? 1 : 0;
         to_scan[b] = !answers[b] && !head.rows.empty() ? 1 : 0;
       } catch (...) {

@@ -149,11 +149,10 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       const double target = *options.error_target;
       // Certified lists first: a walk whose guaranteed tail bound is <= target / 2 answers within the
       // target for sure (dropping a share tau of the mass moves the blend by at most 2 tau max ||v||_inf),
-      // reading only the lists that hold the mass (peaked attention). It gives up early when the bounds
-      // show the mass is spread.
-      // A walk that falls short of that leaves its rows as the head of an estimate when they hold the mass
-      // (estimate_over_lists: the head exact, the other lists sampled); where the mass is spread over the
-      // lists, the sample below draws from every row.
+      // reading only the lists that hold the mass (peaked attention), within 1/256 of the rows. A walk
+      // that falls short leaves its rows as the head of an estimate when they hold the mass
+      // (estimate_over_lists: the head exact, the other lists sampled); where the visited lists show the
+      // mass spread over the lists, it stops at once and the sample below draws from every row.
       if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (the walk visits every row of a list: no mask)
         const ListTarget walk{0, target / 2, budget / 8};
         ListHead head;
@@ -164,7 +163,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
         if (walked) walked->error_estimate = std::min(1.0, 2 * walked->tail_bound);
         else if (!head.rows.empty())
           walked = estimate_over_lists(kernels, *index->lists(), q, f, span, row_of, head,
-                                       {target, impl.value_max(), budget, seed_of(q, impl.dim(), span.rows), options.top_m});
+                                       {target, impl.value_max(), budget, seed_of(q, impl.dim(), span.rows), std::min(options.top_m, span.rows)});
         if (walked) {
           walked_lists = true;
           return std::move(*walked);
