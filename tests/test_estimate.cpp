@@ -486,6 +486,52 @@ class CountingLists final : public detail::CertifiedLists {
   std::size_t size_;
 };
 
+// `lists` clusters of `size` consecutive rows (row i near centre i / size, spread by `noise`), Gaussian
+// values, ids = rows: the rows of CountingLists's lists.
+struct ClusteredRows {
+  std::vector<float> centres, keys, values;
+  std::vector<std::uint64_t> ids;
+  detail::RowSpan span;
+  ClusteredRows(std::size_t lists, std::size_t size, std::size_t d, std::size_t dv, float spread, float noise, std::uint64_t seed)
+      : centres(test::normal_floats(lists * d, seed, spread)), keys(test::normal_floats(lists * size * d, seed + 1, noise)),
+        values(test::normal_floats(lists * size * dv, seed + 2)), ids(lists * size) {
+    for (std::size_t i = 0; i < lists * size; ++i) {
+      for (std::size_t j = 0; j < d; ++j) keys[i * d + j] += centres[(i / size) * d + j];
+      ids[i] = i;
+    }
+    span = {keys.data(), values.data(), ids.data(), lists * size, d, dv};
+  }
+};
+
+// A head of the heaviest lists (list c: rows [c * size, (c + 1) * size)) from a float64 reference: lists
+// by decreasing exact mass until `share` of it or `most` lists, and the others with a valid bound (each
+// list's largest score raised past the kernel's rounding). held: the share of the mass in the head.
+detail::ListHead heaviest_lists(const test::SoftReference& ref, std::size_t lists, std::size_t size, double share, std::size_t most,
+                                double& held) {
+  std::vector<double> mass(lists, 0.0), top(lists, -std::numeric_limits<double>::infinity());
+  double total = 0;
+  for (std::size_t i = 0; i < lists * size; ++i) {
+    const double w = std::exp(ref.scores[i] - ref.max_score);
+    mass[i / size] += w, total += w;
+    top[i / size] = std::max(top[i / size], ref.scores[i]);
+  }
+  std::vector<std::size_t> order(lists);
+  for (std::size_t c = 0; c < lists; ++c) order[c] = c;
+  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return mass[x] > mass[y]; });
+  detail::ListHead head;
+  held = 0;
+  std::size_t c = 0;
+  for (; c < lists && c < most && held < share * total; ++c) {
+    held += mass[order[c]];
+    for (std::size_t i = 0; i < size; ++i) head.rows.push_back(order[c] * size + i);
+  }
+  for (; c < lists; ++c)
+    head.rest.push_back({top[order[c]] + 1e-3 * (1 + std::fabs(top[order[c]])), static_cast<std::uint32_t>(order[c]),
+                         static_cast<std::uint32_t>(size)});
+  held /= total;
+  return head;
+}
+
 }  // namespace
 
 TEST_CASE("an estimate over lists: the head exact, the other lists drawn by their bounded mass, within the target and counted",
@@ -494,14 +540,8 @@ TEST_CASE("an estimate over lists: the head exact, the other lists drawn by thei
   // the head is the heaviest lists, up to 99% of the mass or 16 lists, and the queries kept are those
   // that leave 0.1% to 5% of the mass to the sample (the estimator's case: neither nothing nor the most).
   const std::size_t size = 256, lists = 400, n = size * lists, d = 16, dv = 8;
-  const auto centres = test::normal_floats(lists * d, 91, 1.0f);
-  auto keys = test::normal_floats(n * d, 92, 0.15f);
-  for (std::size_t i = 0; i < n; ++i)
-    for (std::size_t j = 0; j < d; ++j) keys[i * d + j] += centres[(i / size) * d + j];
-  const auto values = test::normal_floats(n * dv, 93);
-  std::vector<std::uint64_t> ids(n);
-  for (std::size_t i = 0; i < n; ++i) ids[i] = i;
-  const detail::RowSpan span{keys.data(), values.data(), ids.data(), n, d, dv};
+  const ClusteredRows rows(lists, size, d, dv, 1.0f, 0.15f, 91);
+  const auto& [centres, keys, values, ids, span] = rows;
   const double value_max = largest_abs(values);
   const float scale = 1.0f;
   const float target = 0.01f;
@@ -511,30 +551,11 @@ TEST_CASE("an estimate over lists: the head exact, the other lists drawn by thei
     const auto noise = test::normal_floats(d, 100 + b, 0.7f);
     for (std::size_t j = 0; j < d; ++j) q[j] = centres[(b * 37 % lists) * d + j] + noise[j];
     const test::SoftReference ref = test::soft_reference(q.data(), keys.data(), values.data(), n, d, dv, scale);
-    // Each list's exact mass and largest score; the head: the heaviest lists up to 99% of the mass.
-    std::vector<double> mass(lists, 0.0), top(lists, -std::numeric_limits<double>::infinity());
-    double total = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const double w = std::exp(ref.scores[i] - ref.max_score);
-      mass[i / size] += w, total += w;
-      top[i / size] = std::max(top[i / size], ref.scores[i]);
-    }
-    std::vector<std::size_t> order(lists);
-    for (std::size_t c = 0; c < lists; ++c) order[c] = c;
-    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return mass[x] > mass[y]; });
-    detail::ListHead head;
+    // The head: the heaviest lists up to 99% of the mass or 16 lists.
     double held = 0;
-    std::size_t c = 0;
-    for (; c < lists && c < 16 && held < 0.99 * total; ++c) {
-      held += mass[order[c]];
-      for (std::size_t i = 0; i < size; ++i) head.rows.push_back(order[c] * size + i);
-    }
-    if (held > 0.999 * total || held < 0.95 * total) continue;
-    // The rest with a valid bound: each list's largest score raised past the kernel's rounding.
-    for (; c < lists; ++c)
-      head.rest.push_back({top[order[c]] + 1e-3 * (1 + std::fabs(top[order[c]])), static_cast<std::uint32_t>(order[c]),
-                           static_cast<std::uint32_t>(size)});
-    INFO("query " << b << ": head " << head.rows.size() << " rows, rest " << head.rest.size() << " lists, " << (total - held) / total
+    const detail::ListHead head = heaviest_lists(ref, lists, size, 0.99, 16, held);
+    if (held > 0.999 || held < 0.95) continue;
+    INFO("query " << b << ": head " << head.rows.size() << " rows, rest " << head.rest.size() << " lists, " << 1 - held
                   << " of the mass outside the head");
     CountingLists counting(span, size);
     const detail::EstimateTarget t{target, value_max, n / 2, 500 + b, 4};
@@ -637,38 +658,14 @@ TEST_CASE("an estimate over lists is unbiased: its total mass averages the true 
   // bias it upward. Half the mass in the head, the rest over 390 lists; 300 seeds with one round and
   // 300 with several, each mean within 4 standard errors of the truth.
   const std::size_t size = 256, lists = 400, n = size * lists, d = 8, dv = 4;
-  const auto centres = test::normal_floats(lists * d, 61, 0.6f);
-  auto keys = test::normal_floats(n * d, 62, 0.3f);
-  for (std::size_t i = 0; i < n; ++i)
-    for (std::size_t j = 0; j < d; ++j) keys[i * d + j] += centres[(i / size) * d + j];
-  const auto values = test::normal_floats(n * dv, 63);
-  std::vector<std::uint64_t> ids(n);
-  for (std::size_t i = 0; i < n; ++i) ids[i] = i;
-  const detail::RowSpan span{keys.data(), values.data(), ids.data(), n, d, dv};
+  const ClusteredRows rows(lists, size, d, dv, 0.6f, 0.3f, 61);
+  const auto& [centres, keys, values, ids, span] = rows;
   const std::vector<float> q = test::normal_floats(d, 64, 1.5f);
   const float scale = 1.0f;
   const test::SoftReference ref = test::soft_reference(q.data(), keys.data(), values.data(), n, d, dv, scale);
-  std::vector<double> mass(lists, 0.0), top(lists, -std::numeric_limits<double>::infinity());
-  double total = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double w = std::exp(ref.scores[i] - ref.max_score);
-    mass[i / size] += w, total += w;
-    top[i / size] = std::max(top[i / size], ref.scores[i]);
-  }
-  std::vector<std::size_t> order(lists);
-  for (std::size_t c = 0; c < lists; ++c) order[c] = c;
-  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return mass[x] > mass[y]; });
-  detail::ListHead head;
   double held = 0;
-  std::size_t c = 0;
-  for (; c < lists && held < 0.5 * total; ++c) {
-    held += mass[order[c]];
-    for (std::size_t i = 0; i < size; ++i) head.rows.push_back(order[c] * size + i);
-  }
-  for (; c < lists; ++c)
-    head.rest.push_back({top[order[c]] + 1e-3 * (1 + std::fabs(top[order[c]])), static_cast<std::uint32_t>(order[c]),
-                         static_cast<std::uint32_t>(size)});
-  INFO("head " << head.rows.size() << " rows, " << held / total << " of the mass; " << head.rest.size() << " lists sampled");
+  const detail::ListHead head = heaviest_lists(ref, lists, size, 0.5, lists, held);
+  INFO("head " << head.rows.size() << " rows, " << held << " of the mass; " << head.rest.size() << " lists sampled");
   REQUIRE(head.rest.size() > 100);
   // (Targets on the scale of this data's range term: 4 stops after the first round, ~45 lists; 1 after
   // several, ~180 lists of 390.)
@@ -681,7 +678,7 @@ TEST_CASE("an estimate over lists is unbiased: its total mass averages the true 
       const auto got = detail::estimate_over_lists(detail::kernels(), counting, q.data(), scale, span, [](std::uint64_t id) { return id; }, head, t);
       REQUIRE(got);
       // Z^ relative to the true total, both at the reference's shift.
-      const double ratio = std::exp(static_cast<double>(got->scan.state.max) - ref.max_score) * got->scan.state.sum / total;
+      const double ratio = std::exp(static_cast<double>(got->scan.state.max) - ref.max_score) * got->scan.state.sum / std::exp(ref.lse - ref.max_score);
       sum += ratio, sum2 += ratio * ratio, ++runs;
       rounds_with_more += counting.scored > 64 * size;  // more lists than a first round reads (~45 with the sure ones)
     }
