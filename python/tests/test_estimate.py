@@ -64,3 +64,33 @@ def test_a_target_with_top_k_is_refused_and_with_a_mask_sees_the_eligible_rows_o
         c.query_soft([1, 0], error_target=0.1, top_k=1)
     r = c.query_soft([1, 0], error_target=0.1, exclude=[0])  # two rows: scanned, and only id 1 is eligible
     assert r.value.tolist() == [2.0] and r.rows_scored == 1 and r.error_estimate == 0.0
+
+
+def test_a_target_of_2_or_more_keeps_the_error_estimate_above_the_true_error():
+    # An independent probe's case: with error_target >= 2 a certified walk may stop after any list (its
+    # guaranteed tail bound of 1 meets target / 2), here a list of one far row whose value is the opposite
+    # of the blend's: the true error, relative to max |v|, is 2 - 3e-4, and error_estimate (2 tail_bound)
+    # was clamped to 1 below it. No blend is further than 2 max |v| from another: the clamp is 2.
+    rng = np.random.default_rng(5)
+    d, many, few = 64, 19936, 64
+    near = np.zeros((many, d))
+    near[:, 0] = 3
+    near += 0.01 * rng.standard_normal((many, d))
+    far = 30 * rng.standard_normal((few, d))
+    far[:, 0] = 0
+    keys = np.vstack([near, far]).astype(np.float32)
+    values = np.vstack([-np.ones((many, d)), np.ones((few, d))]).astype(np.float32)
+    c = softkv.Collection(d, d, index="ivf")
+    c.add_batch(keys, values)
+    c.wait_until_indexed()
+    q = np.zeros(d, np.float32)
+    q[0] = 8
+    ref = reference(keys, values, q, 1 / math.sqrt(d))
+    walked = 0
+    for target in (2.0, 4.0, 1e30):
+        r = c.query_soft(q, temperature=1.0, error_target=target)
+        err = np.abs(r.value - ref).max()
+        assert err <= r.error_estimate + 1e-5, (target, r.rows_scored, r.error_estimate, err)
+        assert r.error_estimate <= 2.0
+        walked += r.rows_scored < 100 and err > 1
+    assert walked >= 1  # the case itself: a walk of a few rows answered, 2 away from the truth

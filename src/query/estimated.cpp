@@ -42,7 +42,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
         ListHead head;
         answers[b] = certified_soft(kernels, *index->lists(), q + b * d, factors[b], span, row_of, walk, options.top_m,
                                     budget == std::numeric_limits<std::size_t>::max() ? nullptr : &head);  // as soft_one
-        if (answers[b]) answers[b]->error_estimate = std::min(1.0, 2 * answers[b]->tail_bound);
+        if (answers[b]) answers[b]->error_estimate = std::min(2.0, 2 * answers[b]->tail_bound);  // as soft_one
         else if (!head.rows.empty())
           answers[b] = estimate_over_lists(kernels, *index->lists(), q + b * d, factors[b], span, row_of, head,
                                            {target, impl.value_max(), budget, seed_of(q + b * d, d, span.rows),

@@ -160,7 +160,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
         // (A collection too small for the planner's budget is walked to the end: its sample would be its scan.)
         const bool small = budget == std::numeric_limits<std::size_t>::max();
         std::optional<PrunedSoft> walked = certified_soft(kernels, *index->lists(), q, f, span, row_of, walk, options.top_m, small ? nullptr : &head);
-        if (walked) walked->error_estimate = std::min(1.0, 2 * walked->tail_bound);
+        if (walked) walked->error_estimate = std::min(2.0, 2 * walked->tail_bound);  // (no blend is further than 2 max|v| from another)
         else if (!head.rows.empty())
           walked = estimate_over_lists(kernels, *index->lists(), q, f, span, row_of, head,
                                        {target, impl.value_max(), budget, seed_of(q, impl.dim(), span.rows), std::min(options.top_m, span.rows)});
