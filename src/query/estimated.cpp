@@ -34,21 +34,12 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   // alone takes them (soft_one); a query whose head's estimate fails goes to the fused pass (3.).
   std::vector<std::uint8_t> to_scan(n, 0);
   if (!mask && impl.use_index(options) && index->lists() != nullptr) {
-    const std::size_t budget = prune_budget(span.rows, impl.row_bytes());
-    const ListTarget walk{0, target / 2, budget / 8};
-    const auto row_of = [&](std::uint64_t id) { return *impl.row_of(id); };
     for (std::size_t b = 0; b < n; ++b) {
       try {
-        ListHead head;
-        answers[b] = certified_soft(kernels, *index->lists(), q + b * d, factors[b], span, row_of, walk, options.top_m,
-                                    budget == std::numeric_limits<std::size_t>::max() ? nullptr : &head);  // as soft_one
-        if (answers[b]) answers[b]->error_estimate = std::min(2.0, 2 * answers[b]->tail_bound);  // as soft_one
-        else if (!head.rows.empty())
-          answers[b] = estimate_over_lists(kernels, *index->lists(), q + b * d, factors[b], span, row_of, head,
-                                           {target, impl.value_max(), budget, seed_of(q + b * d, d, span.rows),
-                                            std::min(options.top_m, span.rows)});
+        bool scan = false;
+        answers[b] = estimate_through_lists(impl, q + b * d, factors[b], target, options.top_m, scan);
         walked[b] = answers[b] ? 1 : 0;
-        to_scan[b] = !answers[b] && !head.rows.empty() ? 1 : 0;
+        to_scan[b] = scan ? 1 : 0;
       } catch (...) {
         errors[b] = std::current_exception();
       }

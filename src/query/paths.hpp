@@ -53,6 +53,14 @@ void check_best(const ArgMax& best);
 // ---- one query on its own (single.cpp) ----
 /// Soft: the exact scan, or pruned (top_k, epsilon) or estimated (error_target) as `path` says, within
 /// the planner's budget (an index not built yet: the exact scan).
+/// An error_target query's answer from the collection's certified lists (soft_one and soft_estimated; the
+/// caller holds the read lock and checked that the lists exist and no mask applies): the walk's answer
+/// within target for sure, or its head's estimate over the lists (estimate_over_lists). nullopt otherwise,
+/// with scan true when a head's estimate failed (the exact scan must answer) and false when the walk saw
+/// the mass spread over the lists (the block sample may answer).
+[[nodiscard]] std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, const float* q, float f, double target,
+                                                               std::size_t top_m, bool& scan);
+
 [[nodiscard]] SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options, SinglePath path);
 /// A pruned, estimated or exact answer as a SoftResult: lse (checked), max, candidates, tail bound, rows
 /// scored, error estimate, value and contributors; the caller sets what searched and what is guaranteed.

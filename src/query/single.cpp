@@ -75,6 +75,25 @@ std::vector<float> head_queries(const CollectionImpl& impl, std::span<const floa
   return q;
 }
 
+std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, const float* q, float f, double target, std::size_t top_m,
+                                                 bool& scan) {
+  const RowSpan span = impl.span();
+  const KernelTable& kernels = detail::kernels();
+  const CertifiedLists& lists = *impl.index()->lists();
+  const std::size_t budget = prune_budget(span.rows, impl.row_bytes());
+  const auto row_of = [&](std::uint64_t id) { return *impl.row_of(id); };
+  // (A collection too small for the planner's budget is walked to the end: its sample would be its scan.)
+  ListHead head;
+  const bool small = budget == std::numeric_limits<std::size_t>::max();
+  std::optional<PrunedSoft> answer = certified_soft(kernels, lists, q, f, span, row_of, {0, target / 2, budget / 8}, top_m, small ? nullptr : &head);
+  if (answer) answer->error_estimate = std::min(2.0, 2 * answer->tail_bound);  // (no blend is further than 2 max|v| from another)
+  else if (!head.rows.empty())
+    answer = estimate_over_lists(kernels, lists, q, f, span, row_of, head,
+                                 {target, impl.value_max(), budget, seed_of(q, impl.dim(), span.rows), std::min(top_m, span.rows)});
+  scan = !answer && !head.rows.empty();
+  return answer;
+}
+
 // One soft query on its own (prepared and split: q, f), pruned or exact, contributors included.
 SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options, SinglePath path) {
   const auto lock = impl.read_lock();
@@ -154,21 +173,12 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // (estimate_over_lists: the head exact, the other lists sampled); where the visited lists show the
       // mass spread over the lists, it stops at once and the sample below draws from every row.
       if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (the walk visits every row of a list: no mask)
-        const ListTarget walk{0, target / 2, budget / 8};
-        ListHead head;
-        const auto row_of = [&](std::uint64_t id) { return *impl.row_of(id); };
-        // (A collection too small for the planner's budget is walked to the end: its sample would be its scan.)
-        const bool small = budget == std::numeric_limits<std::size_t>::max();
-        std::optional<PrunedSoft> walked = certified_soft(kernels, *index->lists(), q, f, span, row_of, walk, options.top_m, small ? nullptr : &head);
-        if (walked) walked->error_estimate = std::min(2.0, 2 * walked->tail_bound);  // (no blend is further than 2 max|v| from another)
-        else if (!head.rows.empty())
-          walked = estimate_over_lists(kernels, *index->lists(), q, f, span, row_of, head,
-                                       {target, impl.value_max(), budget, seed_of(q, impl.dim(), span.rows), std::min(options.top_m, span.rows)});
-        if (walked) {
+        bool scan = false;
+        if (std::optional<PrunedSoft> walked = estimate_through_lists(impl, q, f, target, options.top_m, scan)) {
           walked_lists = true;
           return std::move(*walked);
         }
-        if (!head.rows.empty()) return exact();  // the head's estimate could not meet the target: the scan answers
+        if (scan) return exact();  // the head's estimate could not meet the target: the scan answers
       }
       // Then a sample of blocks of rows (spread attention), up to an eighth of the rows over all rounds; the
       // rounds give up as soon as their error says the target needs more, and the exact scan answers.
