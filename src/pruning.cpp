@@ -254,16 +254,25 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
     }
     return std::nullopt;
   };
+  std::size_t scored = 0;  // rows scored: the visited rows, and with a mask the ineligible ones among them
   while (!walk.done() && !finished()) {
-    if (ids.size() > target.budget_rows) return head != nullptr ? leave_head() : std::nullopt;  // the exact scan is cheaper from here
+    if (scored > target.budget_rows) return head != nullptr ? leave_head() : std::nullopt;  // the exact scan is cheaper from here
     if (head != nullptr && list_mass.size() >= 8 && (list_mass.size() & (list_mass.size() - 1)) == 0 && spread()) return std::nullopt;
-    if (head == nullptr && !judged && ids.size() > target.budget_rows / 8) {
+    if (head == nullptr && !judged && scored > target.budget_rows / 8) {
       judged = true;
-      if (!walk.can_meet(target.top_k, target.epsilon, target.budget_rows - ids.size(), known_max, low_log(visited, ids.size())))
+      if (!walk.can_meet(target.top_k, target.epsilon, target.budget_rows - scored, known_max, low_log(visited, ids.size())))
         return std::nullopt;
     }
     const std::size_t first = ids.size();
     const double list_error = lists.score_list(walk.next(), query, scale, ids, scores);
+    scored += ids.size() - first;
+    if (target.eligible != nullptr) {  // a mask: keep the list's eligible rows only
+      std::size_t kept = first;
+      for (std::size_t i = first; i < ids.size(); ++i)
+        if ((*target.eligible)[row_of(ids[i])] != 0) ids[kept] = ids[i], scores[kept++] = scores[i];
+      ids.resize(kept);
+      scores.resize(kept);
+    }
     best.offer_ids(scores.data() + first, ids.data() + first, ids.size() - first);
     if (head != nullptr) list_mass.emplace_back();
     for (std::size_t i = first; i < ids.size(); ++i) {
@@ -282,7 +291,7 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
     std::transform(ids.begin(), ids.end(), rows.begin(), row_of);
     PrunedSoft result = soft_over_rows(kernels, query, scale, span, rows, top_m);
     result.tail_bound = tail;
-    result.rows_scored = ids.size();
+    result.rows_scored = scored;
     return result;
   }
   std::vector<std::uint64_t> chosen;
@@ -307,8 +316,9 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
   // unvisited row's is below the next bound, itself below the k-th).
   const double kth = *std::min_element(chosen_scores.begin(), chosen_scores.end());
   const double kth_high = std::isinf(kth) ? kth : kth + worst_error + kUnit * std::fabs(kth);
-  result.tail_bound = std::min(share_of_rest(log_omitted, log_kept), tail_bound(span.rows, rows.size(), kth_high, log_kept));
-  result.rows_scored = ids.size();
+  const std::size_t n = target.eligible != nullptr ? target.eligible_rows : span.rows;
+  result.tail_bound = std::min(share_of_rest(log_omitted, log_kept), tail_bound(n, rows.size(), kth_high, log_kept));
+  result.rows_scored = scored;
   return result;
 }
 

@@ -158,6 +158,10 @@ struct ListTarget {
   std::size_t top_k = 0;        ///< > 0: the exact top_k rows are the candidates
   double epsilon = 0;           ///< top_k == 0: visit lists until the guaranteed tail bound is <= epsilon
   std::size_t budget_rows = 0;  ///< most rows to score before giving up (the exact scan costs less from there)
+  /// A mask: one byte per span row, 1 where eligible (null: every row). A visited list's rows are scored
+  /// and the ineligible ones dropped; an unvisited list's bound covers its eligible rows as it covers all.
+  const std::vector<std::uint8_t>* eligible = nullptr;
+  std::size_t eligible_rows = 0;  ///< with eligible: how many rows are (the tail bound's N)
 };
 
 /// What a certified walk for an estimated answer leaves when it cannot meet its target (certified_soft's

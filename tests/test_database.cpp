@@ -464,11 +464,15 @@ TEST_CASE("FAISS index files are loaded when valid and rebuilt when missing, sta
     return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(part) != std::string::npos; });
   };
   const auto keys = test::normal_floats(3000 * 16, 1);
+  // The certified lists' candidates (soft) and the graph's (hard): both parts of the index answer.
   auto candidates = [](const Database& db) {
     std::vector<std::vector<std::uint64_t>> out;
     for (std::uint64_t s = 0; s < 10; ++s) {
+      const HardResult h = db.collection("h")->query_hard(test::normal_floats(16, 50 + s));
+      REQUIRE(h.searched_with == IndexKind::hnsw);
       const SoftResult r = db.collection("h")->query_soft(test::normal_floats(16, 50 + s), {.top_m = 20, .top_k = 20});
-      REQUIRE(r.searched_with == IndexKind::hnsw);
+      REQUIRE(r.searched_with == IndexKind::ivf);
+      REQUIRE(r.tail_bound_guaranteed);
       std::vector<std::uint64_t> ids;
       for (const auto& t : r.top) ids.push_back(t.id);
       out.push_back(ids);
@@ -491,7 +495,7 @@ TEST_CASE("FAISS index files are loaded when valid and rebuilt when missing, sta
     lines.clear();
     Database db(dir.path, options());
     CHECK(logged("'h': loaded its index"));
-    CHECK(candidates(db) == before);  // the same graph, not a rebuilt one
+    CHECK(candidates(db) == before);
   }
   const auto saved = detail::read_file(file);
   {  // corrupt: detected by its checksum, rebuilt

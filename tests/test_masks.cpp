@@ -450,7 +450,7 @@ TEST_CASE("masked pruned queries: flat top_k is the exact top k of the eligible 
   }
 }
 
-TEST_CASE("masked pruned queries through HNSW over-fetch and filter and through IVF search the eligible rows: no masked entry ever answers", "[mask][pruning]") {
+TEST_CASE("masked pruned queries walk the certified lists over the eligible rows: their exact top-k and a guaranteed bound", "[mask][pruning]") {
   IndexConfig index;
   index.kind = GENERATE(IndexKind::hnsw, IndexKind::ivf);
   const Tagged t(3000, 16, 4, false, 10, index);
@@ -462,16 +462,91 @@ TEST_CASE("masked pruned queries through HNSW over-fetch and filter and through 
   o.top_m = 10;
   o.check_sample = 64;
   const auto rows = t.kept(o);
+  const double scale = t.c.resolve_scale(o);
+  for (std::size_t b = 0; b < 8; ++b) {
+    const auto q = std::span(qs).subspan(b * 16, 16);
+    const SoftResult r = t.c.query_soft(q, o);
+    CHECK(r.searched_with == IndexKind::ivf);
+    CHECK_FALSE(r.mask_filtered_after_search);
+    CHECK(r.tail_bound_guaranteed);
+    REQUIRE(r.candidates == 10);
+    CHECK(r.rows_scored >= r.candidates);
+    // The candidates are the 10 best eligible rows by double score, and the omitted eligible mass is within the bound.
+    std::vector<std::pair<double, std::size_t>> by_score;
+    for (std::size_t row : rows) {
+      double s = 0;
+      for (std::size_t j = 0; j < 16; ++j) s += static_cast<double>(q[j]) * t.keys[row * 16 + j];
+      by_score.emplace_back(scale * s, row);
+    }
+    std::sort(by_score.begin(), by_score.end(), std::greater<>());
+    std::set<std::uint64_t> want, got;
+    for (std::size_t i = 0; i < 10; ++i) want.insert(t.ids[by_score[i].second]);
+    for (const Contributor& c : r.top) got.insert(c.id);
+    CHECK(got == want);
+    double all = 0, omitted = 0;
+    for (std::size_t i = 0; i < by_score.size(); ++i) {
+      const double w = std::exp(by_score[i].first - by_score[0].first);
+      all += w;
+      if (i >= 10) omitted += w;
+    }
+    CHECK(omitted / all <= r.tail_bound * (1 + 1e-6) + 1e-12);
+    // epsilon: every eligible row the walk visited is a candidate, the rest within the bound it met.
+    QueryOptions e = o;
+    e.top_k.reset();
+    e.epsilon = 1e-3f;
+    e.top_m = rows.size();
+    const SoftResult adaptive = t.c.query_soft(q, e);
+    CHECK(adaptive.tail_bound_guaranteed);
+    CHECK(adaptive.tail_bound <= 1e-3);
+    std::set<std::uint64_t> kept;
+    for (const Contributor& c : adaptive.top) kept.insert(c.id);
+    REQUIRE(kept.size() == adaptive.candidates);
+    double out = 0;
+    for (const auto& [score, row] : by_score)
+      if (!kept.count(t.ids[row])) out += std::exp(score - by_score[0].first);
+    CHECK(out / all <= adaptive.tail_bound * (1 + 1e-6) + 1e-12);
+    const HardResult h = t.c.query_hard(q, o);
+    CHECK(h.id == t.ids[by_score[0].second]);
+    const QueryResults batch = t.c.query(qs, Retrieval::hard, o);
+    CHECK(batch.hard[b].id == h.id);
+  }
+  // A mask keeping five rows: the walk's exact top 2 among them.
+  QueryOptions narrow;
+  narrow.exclude_ids.assign(t.ids.begin() + 5, t.ids.end());
+  narrow.top_k = 2;
+  narrow.top_m = 5;
+  const std::vector<std::size_t> five{0, 1, 2, 3, 4};
+  const auto q = std::span(qs).first(16);
+  const SoftResult r = t.c.query_soft(q, narrow);
+  CHECK_FALSE(r.mask_filtered_after_search);
+  CHECK(r.searched_with == IndexKind::ivf);
+  CHECK(r.candidates == 2);
+  CHECK(r.tail_bound_guaranteed);
+  CHECK(std::any_of(r.top.begin(), r.top.end(), [&](const Contributor& c) { return c.id == t.ids[t.best(q.data(), five)]; }));
+  CHECK(t.c.query_hard(q, narrow).id == t.ids[t.best(q.data(), five)]);
+}
+
+TEST_CASE("masked pruned queries through the HNSW graph alone over-fetch and filter: no masked entry ever answers", "[mask][pruning]") {
+  // 600 rows: the graph is built from the first row on, the certified lists only from 624 (their training
+  // size). Half the rows eligible: the over-fetch (k N / eligible, then 4x) stays within a quarter of the rows.
+  const Tagged t(600, 16, 4, false, 2, {.kind = IndexKind::hnsw});
+  t.c.wait_until_indexed();
+  const std::vector<float> qs = test::normal_floats(16 * 8, 21);
+  QueryOptions o;
+  o.tags_any = {1};
+  o.top_k = 10;
+  o.top_m = 10;
+  o.check_sample = 64;
+  const auto rows = t.kept(o);
   std::set<std::uint64_t> eligible;
   for (std::size_t row : rows) eligible.insert(t.ids[row]);
   for (std::size_t b = 0; b < 8; ++b) {
     const auto q = std::span(qs).subspan(b * 16, 16);
     const SoftResult r = t.c.query_soft(q, o);
-    CHECK(r.searched_with == index.kind);
-    // hnsw over-fetches and filters (an estimate); the certified lists' exact top-k runs over the eligible rows (a guarantee).
-    CHECK(r.mask_filtered_after_search == (index.kind == IndexKind::hnsw));
+    CHECK(r.searched_with == IndexKind::hnsw);
+    CHECK(r.mask_filtered_after_search);  // over-fetched and filtered: an estimated bound
     CHECK(r.candidates == 10);
-    CHECK(r.tail_bound_guaranteed == (index.kind == IndexKind::ivf));
+    CHECK_FALSE(r.tail_bound_guaranteed);
     for (const Contributor& c : r.top) CHECK(eligible.count(c.id) == 1);
     const HardResult h = t.c.query_hard(q, o);
     CHECK(eligible.count(h.id) == 1);
@@ -491,17 +566,11 @@ TEST_CASE("masked pruned queries through HNSW over-fetch and filter and through 
   const auto q = std::span(qs).first(16);
   const SoftResult r = t.c.query_soft(q, narrow);
   CHECK_FALSE(r.mask_filtered_after_search);
-  if (index.kind == IndexKind::hnsw) {
-    CHECK(r.searched_with == IndexKind::exact);
-    CHECK(r.candidates == 5);
-    check_value(r.value, t.reference(q.data(), five, 0.25));
-  } else {  // the certified lists' exact top-k runs over the five eligible rows
-    CHECK(r.searched_with == IndexKind::ivf);
-    CHECK(r.candidates == 2);
-    CHECK(r.tail_bound_guaranteed);
-  }
+  CHECK(r.searched_with == IndexKind::exact);
+  CHECK(r.candidates == 5);
+  check_value(r.value, t.reference(q.data(), five, 0.25));
   const HardResult h = t.c.query_hard(q, narrow);
-  if (index.kind == IndexKind::hnsw) CHECK(h.searched_with == IndexKind::exact);
+  CHECK(h.searched_with == IndexKind::exact);
   CHECK(h.id == t.ids[t.best(q.data(), five)]);
 }
 

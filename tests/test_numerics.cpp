@@ -672,10 +672,13 @@ TEST_CASE("hnsw and ivf over keys near FLT_MAX build, search and persist without
     if (s > top) top = s, best = i;
   }
   const float scale = static_cast<float>(20.0 / top);  // the best score is 20
-  for (IndexKind kind : {IndexKind::ivf, IndexKind::hnsw}) {
-    INFO("index " << static_cast<int>(kind));
+  // ivf; hnsw (its certified lists answer soft queries, the graph hard ones); hnsw's graph alone (lists never trained).
+  for (const auto& [kind, graph_only] : {std::pair{IndexKind::ivf, false}, std::pair{IndexKind::hnsw, false}, std::pair{IndexKind::hnsw, true}}) {
+    INFO("index " << static_cast<int>(kind) << (graph_only ? ", graph alone" : ""));
+    const IndexKind soft_kind = graph_only ? IndexKind::hnsw : IndexKind::ivf;
     test::TempDir dir;
     CollectionConfig config = with_index(kind, d, 1);
+    if (graph_only) config.index.ivf_train_size = ConfigLimits::kMaxIvfTrainSize;
     config.scale = scale;
     {
       Database db(dir.path);
@@ -685,7 +688,7 @@ TEST_CASE("hnsw and ivf over keys near FLT_MAX build, search and persist without
       c->wait_until_indexed();
       const QueryOptions wide{.top_k = 20, .ef_search = n, .nprobe = 8};
       const SoftResult pruned = c->query_soft(q, wide);
-      CHECK(pruned.searched_with == kind);
+      CHECK(pruned.searched_with == soft_kind);
       CHECK(pruned.top.empty());
       const SoftResult exact = c->query_soft(q, {.top_m = 20});
       std::set<std::uint64_t> want;
@@ -700,7 +703,7 @@ TEST_CASE("hnsw and ivf over keys near FLT_MAX build, search and persist without
     Database again(dir.path);  // the index (and the scaling FAISS holds it at) loads from the snapshot
     const auto c = again.collection("c");
     CHECK(c->query_hard(q, {.ef_search = n, .nprobe = 8}).id == best);
-    CHECK(c->query_soft(q, {.top_k = 20, .ef_search = n, .nprobe = 8}).searched_with == kind);
+    CHECK(c->query_soft(q, {.top_k = 20, .ef_search = n, .nprobe = 8}).searched_with == soft_kind);
   }
   // IVF built on keys of ~1e30, then rows 1000 times larger added: still inside what FAISS is given
   // unclamped (2^20 times the largest element built on), so a search of every list finds the exact top 20.
@@ -751,10 +754,21 @@ TEST_CASE("a pruned query whose scale and elements are both tiny reaches hnsw an
     REQUIRE(exact.max_score > 0.0f);
     REQUIRE(exact.max_score < 1e-15f);  // the scores really are tiny
     const SoftResult listed = c.query_soft(q, {.top_m = 20, .top_k = 20, .ef_search = n, .nprobe = 8});
-    CHECK(listed.searched_with == kind);
+    CHECK(listed.searched_with == IndexKind::ivf);  // hnsw too: its certified lists
     std::set<std::uint64_t> got;
     for (const Contributor& t : listed.top) got.insert(t.id);
     CHECK(got == want);
+    if (kind == IndexKind::hnsw) {  // and its graph alone (lists that never train)
+      config.index.ivf_train_size = ConfigLimits::kMaxIvfTrainSize;
+      Collection g(config);
+      g.add_batch(keys, values);
+      g.wait_until_indexed();
+      const SoftResult graph = g.query_soft(q, {.top_m = 20, .top_k = 20, .ef_search = n});
+      CHECK(graph.searched_with == IndexKind::hnsw);
+      got.clear();
+      for (const Contributor& t : graph.top) got.insert(t.id);
+      CHECK(got == want);
+    }
     CHECK(c.query_hard(q, {.ef_search = n, .nprobe = 8}).id == by_score[0].second);
   }
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <array>
+#include <cstring>
 #include <numeric>
 
 #include "pruning.hpp"
@@ -250,7 +251,8 @@ TEST_CASE("the sampled check is exact when every omitted row fits in the sample"
 TEST_CASE("an approximate index with the sampled check reports a bound at least its estimate", "[pruning][check]") {
   const std::size_t n = 3000, d = 16, dv = 2;
   const auto keys = make_keys(n, d, 30, 51);
-  CollectionConfig config{d, dv, Metric::dot, {}, {.kind = IndexKind::hnsw, .hnsw_m = 8}};
+  // The graph alone (its certified lists never train: ivf_train_size at its maximum) answers soft queries.
+  CollectionConfig config{d, dv, Metric::dot, {}, {.kind = IndexKind::hnsw, .hnsw_m = 8, .ivf_train_size = ConfigLimits::kMaxIvfTrainSize}};
   Collection c(config);
   c.add_batch(keys, test::normal_floats(n * dv, 52));
   c.wait_until_indexed();
@@ -272,4 +274,59 @@ TEST_CASE("an approximate index with the sampled check reports a bound at least 
   const auto q = test::normal_floats(d, 70);
   CHECK(flat.query_soft(q, {.top_k = 32, .check_sample = 256}).tail_bound ==
         flat.query_soft(q, {.top_k = 32}).tail_bound);  // flat: already a guarantee, nothing to check
+}
+
+TEST_CASE("hnsw's index state holds its graph and its certified lists, and state from before the lists loads with lists built", "[pruning][persistence]") {
+  const std::size_t n = 1500, d = 8;
+  const auto keys = make_keys(n, d, 30, 81);
+  std::vector<std::uint64_t> ids(n);
+  std::iota(ids.begin(), ids.end(), std::uint64_t{0});
+  detail::RowSpan all;
+  all.keys = keys.data();
+  all.ids = ids.data();
+  all.rows = n;
+  all.dim = d;
+  CollectionConfig config{d, 1, Metric::dot, {}, {.kind = IndexKind::hnsw, .hnsw_m = 8, .hnsw_ef_construction = 16}};
+  const auto built = detail::make_pruning_index(config);
+  built->put(ids, keys.data(), all);
+  built->build_now(all);
+  REQUIRE(built->ready());
+  REQUIRE(built->lists() != nullptr);
+  const std::vector<std::byte> state = built->save();
+  // The layout: a u64 header, then the graph's and the lists' bytes, each after its u64 length.
+  auto u64_at = [&](std::size_t at) {
+    std::uint64_t v = 0;
+    std::memcpy(&v, state.data() + at, sizeof v);
+    return v;
+  };
+  const std::uint64_t graph_size = u64_at(8);
+  REQUIRE(16 + graph_size + 8 <= state.size());
+  const std::uint64_t lists_size = u64_at(16 + graph_size);
+  REQUIRE(16 + graph_size + 8 + lists_size == state.size());
+  const std::span<const std::byte> graph(state.data() + 16, graph_size);
+
+  const auto q = test::normal_floats(d, 82);
+  const float scale = 1.0f;
+  const auto search = [&](const detail::PruningIndex& index) { return index.search(q.data(), &scale, 1, all, {.k = 10, .ef_search = 10})[0]; };
+  {  // the whole state: the same graph, lists ready without a build
+    const auto loaded = detail::make_pruning_index(config);
+    REQUIRE(loaded->load(state, all));
+    CHECK(loaded->lists() != nullptr);
+    CHECK(search(*loaded) == search(*built));
+    CHECK(loaded->save() == state);
+  }
+  {  // the graph's bytes alone, as written before the lists existed: the graph loads, the lists are built
+    const auto loaded = detail::make_pruning_index(config);
+    REQUIRE(loaded->load(graph, all));
+    CHECK(loaded->lists() != nullptr);
+    CHECK(search(*loaded) == search(*built));
+  }
+  {  // truncated or padded: refused, nothing changed
+    const auto loaded = detail::make_pruning_index(config);
+    CHECK_FALSE(loaded->load(std::span<const std::byte>(state.data(), state.size() - 1), all));
+    std::vector<std::byte> padded = state;
+    padded.push_back(std::byte{0});
+    CHECK_FALSE(loaded->load(padded, all));
+    CHECK_FALSE(loaded->ready());
+  }
 }

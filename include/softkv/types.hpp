@@ -26,7 +26,7 @@ enum class Metric : std::uint8_t {
 enum class IndexKind : std::uint8_t {
   exact = 0,      ///< no pruning index: every query scans every entry (the default)
   flat = 1,       ///< exact top-k by softkv's own fused score + top-k pass over the stored keys; the tail bound is a guarantee
-  hnsw = 2,       ///< FAISS HNSW graph (inner product); approximate, the tail bound is an estimate
+  hnsw = 2,       ///< FAISS HNSW graph (inner product) for hard queries, certified lists beside it (as ivf) for soft ones
   ivf = 3,        ///< softkv's certified inverted lists (docs/PRUNING.md): exact top-k and a guaranteed tail bound; trained once ivf_train_size entries exist
   automatic = 4,  ///< exact scan below auto_threshold entries, IVF from there on
 };
@@ -36,8 +36,8 @@ struct IndexConfig {
   IndexKind kind = IndexKind::exact;     ///< which index
   std::size_t hnsw_m = 32;               ///< HNSW links per node
   std::size_t hnsw_ef_construction = 80; ///< HNSW candidate list while building
-  std::size_t ivf_nlist = 0;             ///< IVF lists at training; 0: entries / 32 (then lists holding several clusters are split, and the lists are retrained when the entries grow 4x)
-  std::size_t ivf_train_size = 0;        ///< entries needed before IVF trains; 0: 39 * max(ivf_nlist, 16)
+  std::size_t ivf_nlist = 0;             ///< IVF (and hnsw's) lists at training; 0: entries / 32 (then lists holding several clusters are split, and the lists are retrained when the entries grow 4x)
+  std::size_t ivf_train_size = 0;        ///< entries needed before IVF (or hnsw's lists) train; 0: 39 * max(ivf_nlist, 16); hnsw at 2^32: the graph alone
   std::size_t auto_threshold = 10000;    ///< automatic: entries from which IVF replaces the scan (2x the measured crossover)
   float rebuild_fraction = 0.25f;        ///< HNSW/IVF rebuild once dead entries exceed this fraction of live ones
 };
@@ -94,7 +94,7 @@ struct QueryOptions {
   /// Pruned soft retrieval: softmax over the top_k keys only (>= 1; needs a pruning index).
   std::optional<std::size_t> top_k;
   /// Adaptive pruning, in (0, 1); exclusive with top_k: the fewest candidates whose tail_bound is <= epsilon
-  /// (ivf: lists visited until the bound is met; flat, hnsw: k doubles from 16). When that would cost more
+  /// (ivf, hnsw: certified lists visited until the bound is met; flat: k doubles from 16). When that would cost more
   /// than the planner's budget (docs/PRUNING.md), the exact scan answers.
   std::optional<float> epsilon;
   /// Estimated soft retrieval: the answer within this error, relative to max_i ||v_i||_inf, at 95%
@@ -108,9 +108,10 @@ struct QueryOptions {
   std::size_t ef_search = 64;
   /// Unused since the IVF became certified (it visits the lists its bounds require); accepted for compatibility.
   std::size_t nprobe = 16;
-  /// HNSW pruning: rows sampled outside the candidates and scored exactly to check the tail estimate
-  /// (docs/PRUNING.md, "Sampled check"); with epsilon, k grows until the checked value meets it.
-  /// 0: no check (the bound is then the bare estimate). Ignored for flat and ivf, whose bounds are guarantees.
+  /// Pruning by an HNSW graph (soft queries on an hnsw collection whose certified lists are not trained yet):
+  /// rows sampled outside the candidates and scored exactly to check the tail estimate (docs/PRUNING.md,
+  /// "Sampled check"); with epsilon, k grows until the checked value meets it. 0: no check (the bound is then
+  /// the bare estimate). Ignored wherever the bound is a guarantee (flat, certified lists).
   std::size_t check_sample = 256;
   /// Hard retrieval: scan every key even when the collection has an index.
   bool exact = false;
@@ -161,13 +162,14 @@ struct SoftResult {
   float max_score = 0;                 ///< the largest score s_i
   std::size_t candidates = 0;          ///< how many entries took part in the softmax (k when pruned)
   double tail_bound = 0;               ///< upper bound on the softmax mass outside the candidates (0: exact)
-  bool tail_bound_guaranteed = true;   ///< true when the bound is proven (exact or flat), false for an estimate
+  bool tail_bound_guaranteed = true;   ///< true when the bound is proven (exact, flat, certified lists), false for an hnsw graph's estimate
   IndexKind searched_with = IndexKind::exact;  ///< what chose the candidates; exact when every entry took part
-  /// A masked query pruned by hnsw/ivf: the index searched every entry and masked candidates were
-  /// dropped afterwards (over-fetch and filter). False for scans and flat, which visit eligible rows only.
+  /// A masked query pruned by an hnsw graph: the index searched every entry and masked candidates were
+  /// dropped afterwards (over-fetch and filter). False for scans, flat and walks of certified lists.
   bool mask_filtered_after_search = false;
-  /// Rows whose score was computed: every eligible row for a scan, the visited lists' rows of an ivf
-  /// walk, the candidates of flat and hnsw, and the rows of every sampling round of an error_target query.
+  /// Rows whose score was computed: every eligible row for a scan, the visited lists' rows of a walk of
+  /// certified lists, the candidates of flat and of an hnsw graph, and the rows of every sampling round of
+  /// an error_target query.
   std::size_t rows_scored = 0;
   /// error_target queries: the estimated ||value - exact value||_inf / max_i ||v_i||_inf at 95% confidence
   /// (0 when every row was scored); 0 for other queries, whose accuracy tail_bound states.

@@ -100,7 +100,8 @@ def test_a_masked_pruned_batch_reports_each_query_s_filtering_as_the_query_alone
     rng = np.random.default_rng(5)
     n, d = 3000, 8
     keys = rng.standard_normal((n, d), dtype=np.float32)
-    c = softkv.Collection(d, 1, index="hnsw", hnsw_m=8)
+    # the graph alone (its certified lists never train): masked pruned queries over-fetch and filter
+    c = softkv.Collection(d, 1, index="hnsw", hnsw_m=8, ivf_train_size=2**32)
     c.add_batch(keys, rng.standard_normal((n, 1), dtype=np.float32), tags=np.arange(n, dtype=np.uint64) % 4)
     c.wait_until_indexed()
     queries = rng.standard_normal((3, d), dtype=np.float32)
@@ -110,6 +111,14 @@ def test_a_masked_pruned_batch_reports_each_query_s_filtering_as_the_query_alone
         assert alone.mask_filtered_after_search  # hnsw over-fetches and filters
         assert batch.mask_filtered_after_search[i] == alone.mask_filtered_after_search
         assert batch[i].mask_filtered_after_search == alone.mask_filtered_after_search
+    listed = softkv.Collection(d, 1, index="hnsw", hnsw_m=8)  # with its lists: a walk over the eligible rows, nothing filtered after
+    listed.add_batch(keys, rng.standard_normal((n, 1), dtype=np.float32), tags=np.arange(n, dtype=np.uint64) % 4)
+    listed.wait_until_indexed()
+    batch = listed.query_soft_batch(queries, top_k=5, tags_any=[1])
+    for i, q in enumerate(queries):
+        alone = listed.query_soft(q, top_k=5, tags_any=[1])
+        assert not alone.mask_filtered_after_search and alone.searched_with == "ivf" and alone.tail_bound_guaranteed
+        assert not batch.mask_filtered_after_search[i] and batch[i].searched_with == "ivf"
 
 
 def test_tag_errors_name_the_tag_and_its_full_range():

@@ -303,6 +303,109 @@ PositionalBuild::PositionalBuild(const PositionalIndex& owner, const RowSpan& al
 
 void PositionalBuild::run() { built = owner_.build(ids_.data(), keys_.data(), ids_.size(), dim_); }
 
+// hnsw: FAISS's graph answers hard queries and candidate searches; softkv's certified lists, kept beside
+// it over the same rows, answer pruned soft queries with a guaranteed tail bound (the graph's own bound
+// is an estimate that fails on out-of-distribution queries: docs/PRUNING.md). Writes go to both.
+class GraphAndLists final : public PruningIndex {
+ public:
+  explicit GraphAndLists(const CollectionConfig& config) : graph_(std::make_unique<PositionalIndex>(config)) {
+    CollectionConfig lists = config;
+    lists.index.kind = IndexKind::ivf;  // the lists' own defaults: N / 32 lists, trained from 624 rows on
+    lists_ = make_certified_index(lists);
+  }
+
+  [[nodiscard]] IndexKind kind() const override { return graph_->kind(); }
+  [[nodiscard]] bool ready() const override { return graph_->ready(); }
+  [[nodiscard]] bool exact_top_k() const override { return false; }
+  [[nodiscard]] const CertifiedLists* lists() const override { return lists_->lists(); }
+
+  void put(std::span<const std::uint64_t> ids, const float* keys, const RowSpan& all) override {
+    graph_->put(ids, keys, all);
+    lists_->put(ids, keys, all);
+  }
+  void erase(std::uint64_t id, const RowSpan& all) override {
+    graph_->erase(id, all);
+    lists_->erase(id, all);
+  }
+
+  [[nodiscard]] bool build_due() const override { return graph_->build_due() || lists_->build_due(); }
+
+  // One part per build, the lists first (seconds, where the graph may take an hour): the collection runs
+  // builds until none is due, so the other follows at once.
+  std::unique_ptr<IndexBuild> start_build(const RowSpan& all) override {
+    auto part = std::make_unique<Part>();
+    part->of_lists = lists_->build_due();
+    part->build = (part->of_lists ? lists_ : graph_)->start_build(all);
+    if (!part->build) return nullptr;
+    return part;
+  }
+
+  void finish_build(std::unique_ptr<IndexBuild> build) override {
+    if (!build) {  // the build failed: both keep serving what they have (a journal not started just stays off)
+      graph_->finish_build(nullptr);
+      lists_->finish_build(nullptr);
+      return;
+    }
+    auto& part = static_cast<Part&>(*build);
+    (part.of_lists ? lists_ : graph_)->finish_build(std::move(part.build));
+  }
+
+  void build_now(const RowSpan& all) override {
+    graph_->build_now(all);
+    lists_->build_now(all);
+  }
+
+  // The graph's bytes and the lists' bytes, each with its length, after a header; snapshots written
+  // before the lists existed hold the graph's bytes alone (load builds the lists from the rows then).
+  [[nodiscard]] std::vector<std::byte> save() const override {
+    const std::vector<std::byte> graph = graph_->save();
+    if (graph.empty()) return {};
+    const std::vector<std::byte> lists = lists_->save();
+    ByteWriter w;
+    w.put(kHeader);
+    w.put(std::uint64_t{graph.size()});
+    w.put_array(std::span<const std::byte>(graph));
+    w.put(std::uint64_t{lists.size()});
+    w.put_array(std::span<const std::byte>(lists));
+    return std::move(w.bytes());
+  }
+
+  bool load(std::span<const std::byte> bytes, const RowSpan& all) override {
+    std::span<const std::byte> graph = bytes, lists;
+    try {
+      ByteReader r(bytes);
+      if (bytes.size() >= sizeof(std::uint64_t) && r.get<std::uint64_t>("index header") == kHeader) {
+        graph = r.take_array<std::byte>(r.get<std::uint64_t>("graph size"), "graph");
+        lists = r.take_array<std::byte>(r.get<std::uint64_t>("lists size"), "lists");
+        if (r.remaining() > 0) return false;
+      }
+    } catch (const Error&) {
+      return false;
+    }
+    if (!graph_->load(graph, all)) return false;
+    if (lists.empty() || !lists_->load(lists, all)) lists_->build_now(all);  // seconds, where the graph takes minutes
+    return true;
+  }
+
+  [[nodiscard]] std::vector<std::vector<std::uint64_t>> search(const float* queries, const float* scales, std::size_t n,
+                                                               const RowSpan& all, const IndexSearch& p) const override {
+    return graph_->search(queries, scales, n, all, p);
+  }
+
+ private:
+  static constexpr std::uint64_t kHeader = std::uint64_t{0x534C4748} << 32 | 1;  // "HGLS", version 1
+
+  // A build of one of the two.
+  struct Part final : IndexBuild {
+    bool of_lists = false;
+    std::unique_ptr<IndexBuild> build;
+    void run() override { build->run(); }
+  };
+
+  std::unique_ptr<PruningIndex> graph_;
+  std::unique_ptr<PruningIndex> lists_;
+};
+
 }  // namespace
 
 OmpThreads::OmpThreads(int threads) : previous_(omp_get_max_threads()) { omp_set_num_threads(threads); }
@@ -312,7 +415,7 @@ std::unique_ptr<PruningIndex> make_pruning_index(const CollectionConfig& config)
   switch (config.index.kind) {
     case IndexKind::exact: return nullptr;
     case IndexKind::flat: return make_flat_index();
-    case IndexKind::hnsw: return std::make_unique<PositionalIndex>(config);
+    case IndexKind::hnsw: return std::make_unique<GraphAndLists>(config);
     case IndexKind::ivf:
     case IndexKind::automatic: return make_certified_index(config);
   }

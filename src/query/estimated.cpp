@@ -87,7 +87,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
       PrunedSoft& p = *answers[b];
       const bool walked_here = walked[b] != 0 && p.k != rows;
       SoftResult& r = out[b] = soft_result(std::move(p));
-      r.searched_with = walked_here ? index->kind() : IndexKind::exact;
+      r.searched_with = walked_here ? IndexKind::ivf : IndexKind::exact;
       r.tail_bound_guaranteed = true;
     } catch (...) {
       errors[b] = std::current_exception();

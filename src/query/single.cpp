@@ -129,9 +129,9 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       r.value = blended_value(kernels, q, f, span, r.scan.state, &*mask);
       return r;
     };
-    if (prune && !index->exact_top_k()) {
+    if (prune && (!index->exact_top_k() || index->lists() != nullptr)) {  // to filter candidates, or a walk's rows
       flags = eligible_flags(*mask, span.rows);
-      scope.flags = &flags;
+      if (!index->exact_top_k()) scope.flags = &flags;
     }
   }
   const CandidateFinder index_find = [&](std::size_t k) {
@@ -162,7 +162,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
   // chosen on one CPU would misjudge another (FAISS's graph search against softkv's scan).
   const double factor = prune && !index->exact_top_k() ? impl.calibration().factor() : 1.0;
   const RoundCost cost{[&](std::size_t k) { return static_cast<std::size_t>(static_cast<double>(model(k)) * factor); }, budget};
-  bool walked_lists = false;  // an error_target query answered by a certified walk
+  bool walked_lists = false;  // answered by a certified walk (or an estimate over certified lists)
   auto plan = [&]() -> PrunedSoft {
     if (path == SinglePath::estimated) {
       const double target = *options.error_target;
@@ -196,15 +196,21 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       return std::move(*estimated);
     }
     if (!prune) return mask ? scope.exact() : exact();
-    if (!mask && index->lists() != nullptr) {  // certified lists: the walk keeps to the budget itself
+    if (index->lists() != nullptr) {  // certified lists: the walk keeps to the budget itself
       // top_k gets half the budget: whether the k-th score will beat the next bound shows only by walking
-      // (the bounds alone rarely rule it out), so a hopeless walk wastes what it may spend.
-      const ListTarget target{options.top_k.value_or(0), options.epsilon.value_or(0.0f), options.top_k ? budget / 2 : budget};
+      // (the bounds alone rarely rule it out), so a hopeless walk wastes what it may spend. With a mask the
+      // walk scores every row of the lists it visits and keeps the eligible ones, within a budget taken from
+      // the masked scan it must beat (which reads the eligible rows only).
+      const std::size_t walk_budget = mask && budget != std::numeric_limits<std::size_t>::max() ? mask->count / kBudgetDivisor : budget;
+      const ListTarget target{options.top_k.value_or(0), options.epsilon.value_or(0.0f), options.top_k ? walk_budget / 2 : walk_budget,
+                              mask ? &flags : nullptr, mask ? mask->count : 0};
       std::optional<PrunedSoft> walked;
-      if (!options.top_k || *options.top_k < span.rows)
+      if (!options.top_k || *options.top_k < (mask ? mask->count : span.rows))
         walked = certified_soft(kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); },
                                         target, options.top_m);
-      return walked ? std::move(*walked) : exact();
+      walked_lists = walked.has_value();
+      if (walked) return std::move(*walked);
+      return mask ? scope.exact() : exact();
     }
     if (options.top_k) {
       // A single round: when it alone costs more than the exact scan would, the scan answers.
@@ -227,7 +233,10 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
   SoftResult result = soft_result(std::move(pruned));
   const bool scanned_all = result.candidates == (mask ? mask->count : span.rows);
   if (estimated) {  // error_target: a walk's guaranteed tail bound, or a sample's (nothing dropped: 0)
-    result.searched_with = walked_lists && !scanned_all ? index->kind() : IndexKind::exact;
+    result.searched_with = walked_lists && !scanned_all ? IndexKind::ivf : IndexKind::exact;
+    result.tail_bound_guaranteed = true;
+  } else if (walked_lists) {  // certified lists chose the candidates (ivf, automatic, and hnsw's lists beside its graph)
+    result.searched_with = scanned_all ? IndexKind::exact : IndexKind::ivf;
     result.tail_bound_guaranteed = true;
   } else {
     result.searched_with = scanned_all ? IndexKind::exact : index->kind();
