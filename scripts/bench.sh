@@ -22,6 +22,8 @@ mkdir -p bench/results/pareto
   --kinds ivf flat hnsw exact | tee bench/results/pareto/PARETO.txt
 # A batch of error_target queries (one shared sample) against the same queries one by one (docs/PRUNING.md).
 ./build/bench/pruning_bench --estimate-batch --n 1000000 --d 128 --queries 16 | tee bench/results/ESTIMATE_BATCH.txt
+# The middle of an estimate: centroid-only (RetroInfer's) against sampled lists and rows (docs/PRUNING.md).
+/usr/bin/python3 bench/centroid_estimate.py --n 200000 --queries 40 | grep -v '^WARNING' | tee bench/results/CENTROID_ESTIMATE.txt
 # Masked queries (1% and 50% of 1M rows, grouped and scattered tags) vs the unmasked scan; the
 # annotated run is bench/results/MASKS.md, this writes the latest table next to it.
 ./build/bench/masks_bench | tee bench/results/masks_latest.md

@@ -457,7 +457,7 @@ TEST_CASE("masked pruned queries walk the certified lists over the eligible rows
   t.c.wait_until_indexed();
   const std::vector<float> qs = test::normal_floats(16 * 8, 21);
   QueryOptions o;
-  o.tags_any = {6};
+  o.tags_any = {0, 2, 3, 6, 8, 9};  // 60% of the rows: a mask keeping half or more walks the lists
   o.top_k = 10;
   o.top_m = 10;
   o.check_sample = 64;
@@ -510,7 +510,21 @@ TEST_CASE("masked pruned queries walk the certified lists over the eligible rows
     const QueryResults batch = t.c.query(qs, Retrieval::hard, o);
     CHECK(batch.hard[b].id == h.id);
   }
-  // A mask keeping five rows: the walk's exact top 2 among them.
+  // Narrower masks: flat's fused top-k pass over the eligible rows (the walk's fixed cost would outweigh
+  // the masked scan); exact and guaranteed too. A mask keeping 10%, then one keeping five rows.
+  QueryOptions tenth = o;
+  tenth.tags_any = {6};
+  std::set<std::uint64_t> tenth_ids;
+  for (std::size_t row : t.kept(tenth)) tenth_ids.insert(t.ids[row]);
+  for (std::size_t b = 0; b < 4; ++b) {
+    const auto q = std::span(qs).subspan(b * 16, 16);
+    const SoftResult r = t.c.query_soft(q, tenth);
+    CHECK(r.searched_with == IndexKind::flat);
+    CHECK(r.tail_bound_guaranteed);
+    CHECK_FALSE(r.mask_filtered_after_search);
+    REQUIRE(r.candidates == 10);
+    for (const Contributor& c : r.top) CHECK(tenth_ids.count(c.id) == 1);
+  }
   QueryOptions narrow;
   narrow.exclude_ids.assign(t.ids.begin() + 5, t.ids.end());
   narrow.top_k = 2;
@@ -519,7 +533,7 @@ TEST_CASE("masked pruned queries walk the certified lists over the eligible rows
   const auto q = std::span(qs).first(16);
   const SoftResult r = t.c.query_soft(q, narrow);
   CHECK_FALSE(r.mask_filtered_after_search);
-  CHECK(r.searched_with == IndexKind::ivf);
+  CHECK(r.searched_with == IndexKind::flat);
   CHECK(r.candidates == 2);
   CHECK(r.tail_bound_guaranteed);
   CHECK(std::any_of(r.top.begin(), r.top.end(), [&](const Contributor& c) { return c.id == t.ids[t.best(q.data(), five)]; }));

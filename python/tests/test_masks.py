@@ -111,14 +111,17 @@ def test_a_masked_pruned_batch_reports_each_query_s_filtering_as_the_query_alone
         assert alone.mask_filtered_after_search  # hnsw over-fetches and filters
         assert batch.mask_filtered_after_search[i] == alone.mask_filtered_after_search
         assert batch[i].mask_filtered_after_search == alone.mask_filtered_after_search
-    listed = softkv.Collection(d, 1, index="hnsw", hnsw_m=8)  # with its lists: a walk over the eligible rows, nothing filtered after
+    # with its lists: a mask keeping half the rows or more walks them, a narrower one gets flat's pass over the
+    # eligible rows; either way nothing is filtered after and the bound is a guarantee
+    listed = softkv.Collection(d, 1, index="hnsw", hnsw_m=8)
     listed.add_batch(keys, rng.standard_normal((n, 1), dtype=np.float32), tags=np.arange(n, dtype=np.uint64) % 4)
     listed.wait_until_indexed()
-    batch = listed.query_soft_batch(queries, top_k=5, tags_any=[1])
-    for i, q in enumerate(queries):
-        alone = listed.query_soft(q, top_k=5, tags_any=[1])
-        assert not alone.mask_filtered_after_search and alone.searched_with == "ivf" and alone.tail_bound_guaranteed
-        assert not batch.mask_filtered_after_search[i] and batch[i].searched_with == "ivf"
+    for tags, kind in (([1, 2, 3], "ivf"), ([1], "flat")):
+        batch = listed.query_soft_batch(queries, top_k=5, tags_any=tags)
+        for i, q in enumerate(queries):
+            alone = listed.query_soft(q, top_k=5, tags_any=tags)
+            assert not alone.mask_filtered_after_search and alone.searched_with == kind and alone.tail_bound_guaranteed
+            assert not batch.mask_filtered_after_search[i] and batch[i].searched_with == kind
 
 
 def test_tag_errors_name_the_tag_and_its_full_range():
