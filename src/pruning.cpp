@@ -222,8 +222,11 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
   // A double sum of n terms is within (n + 2) 2^-52 of its value, relatively: its log moves by at most that.
   auto low_log = [](const LogSum& sum, std::size_t n) { return sum.log() - static_cast<double>(n + 2) * 0x1p-52; };
   auto high_log = [](const LogSum& sum, std::size_t n) { return sum.log() + static_cast<double>(n + 2) * 0x1p-52; };
+  // A mask: once every eligible row is visited, the lists left hold none (their bounds count ineligible rows).
+  auto all_eligible = [&] { return target.eligible != nullptr && ids.size() >= target.eligible_rows; };
   auto finished = [&] {
     if (ids.empty()) return false;
+    if (all_eligible()) return true;
     if (target.top_k > 0) return best.full() && static_cast<double>(best.worst().score) > walk.next_bound();
     return share_of_rest(walk.log_rest(), low_log(visited, ids.size())) <= target.epsilon;
   };
@@ -286,7 +289,7 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
   }
   if (ids.empty()) return std::nullopt;
   if (target.top_k == 0) {  // epsilon: every visited row is a candidate; the bound is the one the stop tested
-    const double tail = share_of_rest(walk.log_rest(), low_log(visited, ids.size()));
+    const double tail = all_eligible() ? 0.0 : share_of_rest(walk.log_rest(), low_log(visited, ids.size()));
     std::vector<std::size_t> rows(ids.size());
     std::transform(ids.begin(), ids.end(), rows.begin(), row_of);
     PrunedSoft result = soft_over_rows(kernels, query, scale, span, rows, top_m);
@@ -310,7 +313,8 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
     else others.add(scores[i] + error[i]), ++n_others;
   }
   const double log_kept = low_log(kept, n_kept);
-  const double log_omitted = log_add(walk.log_rest(), n_others > 0 ? high_log(others, n_others) : -std::numeric_limits<double>::infinity());
+  const double log_omitted = log_add(all_eligible() ? -std::numeric_limits<double>::infinity() : walk.log_rest(),
+                                     n_others > 0 ? high_log(others, n_others) : -std::numeric_limits<double>::infinity());
   // And never above the classic bound from the k-th score: the top-k is exact in kernel scores, so every
   // omitted row's true score is at most the k-th kernel score plus the largest error visited (an
   // unvisited row's is below the next bound, itself below the k-th).

@@ -94,6 +94,15 @@ std::vector<QueryOptions> masks_of_every_kind(const Tagged& t) {
   return out;
 }
 
+// A pruned query (top_k 2, top_m 5) whose mask keeps the first five entries only.
+QueryOptions first_five_only(const Tagged& t) {
+  QueryOptions narrow;
+  narrow.exclude_ids.assign(t.ids.begin() + 5, t.ids.end());
+  narrow.top_k = 2;
+  narrow.top_m = 5;
+  return narrow;
+}
+
 void check_value(const std::vector<float>& got, const test::SoftReference& ref) {
   REQUIRE(got.size() == ref.value.size());
   for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(ref.value[i]).margin(1e-5).epsilon(1e-4));
@@ -525,10 +534,7 @@ TEST_CASE("masked pruned queries walk the certified lists over the eligible rows
     REQUIRE(r.candidates == 10);
     for (const Contributor& c : r.top) CHECK(tenth_ids.count(c.id) == 1);
   }
-  QueryOptions narrow;
-  narrow.exclude_ids.assign(t.ids.begin() + 5, t.ids.end());
-  narrow.top_k = 2;
-  narrow.top_m = 5;
+  const QueryOptions narrow = first_five_only(t);
   const std::vector<std::size_t> five{0, 1, 2, 3, 4};
   const auto q = std::span(qs).first(16);
   const SoftResult r = t.c.query_soft(q, narrow);
@@ -572,10 +578,7 @@ TEST_CASE("masked pruned queries through the HNSW graph alone over-fetch and fil
     CHECK(eligible.count(batch.hard[b].id) == 1);
   }
   // A mask so narrow that over-fetching would search past a quarter of the rows: the exact masked scan answers.
-  QueryOptions narrow;
-  narrow.exclude_ids.assign(t.ids.begin() + 5, t.ids.end());
-  narrow.top_k = 2;
-  narrow.top_m = 5;
+  const QueryOptions narrow = first_five_only(t);
   const std::vector<std::size_t> five{0, 1, 2, 3, 4};
   const auto q = std::span(qs).first(16);
   const SoftResult r = t.c.query_soft(q, narrow);

@@ -351,8 +351,8 @@ class GraphAndLists final : public PruningIndex {
   }
 
   void build_now(const RowSpan& all) override {
+    lists_->build_now(all);  // seconds, then the graph
     graph_->build_now(all);
-    lists_->build_now(all);
   }
 
   // The graph's bytes and the lists' bytes, each with its length, after a header; snapshots written
@@ -383,7 +383,10 @@ class GraphAndLists final : public PruningIndex {
       return false;
     }
     if (!graph_->load(graph, all)) return false;
-    if (lists.empty() || !lists_->load(lists, all)) lists_->build_now(all);  // seconds, where the graph takes minutes
+    try {
+      if (lists.empty() || !lists_->load(lists, all)) lists_->build_now(all);  // seconds, where the graph takes minutes
+    } catch (const std::exception&) {  // e.g. out of memory: the graph serves alone; the next write retries the lists
+    }
     return true;
   }
 

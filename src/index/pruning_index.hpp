@@ -43,7 +43,7 @@ class PruningIndex {
   [[nodiscard]] virtual bool ready() const = 0;
   /// Whether search() returns the true top-k (so the tail bound is a guarantee).
   [[nodiscard]] virtual bool exact_top_k() const = 0;
-  /// The certified lists when this index has them and is ready (IndexKind::ivf, automatic), else null.
+  /// The certified lists when this index has them and they are ready (ivf, automatic, hnsw's beside its graph), else null.
   [[nodiscard]] virtual const CertifiedLists* lists() const { return nullptr; }
 
   /// Rows inserted or replaced: ids[i] now holds keys[i * d ..] (as stored). all is the whole
