@@ -330,3 +330,53 @@ TEST_CASE("hnsw's index state holds its graph and its certified lists, and state
     CHECK_FALSE(loaded->ready());
   }
 }
+
+TEST_CASE("hnsw's certified lists are built first and serve, hard queries included, until the graph is built", "[pruning][persistence]") {
+  const std::size_t n = 1500, d = 8;
+  const auto keys = make_keys(n, d, 30, 83);
+  std::vector<std::uint64_t> ids(n);
+  std::iota(ids.begin(), ids.end(), std::uint64_t{0});
+  detail::RowSpan all;
+  all.keys = keys.data();
+  all.ids = ids.data();
+  all.rows = n;
+  all.dim = d;
+  CollectionConfig config{d, 1, Metric::dot, {}, {.kind = IndexKind::hnsw, .hnsw_m = 8, .hnsw_ef_construction = 16}};
+  const auto index = detail::make_pruning_index(config);
+  index->put(ids, keys.data(), all);
+  REQUIRE(index->build_due());
+  CHECK_FALSE(index->ready());
+  CHECK(index->kind() == IndexKind::exact);
+  // The first build: the lists.
+  auto build = index->start_build(all);
+  REQUIRE(build);
+  build->run();
+  index->finish_build(std::move(build));
+  REQUIRE(index->ready());
+  CHECK(index->lists() != nullptr);
+  CHECK(index->kind() == IndexKind::ivf);
+  CHECK(index->exact_top_k());
+  // Their search is the exact top-k (best first, ties to the smaller id), against the double reference.
+  const auto q = test::normal_floats(d, 84);
+  const float scale = 1.0f;
+  std::vector<std::pair<double, std::uint64_t>> by_score;
+  for (std::size_t i = 0; i < n; ++i) {
+    double s = 0;
+    for (std::size_t j = 0; j < d; ++j) s += static_cast<double>(q[j]) * keys[i * d + j];
+    by_score.emplace_back(-s, i);
+  }
+  std::sort(by_score.begin(), by_score.end());
+  const auto found = index->search(q.data(), &scale, 1, all, {.k = 5})[0];
+  REQUIRE(found.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) CHECK(found[i] == by_score[i].second);
+  // Then the graph, which takes the hard queries over.
+  REQUIRE(index->build_due());
+  build = index->start_build(all);
+  REQUIRE(build);
+  build->run();
+  index->finish_build(std::move(build));
+  CHECK(index->kind() == IndexKind::hnsw);
+  CHECK_FALSE(index->exact_top_k());
+  CHECK(index->lists() != nullptr);
+  CHECK_FALSE(index->build_due());
+}

@@ -69,16 +69,19 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
       current_.append(ids.data(), keys, ids.size());
     }
     rows_ = all.rows;
+    ++writes_;
   }
 
   void erase(std::uint64_t id, const RowSpan& all) override {
     journal_.erase(id);
     current_.kill(id);
     rows_ = all.rows;
+    ++writes_;
   }
 
   [[nodiscard]] bool build_due() const override {
     if (journal_.active()) return false;  // one build at a time
+    if (writes_ == failed_at_) return false;  // the last build failed: not again before the next write
     if (!current_.ready()) return rows_ >= train_threshold();
     if (config_.index.ivf_nlist == 0 && rows_ >= 4 * std::max<std::size_t>(1, current_.trained_rows)) return true;  // lists grew 4x
     if (current_.lists.size() >= 2 * current_.trained_lists) return true;  // many keys came far from the trained lists
@@ -95,6 +98,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   void finish_build(std::unique_ptr<IndexBuild> build) override {
     auto* b = static_cast<ListsBuild*>(build.get());
     if (b == nullptr || !b->built.ready()) {  // the build failed: keep serving from the current lists
+      if (journal_.active()) failed_at_ = writes_;  // (a build that ran and failed, not a stop of an idle journal)
       journal_.stop();
       return;
     }
@@ -282,6 +286,8 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   CollectionConfig config_;
   Lists current_;
   std::size_t rows_ = 0;
+  std::uint64_t writes_ = 0;                                       // puts and erases so far
+  std::uint64_t failed_at_ = std::numeric_limits<std::uint64_t>::max();  // writes_ when a build last failed
   BuildJournal journal_;  // writes made while a build runs
 };
 

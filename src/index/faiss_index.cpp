@@ -314,9 +314,11 @@ class GraphAndLists final : public PruningIndex {
     lists_ = make_certified_index(lists);
   }
 
-  [[nodiscard]] IndexKind kind() const override { return graph_->kind(); }
-  [[nodiscard]] bool ready() const override { return graph_->ready(); }
-  [[nodiscard]] bool exact_top_k() const override { return false; }
+  // Either part serves as soon as it is built: the lists (seconds) while the graph builds (up to an hour at
+  // 1M rows), answering hard queries too (their exact best) until the graph takes those over.
+  [[nodiscard]] IndexKind kind() const override { return graph_->ready() ? IndexKind::hnsw : lists_->kind(); }
+  [[nodiscard]] bool ready() const override { return graph_->ready() || lists_->ready(); }
+  [[nodiscard]] bool exact_top_k() const override { return !graph_->ready(); }
   [[nodiscard]] const CertifiedLists* lists() const override { return lists_->lists(); }
 
   void put(std::span<const std::uint64_t> ids, const float* keys, const RowSpan& all) override {
@@ -392,7 +394,7 @@ class GraphAndLists final : public PruningIndex {
 
   [[nodiscard]] std::vector<std::vector<std::uint64_t>> search(const float* queries, const float* scales, std::size_t n,
                                                                const RowSpan& all, const IndexSearch& p) const override {
-    return graph_->search(queries, scales, n, all, p);
+    return (graph_->ready() ? graph_ : lists_)->search(queries, scales, n, all, p);
   }
 
  private:

@@ -298,6 +298,10 @@ SoftResult detail::ShardScan::pruned_at(const std::vector<float>& query, std::si
   // Not every entry took part: the shards' index chose them, even where a small shard scanned all of its own.
   const auto merged = static_cast<IndexKind>(top.header(0).searched_with);
   r.searched_with = merged != IndexKind::exact ? merged : shard.config().index.kind;
+  // hnsw: its shards answer from their certified lists (a guarantee) or, where those are not trained, their
+  // graph (an estimate); the largest kind of the merge would say ivf for a mix, so the bound's kind decides.
+  if (shard.config().index.kind == IndexKind::hnsw && merged != IndexKind::flat)
+    r.searched_with = r.tail_bound_guaranteed ? IndexKind::ivf : IndexKind::hnsw;
   return r;
 }
 
