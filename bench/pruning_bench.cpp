@@ -597,15 +597,21 @@ void pareto(std::size_t n_all, std::size_t hnsw_n, std::size_t d_all, std::size_
 }
 
 // ---- a batch of estimates (issue 26: batches share their reads) ----
-// Gaussian keys, values and queries at T = 1: nq queries with error_target as one batch (one shared sample),
-// the same queries one by one, and the exact fused batch; best of 3 of each, in turn.
+// Gaussian keys, values and queries at T = 1: nq queries with error_target as one batch (one shared sample;
+// with certified lists also one pass over the centroids for every query's walk), the same queries one by
+// one, and the exact fused batch; best of 3 of each, in turn; without an index and with ivf.
 void estimate_batch(std::size_t n, std::size_t d, std::size_t nq) {
-  softkv::Collection c({d, d, softkv::Metric::dot, {}, {}});
-  c.add_batch(softkv::bench::gaussian_floats(n * d, 31), softkv::bench::gaussian_floats(n * d, 32));
+  const std::vector<float> keys = softkv::bench::gaussian_floats(n * d, 31), values = softkv::bench::gaussian_floats(n * d, 32);
   const std::vector<float> qs = softkv::bench::gaussian_floats(nq * d, 33);
   std::printf("\nestimate batch: N = %zu, d = dv = %zu, %zu Gaussian queries, T = 1; best of 3 runs each\n", n, d, nq);
-  std::printf("  %-8s %12s %10s %14s %10s %14s %9s %9s\n", "target", "batch ms", "rows/q", "one by one ms", "rows/q", "exact batch ms",
-              "ratio", "vs exact");
+  std::printf("  %-6s %-8s %12s %10s %14s %10s %14s %9s %9s\n", "index", "target", "batch ms", "rows/q", "one by one ms", "rows/q",
+              "exact batch ms", "ratio", "vs exact");
+  for (const softkv::IndexKind kind : {softkv::IndexKind::exact, softkv::IndexKind::ivf}) {
+  softkv::CollectionConfig config{d, d, softkv::Metric::dot, {}, {}};
+  config.index.kind = kind;
+  softkv::Collection c(config);
+  c.add_batch(keys, values);
+  c.wait_until_indexed();
   for (const float target : {1e-2f, 3e-2f}) {
     double best[3] = {1e300, 1e300, 1e300};
     std::vector<std::size_t> batch_rows, alone_rows;
@@ -627,8 +633,10 @@ void estimate_batch(std::size_t n, std::size_t d, std::size_t nq) {
     }
     std::sort(batch_rows.begin(), batch_rows.end());
     std::sort(alone_rows.begin(), alone_rows.end());
-    std::printf("  %-8g %12.1f %9.2f%% %14.1f %9.2f%% %14.1f %8.2fx %8.1fx\n", target, 1e3 * best[0], 100.0 * double(batch_rows[nq / 2]) / double(n),
-                1e3 * best[1], 100.0 * double(alone_rows[nq / 2]) / double(n), 1e3 * best[2], best[0] / best[1], best[2] / best[0]);
+    std::printf("  %-6s %-8g %12.1f %9.2f%% %14.1f %9.2f%% %14.1f %8.2fx %8.1fx\n", kind == softkv::IndexKind::ivf ? "ivf" : "none", target,
+                1e3 * best[0], 100.0 * double(batch_rows[nq / 2]) / double(n), 1e3 * best[1], 100.0 * double(alone_rows[nq / 2]) / double(n),
+                1e3 * best[2], best[0] / best[1], best[2] / best[0]);
+  }
   }
 }
 

@@ -162,6 +162,10 @@ struct ListTarget {
   /// and the ineligible ones dropped; an unvisited list's bound covers its eligible rows as it covers all.
   const std::vector<std::uint8_t>* eligible = nullptr;
   std::size_t eligible_rows = 0;  ///< with eligible: how many rows are (the tail bound's N)
+  /// Every list's bound for this query computed beforehand (CertifiedLists::bounds_batch: a batch's walks
+  /// share the centroid pass), with live; null: the walk computes them.
+  const double* bounds = nullptr;
+  const std::uint32_t* live = nullptr;  ///< with bounds: every list's live members
 };
 
 /// What a certified walk for an estimated answer leaves when it cannot meet its target (certified_soft's

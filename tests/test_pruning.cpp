@@ -369,6 +369,19 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
   const auto found = index->search(q.data(), &scale, 1, all, {.k = 5})[0];
   REQUIRE(found.size() == 5);
   for (std::size_t i = 0; i < 5; ++i) CHECK(found[i] == by_score[i].second);
+  // A batch's bounds, from one pass over the centroids, are each query's own, bit for bit.
+  const auto qs = test::normal_floats(3 * d, 85);
+  const std::vector<float> factors{1.0f, 0.5f, 3.0f};
+  std::vector<double> batch, one;
+  std::vector<std::uint32_t> live_batch, live_one;
+  index->lists()->bounds_batch(qs.data(), factors.data(), 3, d, batch, live_batch);
+  const std::size_t count = index->lists()->list_count();
+  REQUIRE(batch.size() == 3 * count);
+  for (std::size_t i = 0; i < 3; ++i) {
+    index->lists()->bounds(qs.data() + i * d, factors[i], one, live_one);
+    CHECK(std::equal(one.begin(), one.end(), batch.begin() + static_cast<std::ptrdiff_t>(i * count)));
+    CHECK(live_one == live_batch);
+  }
   // Then the graph, which takes the hard queries over.
   REQUIRE(index->build_due());
   build = index->start_build(all);

@@ -133,24 +133,52 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   [[nodiscard]] std::size_t list_count() const override { return current_.lists.size(); }
 
   void bounds(const float* query, float factor, std::vector<double>& ub, std::vector<std::uint32_t>& live) const override {
-    const std::size_t count = current_.lists.size(), d = current_.dim;
+    const std::size_t count = current_.lists.size();
     thread_local std::vector<float> buffer;  // reused: a fresh buffer per query would be page-faulted in
     buffer.resize(count);
-    float* const score = buffer.data();  // (the parts below run on other threads: they get the pointer, not the name)
+    centroid_scores(query, &factor, 1, buffer.data());
+    ub.resize(count);
+    live.assign(current_.live.begin(), current_.live.end());
+    bounds_from(query, factor, buffer.data(), ub.data());
+  }
+
+  void bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
+                    std::vector<std::uint32_t>& live) const override {
+    const std::size_t count = current_.lists.size();
+    std::vector<float> scores(n * count);
+    centroid_scores(queries, factors, n, scores.data());
+    ub.resize(n * count);
+    live.assign(current_.live.begin(), current_.live.end());
+    for (std::size_t i = 0; i < n; ++i) bounds_from(queries + i * dim, factors[i], scores.data() + i * count, ub.data() + i * count);
+  }
+
+  // The kernel's scores of the centroids for n queries (query i split with factors[i]): out[i * count + c].
+  // Split over the scan threads as a scan is (about 1 MiB of centroids a part); each part scores its
+  // centroids chunk by chunk (256 KiB, within L2) for every query in turn, so a batch reads them from
+  // memory once.
+  void centroid_scores(const float* queries, const float* factors, std::size_t n, float* out) const {
+    const std::size_t count = current_.lists.size(), d = current_.dim;
     const RowSpan centroids{current_.centroid_bytes.data(), nullptr, nullptr, count, d, 0, current_.centroid_precision,
                             Precision::f32, current_.centroid_precision == Precision::i8 ? current_.centroid_scales.data() : nullptr};
-    // Split over the scan threads as a scan is (about 1 MiB of centroids a part).
+    const std::size_t chunk = std::max<std::size_t>(64, (std::size_t{256} << 10) / std::max<std::size_t>(1, centroids.key_row_bytes()));
     const std::size_t parts = choose_parts(count, d / 2, 0, ThreadPool::shared().concurrency());
     ThreadPool::shared().run(parts, [&](std::size_t p) {
       const std::size_t begin = count * p / parts, end = count * (p + 1) / parts;
-      kernels().scores(query, factor, centroids.sub(begin, end - begin), score + begin);
+      for (std::size_t a = begin; a < end; a += chunk) {
+        const std::size_t m = std::min(chunk, end - a);
+        for (std::size_t i = 0; i < n; ++i) kernels().scores(queries + i * d, factors[i], centroids.sub(a, m), out + i * count + a);
+      }
     });
-    // The kernel's score of a member k is f * fl(q.k) rounded once more; fl(q.k) <= fl(q.mu) + ||q|| r
-    // + gamma ||q|| (2 ||mu|| + r) (Lists::spread), with gamma covering any order of summation (and FMA).
-    // Underflow adds an absolute error of at most 2^-149 per product and per rounding of the score.
+  }
+
+  // Every list's bound for one query from its centroid scores (score[c] = the kernel's f * fl(q.mu_c)).
+  // The kernel's score of a member k is f * fl(q.k) rounded once more; fl(q.k) <= fl(q.mu) + ||q|| r
+  // + gamma ||q|| (2 ||mu|| + r) (Lists::spread), with gamma covering any order of summation (and FMA).
+  // Underflow adds an absolute error of at most 2^-149 per product and per rounding of the score.
+  void bounds_from(const float* query, float factor, const float* score, double* ub) const {
+    const std::size_t count = current_.lists.size(), d = current_.dim;
     const double f = factor, fq = f * norm_up(query, d) * (1 + 4 * kUnit), tiny = (f * 2 * static_cast<double>(d) + 2) * kTiny;
-    ub.resize(count);
-    live.assign(current_.live.begin(), current_.live.end());
+    const std::uint32_t* live = current_.live.data();
     const double* spread = current_.spread.data();
     for (std::size_t c = 0; c < count; ++c) {
       const double s = score[c];  // f * fl(q.mu), rounded: within 2u |s| of it

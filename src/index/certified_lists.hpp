@@ -22,6 +22,11 @@ class CertifiedLists {
   /// member of list c, float rounding included (+inf when the bound is not finite), and live[c] its
   /// live member count (0: ub[c] is -inf).
   virtual void bounds(const float* query, float factor, std::vector<double>& ub, std::vector<std::uint32_t>& live) const = 0;
+  /// bounds() for n queries (row-major, split as bounds() takes one, factors[i] each): ub gets n x
+  /// list_count() bounds, query i's from ub[i * list_count()], and live as bounds() gives it. Reads the
+  /// centroids once for all the queries (a batch's walks share that pass). This default calls bounds().
+  virtual void bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
+                            std::vector<std::uint32_t>& live) const;
   /// Appends the ids and kernel scores (KernelTable::scores) of list c's live members, and returns a bound
   /// on |kernel score - true score| of each of them, less u |score| (u = 2^-24) which the caller adds per row.
   virtual double score_list(std::size_t c, const float* query, float factor, std::vector<std::uint64_t>& ids,
@@ -34,6 +39,8 @@ class ListWalk {
  public:
   /// Computes every list's bound for the query (O(lists x d)).
   ListWalk(const CertifiedLists& lists, const float* query, float factor);
+  /// A walk over bounds computed beforehand (count lists: ub as CertifiedLists::bounds gives them, and live).
+  ListWalk(const double* ub, const std::uint32_t* live, std::size_t count);
   /// Hands its buffers back to the thread for the next walk (a walk per query: fresh buffers of a few
   /// hundred KiB each would be page-faulted in every time).
   ~ListWalk();
@@ -63,6 +70,7 @@ class ListWalk {
   [[nodiscard]] std::uint32_t live(std::size_t c) const noexcept { return live_[c]; }
 
  private:
+  void start();                    // from ub_ and live_: the heap, the cold lists, the buckets and the sum
   void recount();                  // after a list with an infinite bound: the flag, and the sum afresh
   [[nodiscard]] double counted() const;  // the unvisited mass from the bucket counts
   void warm();  // moves the cold lists into the heap

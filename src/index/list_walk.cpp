@@ -53,9 +53,23 @@ ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor
   live_.swap(walk_buffers.live);
   cold_.swap(walk_buffers.cold);
   heap_.swap(walk_buffers.heap);
+  lists.bounds(query, factor, ub_, live_);
+  start();
+}
+
+ListWalk::ListWalk(const double* ub, const std::uint32_t* live, std::size_t count) {
+  ub_.swap(walk_buffers.ub);
+  live_.swap(walk_buffers.live);
+  cold_.swap(walk_buffers.cold);
+  heap_.swap(walk_buffers.heap);
+  ub_.assign(ub, ub + count);
+  live_.assign(live, live + count);
+  start();
+}
+
+void ListWalk::start() {
   cold_.clear();
   heap_.clear();
-  lists.bounds(query, factor, ub_, live_);
   // The shift of the masses: at least every finite ub_c + log live_c (so each term is at most 1), from
   // the largest bound and the largest list, without a log per list.
   double top_ub = -kInf;
@@ -85,6 +99,17 @@ ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor
   }
   std::make_heap(heap_.begin(), heap_.end());
   rest_ = total_ = counted();
+}
+
+void CertifiedLists::bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
+                                  std::vector<std::uint32_t>& live) const {
+  const std::size_t count = list_count();
+  ub.resize(n * count);
+  std::vector<double> one;
+  for (std::size_t i = 0; i < n; ++i) {
+    bounds(queries + i * dim, factors[i], one, live);
+    std::copy(one.begin(), one.end(), ub.begin() + static_cast<std::ptrdiff_t>(i * count));
+  }
 }
 
 double ListWalk::counted() const {

@@ -57,9 +57,11 @@ void check_best(const ArgMax& best);
 /// caller holds the read lock and checked that the lists exist and no mask applies): the walk's answer
 /// within target for sure, or its head's estimate over the lists (estimate_over_lists). nullopt otherwise,
 /// with scan true when a head's estimate failed (the exact scan must answer) and false when the walk saw
-/// the mass spread over the lists (the block sample may answer).
+/// the mass spread over the lists (the block sample may answer). bounds and live: the lists' bounds for this
+/// query computed beforehand (a batch's, CertifiedLists::bounds_batch), or null.
 [[nodiscard]] std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, const float* q, float f, double target,
-                                                               std::size_t top_m, bool& scan);
+                                                               std::size_t top_m, bool& scan, const double* bounds = nullptr,
+                                                               const std::uint32_t* live = nullptr);
 
 [[nodiscard]] SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options, SinglePath path);
 /// A pruned, estimated or exact answer as a SoftResult: lse (checked), max, candidates, tail bound, rows

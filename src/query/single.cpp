@@ -77,7 +77,7 @@ std::vector<float> head_queries(const CollectionImpl& impl, std::span<const floa
 }
 
 std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, const float* q, float f, double target, std::size_t top_m,
-                                                 bool& scan) {
+                                                 bool& scan, const double* bounds, const std::uint32_t* live) {
   const RowSpan span = impl.span();
   const KernelTable& kernels = detail::kernels();
   const CertifiedLists& lists = *impl.index()->lists();
@@ -86,7 +86,10 @@ std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, con
   // (A collection too small for the planner's budget is walked to the end: its sample would be its scan.)
   ListHead head;
   const bool small = budget == std::numeric_limits<std::size_t>::max();
-  std::optional<PrunedSoft> answer = certified_soft(kernels, lists, q, f, span, row_of, {0, target / 2, budget / 8}, top_m, small ? nullptr : &head);
+  ListTarget walk{0, target / 2, budget / 8};
+  walk.bounds = bounds;
+  walk.live = live;
+  std::optional<PrunedSoft> answer = certified_soft(kernels, lists, q, f, span, row_of, walk, top_m, small ? nullptr : &head);
   if (answer) answer->error_estimate = std::min(2.0, 2 * answer->tail_bound);  // (no blend is further than 2 max|v| from another)
   else if (!head.rows.empty())
     answer = estimate_over_lists(kernels, lists, q, f, span, row_of, head,
