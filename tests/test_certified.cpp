@@ -130,6 +130,34 @@ TEST_CASE("certified lists: deep walks over hundreds of lists (cold ones warmed)
   if (kind == 0) CHECK(deep.rows_scored > n / 2);  // spread: the walk really went past the first lists
 }
 
+TEST_CASE("certified lists split lists of several clusters when clusters are smaller than a list", "[certified][pruning]") {
+  // 600 clusters of 10 rows in d = 32 (centres N(0, 1), noise 0.15: separate clusters), 6,000 rows in
+  // ~187 lists of 32: the median list holds three clusters. Splitting by the median radius left them
+  // (a probe: 28,000 rows in clusters of ~14 then read every row); by the 10th percentile each list is a
+  // cluster, and a query near a key reads about its own cluster.
+  const std::size_t clusters = 600, per = 10, n = clusters * per, d = 32, nq = 10;
+  const auto centres = test::normal_floats(clusters * d, 61);
+  std::vector<float> keys = test::normal_floats(n * d, 62, 0.15f);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < d; ++j) keys[i * d + j] += centres[(i * 7 % clusters) * d + j];
+  Collection c(ivf_config(d, 1));
+  c.add_batch(keys, std::vector<float>(n, 1.0f));
+  c.wait_until_indexed();
+  const auto noise = test::normal_floats(nq * d, 63, 0.05f);
+  std::vector<std::size_t> rows;
+  for (std::size_t b = 0; b < nq; ++b) {
+    std::vector<float> q(keys.begin() + static_cast<std::ptrdiff_t>(b * 97 * d), keys.begin() + static_cast<std::ptrdiff_t>((b * 97 + 1) * d));
+    for (std::size_t j = 0; j < d; ++j) q[j] += noise[b * d + j];
+    const SoftResult r = c.query_soft(q, {.temperature = 0.1f, .top_k = 8});
+    CHECK(r.searched_with == IndexKind::ivf);
+    CHECK(r.tail_bound_guaranteed);
+    rows.push_back(r.rows_scored);
+  }
+  std::sort(rows.begin(), rows.end());
+  INFO("rows scored, median " << rows[nq / 2] << ", largest " << rows.back());
+  CHECK(rows[nq / 2] <= 4 * per);
+}
+
 TEST_CASE("certified IVF: hard queries return the exact best key through the lists", "[certified][pruning]") {
   const std::size_t n = 3000, d = 12;
   const test::Regime regime = test::make_regime(1, n, d, 6, 5);

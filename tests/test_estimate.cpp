@@ -618,7 +618,7 @@ TEST_CASE("error_target on out-of-distribution queries over certified lists: the
   // Clustered keys, queries between two clusters (the regime where the walk alone cannot bound the rest
   // within its budget at a tight target): answered from a few percent of the rows, within the target.
   const std::size_t n = 100000, d = 32, dv = 32, nq = 20;
-  const float target = 1e-3f, temperature = 0.3f;
+  const float target = 3e-4f, temperature = 0.3f;
   const test::Regime r = test::make_regime(2, n, d, nq, 5);
   const std::vector<float> values = test::normal_floats(n * dv, 9);
   const double value_max = largest_abs(values);
@@ -641,7 +641,7 @@ TEST_CASE("error_target on out-of-distribution queries over certified lists: the
     // fewer than the scan.
     if (got.rows_scored > n / 256 + 100 && got.rows_scored < n) ++from_head;
   }
-  CHECK(from_head >= 2);  // (with this seed 2 of the 20; the walk answers the others within its budget)
+  CHECK(from_head >= 2);  // (the walk answers the others within its budget; at 1e-3 it answered 19 of 20 once lists held one cluster each)
   CHECK(below * 10 <= nq);
   // The same queries as one batch: each answered as alone.
   const QueryResults batch = c.query(r.queries, Retrieval::soft, {.temperature = temperature, .error_target = target});
