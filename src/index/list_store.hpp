@@ -181,10 +181,15 @@ struct Lists {
   // 10th percentile, not the median: where clusters are smaller than a list (clusters of ~14 rows, lists of
   // 32), most lists hold two or more and the median is one of them — every query then scanned; lists of one
   // cluster are the tightest tenth still. Homogeneous data keeps radii within ~20% of each other: no split.
+  // Only lists of a quarter of kRowsPerList members or more count (k-means on spread data leaves many lists of
+  // a point or two, radius ~0: counted, they made every list "wide" and quadrupled 1M Gaussian keys' lists).
   void refine() {
     std::vector<double> radii;
     for (const List& l : lists)
-      if (l.live > 0) radii.push_back(l.radius);
+      if (l.live >= kRowsPerList / 4) radii.push_back(l.radius);
+    if (radii.empty())
+      for (const List& l : lists)
+        if (l.live > 0) radii.push_back(l.radius);
     if (radii.empty()) return;
     std::nth_element(radii.begin(), radii.begin() + static_cast<std::ptrdiff_t>(radii.size() / 10), radii.end());
     const double wide = 2 * radii[radii.size() / 10];
