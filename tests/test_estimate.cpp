@@ -690,3 +690,25 @@ TEST_CASE("an estimate over lists is unbiased: its total mass averages the true 
     if (target < 2.0f) CHECK(rounds_with_more >= 100);  // the union's probabilities were exercised
   }
 }
+
+TEST_CASE("a batch of error_target queries over certified lists past one group of bounds answers each walked query as alone", "[estimate]") {
+  // The batch computes list bounds 32 queries at a time: 70 queries take groups of 32, 32 and 6.
+  const std::size_t n = 20000, d = 16, dv = 4, nq = 70;
+  const test::Regime r = test::make_regime(1, n, d, nq, 17);
+  Collection c({d, dv, Metric::dot, {}, {.kind = IndexKind::ivf}});
+  c.add_batch(r.keys, test::normal_floats(n * dv, 18));
+  c.wait_until_indexed();
+  const QueryOptions o{.temperature = 0.1f, .error_target = 1e-3f};
+  const QueryResults batch = c.query(r.queries, Retrieval::soft, o);
+  REQUIRE(batch.soft.size() == nq);
+  std::size_t walked = 0;
+  for (std::size_t b = 0; b < nq; ++b) {
+    if (batch.soft[b].searched_with != IndexKind::ivf) continue;  // (the others come from the batch's shared sample)
+    ++walked;
+    const SoftResult one = c.query_soft({r.queries.data() + b * d, d}, o);
+    INFO("query " << b);
+    CHECK(batch.soft[b].value == one.value);
+    CHECK(batch.soft[b].rows_scored == one.rows_scored);
+  }
+  CHECK(walked >= 60);  // queries near stored keys at T = 0.1: the walk answers nearly all of them
+}

@@ -519,6 +519,20 @@ TEST_CASE("masked pruned queries walk the certified lists over the eligible rows
     const QueryResults batch = t.c.query(qs, Retrieval::hard, o);
     CHECK(batch.hard[b].id == h.id);
   }
+  // The boundary: a mask keeping exactly half the rows walks the lists, one row fewer takes flat's pass.
+  QueryOptions half = o;
+  half.tags_any = {0, 1, 2, 3, 4};
+  REQUIRE(2 * t.kept(half).size() == t.ids.size());
+  QueryOptions under_half = half;
+  under_half.exclude_ids = {t.ids[t.kept(half).front()]};
+  for (std::size_t b = 0; b < 2; ++b) {
+    const auto q = std::span(qs).subspan(b * 16, 16);
+    const SoftResult at = t.c.query_soft(q, half), under = t.c.query_soft(q, under_half);
+    CHECK((at.searched_with == IndexKind::ivf || at.candidates == t.kept(half).size()));
+    CHECK(under.searched_with == IndexKind::flat);
+    CHECK(at.tail_bound_guaranteed);
+    CHECK(under.tail_bound_guaranteed);
+  }
   // Narrower masks: flat's fused top-k pass over the eligible rows (the walk's fixed cost would outweigh
   // the masked scan); exact and guaranteed too. A mask keeping 10%, then one keeping five rows.
   QueryOptions tenth = o;

@@ -276,17 +276,29 @@ TEST_CASE("an approximate index with the sampled check reports a bound at least 
         flat.query_soft(q, {.top_k = 32}).tail_bound);  // flat: already a guarantee, nothing to check
 }
 
-TEST_CASE("hnsw's index state holds its graph and its certified lists, and state from before the lists loads with lists built", "[pruning][persistence]") {
-  const std::size_t n = 1500, d = 8;
-  const auto keys = make_keys(n, d, 30, 81);
-  std::vector<std::uint64_t> ids(n);
-  std::iota(ids.begin(), ids.end(), std::uint64_t{0});
+// 1,500 clustered rows (d = 8, ids 0..n-1) as an index sees them, and an hnsw configuration for them.
+struct HnswRows {
+  static constexpr std::size_t n = 1500, d = 8;
+  std::vector<float> keys;
+  std::vector<std::uint64_t> ids = std::vector<std::uint64_t>(n);
   detail::RowSpan all;
-  all.keys = keys.data();
-  all.ids = ids.data();
-  all.rows = n;
-  all.dim = d;
   CollectionConfig config{d, 1, Metric::dot, {}, {.kind = IndexKind::hnsw, .hnsw_m = 8, .hnsw_ef_construction = 16}};
+  explicit HnswRows(std::uint64_t seed) : keys(make_keys(n, d, 30, seed)) {
+    std::iota(ids.begin(), ids.end(), std::uint64_t{0});
+    all.keys = keys.data();
+    all.ids = ids.data();
+    all.rows = n;
+    all.dim = d;
+  }
+};
+
+TEST_CASE("hnsw's index state holds its graph and its certified lists, and state from before the lists loads with lists built", "[pruning][persistence]") {
+  const HnswRows rows(81);
+  const std::size_t n = rows.n, d = rows.d;
+  const auto& keys = rows.keys;
+  const auto& ids = rows.ids;
+  const detail::RowSpan& all = rows.all;
+  const CollectionConfig& config = rows.config;
   const auto built = detail::make_pruning_index(config);
   built->put(ids, keys.data(), all);
   built->build_now(all);
@@ -332,16 +344,12 @@ TEST_CASE("hnsw's index state holds its graph and its certified lists, and state
 }
 
 TEST_CASE("hnsw's certified lists are built first and serve, hard queries included, until the graph is built", "[pruning][persistence]") {
-  const std::size_t n = 1500, d = 8;
-  const auto keys = make_keys(n, d, 30, 83);
-  std::vector<std::uint64_t> ids(n);
-  std::iota(ids.begin(), ids.end(), std::uint64_t{0});
-  detail::RowSpan all;
-  all.keys = keys.data();
-  all.ids = ids.data();
-  all.rows = n;
-  all.dim = d;
-  CollectionConfig config{d, 1, Metric::dot, {}, {.kind = IndexKind::hnsw, .hnsw_m = 8, .hnsw_ef_construction = 16}};
+  const HnswRows rows(83);
+  const std::size_t n = rows.n, d = rows.d;
+  const auto& keys = rows.keys;
+  const auto& ids = rows.ids;
+  const detail::RowSpan& all = rows.all;
+  const CollectionConfig& config = rows.config;
   const auto index = detail::make_pruning_index(config);
   index->put(ids, keys.data(), all);
   REQUIRE(index->build_due());

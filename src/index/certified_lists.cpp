@@ -329,6 +329,17 @@ void ListsBuild::run() {
 
 }  // namespace
 
+void CertifiedLists::bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
+                                  std::vector<std::uint32_t>& live) const {
+  const std::size_t count = list_count();
+  ub.resize(n * count);
+  std::vector<double> one;
+  for (std::size_t i = 0; i < n; ++i) {
+    bounds(queries + i * dim, factors[i], one, live);
+    std::copy(one.begin(), one.end(), ub.begin() + static_cast<std::ptrdiff_t>(i * count));
+  }
+}
+
 std::unique_ptr<PruningIndex> make_certified_index(const CollectionConfig& config) {
   return std::make_unique<CertifiedIndex>(config);
 }

@@ -101,17 +101,6 @@ void ListWalk::start() {
   rest_ = total_ = counted();
 }
 
-void CertifiedLists::bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
-                                  std::vector<std::uint32_t>& live) const {
-  const std::size_t count = list_count();
-  ub.resize(n * count);
-  std::vector<double> one;
-  for (std::size_t i = 0; i < n; ++i) {
-    bounds(queries + i * dim, factors[i], one, live);
-    std::copy(one.begin(), one.end(), ub.begin() + static_cast<std::ptrdiff_t>(i * count));
-  }
-}
-
 double ListWalk::counted() const {
   double sum = 0;
   for (std::size_t b = 0; b < counts_.size(); ++b)

@@ -51,8 +51,6 @@ void check_best(const ArgMax& best);
                                               std::vector<float>& factors);
 
 // ---- one query on its own (single.cpp) ----
-/// Soft: the exact scan, or pruned (top_k, epsilon) or estimated (error_target) as `path` says, within
-/// the planner's budget (an index not built yet: the exact scan).
 /// An error_target query's answer from the collection's certified lists (soft_one and soft_estimated; the
 /// caller holds the read lock and checked that the lists exist and no mask applies): the walk's answer
 /// within target for sure, or its head's estimate over the lists (estimate_over_lists). nullopt otherwise,
@@ -63,6 +61,8 @@ void check_best(const ArgMax& best);
                                                                std::size_t top_m, bool& scan, const double* bounds = nullptr,
                                                                const std::uint32_t* live = nullptr);
 
+/// Soft: the exact scan, or pruned (top_k, epsilon) or estimated (error_target) as `path` says, within
+/// the planner's budget (an index not built yet: the exact scan).
 [[nodiscard]] SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options, SinglePath path);
 /// A pruned, estimated or exact answer as a SoftResult: lse (checked), max, candidates, tail bound, rows
 /// scored, error estimate, value and contributors; the caller sets what searched and what is guaranteed.

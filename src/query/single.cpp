@@ -186,7 +186,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // that falls short leaves its rows as the head of an estimate when they hold the mass
       // (estimate_over_lists: the head exact, the other lists sampled); where the visited lists show the
       // mass spread over the lists, it stops at once and the sample below draws from every row.
-      if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (the walk visits every row of a list: no mask)
+      if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (step 1b draws whole lists: no mask)
         bool scan = false;
         if (std::optional<PrunedSoft> walked = estimate_through_lists(impl, q, f, target, options.top_m, scan)) {
           walked_lists = true;
