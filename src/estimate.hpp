@@ -19,6 +19,8 @@ struct EstimateTarget {
   std::size_t budget_rows = 0;  ///< most rows to score, all rounds together, before the exact scan is cheaper
   std::uint64_t seed = 0;       ///< the sample's seed (the same query and seed draw the same rows)
   std::size_t top_m = 0;        ///< contributors to report: the sampled rows with the largest scores
+  /// estimate_over_lists: where drawn lists are scored (a batch's shared reads); null: the lists' own.
+  ListScorer* scorer = nullptr;
 };
 
 /// z of a two-sided normal interval holding dv coordinates at once with probability kCheckConfidence

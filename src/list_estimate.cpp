@@ -141,7 +141,9 @@ std::optional<PrunedSoft> estimate_over_lists(const KernelTable& kernels, const 
       if (drawn_at[i] == lists_left && want[i] > pi[i] && (want[i] >= 1 || next_unit(rng) * (1 - pi[i]) < want[i] - pi[i])) {
         ids.clear();
         scores.clear();
-        lists.score_list(head.rest[rest_of[i]].list, query, scale, ids, scores);
+        const std::size_t c = head.rest[rest_of[i]].list;
+        if (target.scorer != nullptr) target.scorer->score_list(c, ids, scores);
+        else lists.score_list(c, query, scale, ids, scores);
         DrawnList d;
         d.acc.assign(dv, 0.0);
         for (const float s : scores) d.max = std::max(d.max, static_cast<double>(s));

@@ -267,7 +267,8 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
         return std::nullopt;
     }
     const std::size_t first = ids.size();
-    const double list_error = lists.score_list(walk.next(), query, scale, ids, scores);
+    const std::size_t c = walk.next();
+    const double list_error = target.scorer != nullptr ? target.scorer->score_list(c, ids, scores) : lists.score_list(c, query, scale, ids, scores);
     scored += ids.size() - first;
     if (target.eligible != nullptr) {  // a mask: keep the list's eligible rows only
       std::size_t kept = first;

@@ -166,6 +166,8 @@ struct ListTarget {
   /// share the centroid pass), with live; null: the walk computes them.
   const double* bounds = nullptr;
   const std::uint32_t* live = nullptr;  ///< with bounds: every list's live members
+  /// Where visited lists are scored (a batch's shared reads); null: CertifiedLists::score_list.
+  ListScorer* scorer = nullptr;
 };
 
 /// What a certified walk for an estimated answer leaves when it cannot meet its target (certified_soft's

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "index/shared_scores.hpp"
 #include "pruning.hpp"
 #include "reference.hpp"
 #include "softkv/softkv.hpp"
@@ -400,4 +401,55 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
   CHECK_FALSE(index->exact_top_k());
   CHECK(index->lists() != nullptr);
   CHECK_FALSE(index->build_due());
+}
+
+TEST_CASE("a batch's shared list reads hand each query the scores its own read gives, and read a list once for similar queries", "[pruning]") {
+  const std::size_t n = 6000, d = 16;
+  const std::vector<float> keys = make_keys(n, d, 30, 91);
+  std::vector<std::uint64_t> ids(n);
+  std::iota(ids.begin(), ids.end(), std::uint64_t{0});
+  const detail::RowSpan all{keys.data(), nullptr, ids.data(), n, d, 0};
+  const auto index = detail::make_pruning_index({d, 1, Metric::dot, {}, {.kind = IndexKind::ivf}});
+  index->put(ids, keys.data(), all);
+  index->build_now(all);
+  REQUIRE(index->lists() != nullptr);
+  const detail::CertifiedLists& lists = *index->lists();
+  const std::size_t count = lists.list_count();
+  REQUIRE(count > 20);
+  // Six queries near one key (cosine ~0.99 to each other), then three unrelated ones, then one near the first again.
+  const std::size_t nq = 10;
+  std::vector<float> qs = test::normal_floats(nq * d, 92);
+  for (std::size_t i = 0; i < nq; ++i) {
+    if (i >= 6 && i < 9) continue;
+    for (std::size_t k = 0; k < d; ++k) qs[i * d + k] = keys[17 * d + k] + 0.05f * qs[i * d + k];
+  }
+  const std::vector<float> factors(nq, 2.0f);
+  std::vector<double> bounds;
+  std::vector<std::uint32_t> live;
+  lists.bounds_batch(qs.data(), factors.data(), nq, d, bounds, live);
+  detail::SharedListScores shared(lists, qs.data(), factors.data(), nq, d, bounds.data(), live.data());
+  // Each query asks for its 12 lists of largest bound, in decreasing bound as a walk does.
+  std::size_t asked = 0;
+  for (std::size_t i = 0; i < nq; ++i) {
+    std::vector<std::pair<double, std::size_t>> order;
+    for (std::size_t c = 0; c < count; ++c)
+      if (live[c] != 0) order.emplace_back(-bounds[i * count + c], c);
+    std::sort(order.begin(), order.end());
+    for (std::size_t r = 0; r < 12 && r < order.size(); ++r, ++asked) {
+      const std::size_t c = order[r].second;
+      std::vector<std::uint64_t> got_ids{7}, own_ids{7};  // appended after what is there
+      std::vector<float> got{1.5f}, own{1.5f};
+      const double got_error = shared.for_query(i).score_list(c, got_ids, got);
+      const double own_error = lists.score_list(c, qs.data() + i * d, factors[i], own_ids, own);
+      INFO("query " << i << ", list " << c);
+      CHECK(got_ids == own_ids);
+      CHECK(std::equal(got.begin(), got.end(), own.begin(), own.end(), [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; }));
+      CHECK(got_error == own_error);
+    }
+  }
+  CHECK(shared.own_reads() + shared.shared_reads() == asked);
+  // The similar queries took most of their lists from the first one's reads; the unrelated ones read their own.
+  // (Queries 1-5 and 9 ask for 72 lists, most of them the first query's; at least half must be shared.)
+  CHECK(shared.shared_reads() >= 6 * 12 / 2);
+  CHECK(shared.own_reads() >= 3 * 12 + 12);
 }

@@ -33,6 +33,15 @@ class CertifiedLists {
                             std::vector<float>& scores) const = 0;
 };
 
+/// Where a walk gets the scores of a list for its query: CertifiedLists::score_list, or a batch's shared
+/// reads (SharedListScores: a list read once and scored for every query of the batch likely to visit it).
+class ListScorer {
+ public:
+  virtual ~ListScorer() = default;
+  /// CertifiedLists::score_list(c, ...) for the walk's query: the same ids, scores and returned error.
+  virtual double score_list(std::size_t c, std::vector<std::uint64_t>& ids, std::vector<float>& scores) = 0;
+};
+
 /// The lists of a certified index in decreasing upper bound, with a bound on the mass of those not yet
 /// visited: sum over them of live_c e^{ub_c}, each term rounded up to 1/8 nat (at most 13% above it).
 class ListWalk {

@@ -7,6 +7,7 @@
 
 #include "collection_impl.hpp"
 #include "estimate.hpp"
+#include "index/shared_scores.hpp"
 #include "mask.hpp"
 #include "pruning.hpp"
 #include "query/paths.hpp"
@@ -40,14 +41,23 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     constexpr std::size_t kBoundsQueries = 32;
     const CertifiedLists& lists = *index->lists();
     const std::size_t count = lists.list_count();
+    // Each group's walks share their list reads (SharedListScores): a list read for one query is scored
+    // for the group's later queries likely to visit it, and their walks take those scores.
     std::vector<double> bounds;
     std::vector<std::uint32_t> live;
+    std::optional<SharedListScores> shared;
     for (std::size_t b = 0; b < n; ++b) {
-      if (b % kBoundsQueries == 0) lists.bounds_batch(q + b * d, factors + b, std::min(kBoundsQueries, n - b), d, bounds, live);
+      if (b % kBoundsQueries == 0) {
+        const std::size_t group = std::min(kBoundsQueries, n - b);
+        shared.reset();
+        lists.bounds_batch(q + b * d, factors + b, group, d, bounds, live);
+        shared.emplace(lists, q + b * d, factors + b, group, d, bounds.data(), live.data());
+      }
       try {
         bool scan = false;
         answers[b] = estimate_through_lists(impl, q + b * d, factors[b], target, options.top_m, scan,
-                                            bounds.data() + (b % kBoundsQueries) * count, live.data());
+                                            bounds.data() + (b % kBoundsQueries) * count, live.data(),
+                                            &shared->for_query(b % kBoundsQueries));
         walked[b] = answers[b] ? 1 : 0;
         to_scan[b] = scan ? 1 : 0;
       } catch (...) {
