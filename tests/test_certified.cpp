@@ -253,6 +253,150 @@ TEST_CASE("certified IVF: queries during concurrent writes see only live rows an
   }
 }
 
+TEST_CASE("certified IVF: answers during concurrent rewrites of the same rows stay within their bounds against the truth", "[certified][concurrency]") {
+  // The writer upserts rows with the key and value they already hold (members leave their list and join
+  // one again, lists widen), so the truth stays what it was: every answer given meanwhile is checked against it.
+  const std::size_t n = 3000, d = 8, dv = 1, nq = 6;
+  const test::Regime regime = test::make_regime(1, n, d, nq, 45);
+  const auto values = test::normal_floats(n * dv, 46);
+  Collection c(ivf_config(d, dv));
+  c.add_batch(regime.keys, values);
+  c.wait_until_indexed();
+  const float temperature = 0.5f;
+  const double scale = c.resolve_scale({.temperature = temperature});
+  // Each query's true scores by id (ids are 0..n-1 in add order), and its exact top 5 (ties to the smaller id).
+  std::vector<std::vector<double>> truth(nq, std::vector<double>(n));
+  std::vector<std::set<std::uint64_t>> top5(nq);
+  for (std::size_t b = 0; b < nq; ++b) {
+    std::vector<std::pair<double, std::uint64_t>> order;
+    for (std::size_t i = 0; i < n; ++i) {
+      double dot = 0;
+      for (std::size_t j = 0; j < d; ++j) dot += static_cast<double>(regime.queries[b * d + j]) * regime.keys[i * d + j];
+      truth[b][i] = scale * dot;
+      order.emplace_back(-truth[b][i], i);
+    }
+    std::sort(order.begin(), order.end());
+    for (std::size_t i = 0; i < 5; ++i) top5[b].insert(order[i].second);
+  }
+  const auto omitted = [&](std::size_t b, const SoftResult& r) {
+    const std::set<std::uint64_t> kept = ids_of(r);
+    const double m = *std::max_element(truth[b].begin(), truth[b].end());
+    double all = 0, out = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      all += std::exp(truth[b][i] - m);
+      if (kept.count(i) == 0) out += std::exp(truth[b][i] - m);
+    }
+    return out / all;
+  };
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (std::size_t round = 0; round < 3; ++round)
+      for (std::size_t i = 0; i < n; i += 7) c.upsert(i, q_of(regime.keys, i, d), std::vector<float>{values[i]});
+    stop = true;
+  });
+  std::size_t answered = 0;
+  while (!stop || answered < 2 * nq) {
+    const std::size_t b = answered % nq;
+    const auto q = q_of(regime.queries, b, d);
+    const SoftResult k = c.query_soft(q, {.temperature = temperature, .top_m = kAll, .top_k = 5});
+    const SoftResult e = c.query_soft(q, {.temperature = temperature, .top_m = kAll, .epsilon = 1e-4f});
+    INFO("answer " << answered << ", query " << b);
+    CHECK(k.tail_bound_guaranteed);
+    CHECK(ids_of(k) == top5[b]);
+    CHECK(omitted(b, k) <= k.tail_bound * (1 + 1e-6) + 1e-12);
+    CHECK(e.tail_bound_guaranteed);
+    CHECK(e.tail_bound <= 1e-4);
+    CHECK(omitted(b, e) <= e.tail_bound * (1 + 1e-6) + 1e-12);
+    ++answered;
+  }
+  writer.join();
+  CHECK(answered >= 2 * nq);
+}
+
+TEST_CASE("certified IVF: tied keys give the exact top-k with ties to the smaller id", "[certified][pruning]") {
+  // Every key three times (ids i, i + m, i + 2m): equal kernel scores, so a top-k cut inside a triple
+  // must keep its smaller ids, as the flat index and the exact order do.
+  const std::size_t m = 700, d = 8, dv = 1, nq = 5;
+  const test::Regime regime = test::make_regime(1, m, d, nq, 47);
+  std::vector<float> keys;
+  for (int copy = 0; copy < 3; ++copy) keys.insert(keys.end(), regime.keys.begin(), regime.keys.end());
+  const auto values = test::normal_floats(3 * m * dv, 48);
+  Collection c(ivf_config(d, dv));
+  c.add_batch(keys, values);
+  c.wait_until_indexed();
+  for (std::size_t b = 0; b < nq; ++b) {
+    const auto q = q_of(regime.queries, b, d);
+    std::vector<std::pair<double, std::uint64_t>> order;
+    for (std::size_t i = 0; i < 3 * m; ++i) {
+      double dot = 0;
+      for (std::size_t j = 0; j < d; ++j) dot += static_cast<double>(q[j]) * keys[i * d + j];
+      order.emplace_back(-dot, i);
+    }
+    std::sort(order.begin(), order.end());
+    for (const std::size_t k : {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
+      const SoftResult r = c.query_soft(q, {.top_m = kAll, .top_k = k});
+      std::set<std::uint64_t> expected;
+      for (std::size_t i = 0; i < k; ++i) expected.insert(order[i].second);
+      INFO("query " << b << ", top_k " << k);
+      CHECK(r.searched_with == IndexKind::ivf);
+      CHECK(ids_of(r) == expected);
+      // The hard answer is the smallest id among the best key's copies.
+      if (k == 1) CHECK(c.query_hard(q).id == order[0].second);
+    }
+  }
+}
+
+TEST_CASE("certified lists: random regimes, sizes, temperatures and options keep the top-k exact and the bound above the truth", "[certified][pruning]") {
+  // 10 draws (fixed seed) of regime, n, d, nlist, temperature, top_k and epsilon; each answer against the
+  // exact order and the true omitted mass in double.
+  std::uint64_t state = 0x5eed;
+  const auto next = [&](std::uint64_t bound) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % bound;
+  };
+  for (int draw = 0; draw < 10; ++draw) {
+    const int kind = static_cast<int>(next(4));
+    const std::size_t n = 600 + next(3400), d = 2 + next(31), dv = 1 + next(3), nq = 3;
+    const std::size_t nlist = next(3) == 0 ? 1 + next(n / 4) : 0;
+    const float temperature = static_cast<float>(std::pow(10.0, -1.5 + 2.0 * static_cast<double>(next(1000)) / 1000));
+    const std::size_t top_k = 1 + next(std::min<std::size_t>(n, 200));
+    const float eps = static_cast<float>(std::pow(10.0, -8.0 + 7.5 * static_cast<double>(next(1000)) / 1000));
+    const test::Regime regime = test::make_regime(kind, n, d, nq, 600 + static_cast<std::uint64_t>(draw));
+    Collection c(ivf_config(d, dv, nlist));
+    c.add_batch(regime.keys, test::normal_floats(n * dv, 700 + static_cast<std::uint64_t>(draw)));
+    c.wait_until_indexed();
+    const double scale = c.resolve_scale({.temperature = temperature});
+    for (std::size_t b = 0; b < nq; ++b) {
+      const auto q = q_of(regime.queries, b, d);
+      std::vector<std::pair<double, std::uint64_t>> order;
+      for (std::size_t i = 0; i < n; ++i) {
+        double dot = 0;
+        for (std::size_t j = 0; j < d; ++j) dot += static_cast<double>(q[j]) * regime.keys[i * d + j];
+        order.emplace_back(-dot, i);
+      }
+      std::sort(order.begin(), order.end());
+      INFO("draw " << draw << ": " << regime.name << ", n " << n << ", d " << d << ", nlist " << nlist << ", T " << temperature << ", top_k "
+                   << top_k << ", epsilon " << eps << ", query " << b);
+      const SoftResult k = c.query_soft(q, {.temperature = temperature, .top_m = kAll, .top_k = top_k});
+      CHECK(k.searched_with == IndexKind::ivf);  // (collections this small are walked to the end, never scanned)
+      CHECK(k.tail_bound_guaranteed);
+      REQUIRE(k.top.size() == top_k);
+      // The exact top-k by double score, unless the k-th and the next are within float rounding of each other.
+      const bool clear_cut = top_k == n || order[top_k - 1].first + 1e-4 * (1 + std::fabs(order[top_k].first)) < order[top_k].first;
+      if (clear_cut) {
+        std::set<std::uint64_t> expected;
+        for (std::size_t i = 0; i < top_k; ++i) expected.insert(order[i].second);
+        CHECK(ids_of(k) == expected);
+      }
+      CHECK(true_omitted(c, q, scale, k) <= k.tail_bound * (1 + 1e-6) + 1e-12);
+      const SoftResult e = c.query_soft(q, {.temperature = temperature, .top_m = kAll, .epsilon = eps});
+      CHECK(e.tail_bound_guaranteed);
+      CHECK(e.tail_bound <= eps);
+      CHECK(true_omitted(c, q, scale, e) <= e.tail_bound * (1 + 1e-6) + 1e-12);
+    }
+  }
+}
+
 TEST_CASE("certified IVF: option and configuration extremes", "[certified][pruning]") {
   const std::size_t n = 1200, d = 8, dv = 2;
   const test::Regime regime = test::make_regime(1, n, d, 2, 51);
