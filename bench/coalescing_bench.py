@@ -84,7 +84,8 @@ def passes(softkv, port, work):
 
 def measure_n(build, softkv, n, seconds, rounds):
     """Both servers run side by side (the idle one takes no CPU) and every measurement alternates between
-    them, `rounds` times: a machine whose speed drifts (a shared VM) then weighs on both alike. Each
+    them, `rounds` times, with both servers started afresh for each round: a machine whose speed drifts (a
+    shared VM) then weighs on both alike, and so does where each process's memory landed. Each
     figure is the round with the median rate; the case's on/off ratios, one per round (on and off measured
     back to back), are kept under the key ("ratios", client, op, connections)."""
     results = {}
@@ -100,33 +101,38 @@ def measure_n(build, softkv, n, seconds, rounds):
             server.send_signal(signal.SIGINT)  # writes the snapshot both servers start from
             server.wait(timeout=300)
         shutil.copytree(dirs["on"], dirs["off"])
-        ports = {c: free_port() for c in ("on", "off")}
-        servers = {c: serve(build, dirs[c], ports[c], c) for c in ("on", "off")}
-        try:
-            for c in ("on", "off"):
-                wait_port(ports[c], seconds=300)
-                load_gen(build, ports[c], "soft", 1, 2)  # warm the pages up before anything is timed
-            cases = [("load_gen", "soft", c) for c in CONNECTIONS] + [("python", "soft", c) for c in CONNECTIONS] + \
-                    [("load_gen", "hard", c) for c in (1, 64)]
-            for client, op, c in cases:
-                for coalesce in ("on", "off"):
-                    results[(coalesce, client, op, c)] = []
-                for i in range(rounds):
+        cases = [("load_gen", "soft", c) for c in CONNECTIONS] + [("python", "soft", c) for c in CONNECTIONS] + \
+                [("load_gen", "hard", c) for c in (1, 64)]
+        for client, op, c in cases:
+            for coalesce in ("on", "off"):
+                results[(coalesce, client, op, c)] = []
+        # Fresh server processes every round: where a process's memory landed (huge pages or not, which
+        # NUMA node of the VM) moves its scan speed by a few percent for as long as it lives, and two
+        # long-lived servers would carry that difference into every round of every case.
+        for i in range(rounds):
+            ports = {c: free_port() for c in ("on", "off")}
+            servers = {c: serve(build, dirs[c], ports[c], c) for c in ("on", "off")}
+            try:
+                for c in ("on", "off"):
+                    wait_port(ports[c], seconds=300)
+                    load_gen(build, ports[c], "soft", 1, 2)  # warm the pages up before anything is timed
+                for client, op, c in cases:
                     for coalesce in (("on", "off") if i % 2 == 0 else ("off", "on")):  # neither always goes first
                         p = ports[coalesce]
                         work = (lambda: load_gen(build, p, op, c, seconds)) if client == "load_gen" else \
                             (lambda: python_clients(softkv, p, c, seconds))
                         results[(coalesce, client, op, c)].append(passes(softkv, p, work))
-                results[("ratios", client, op, c)] = [on[0][0] / off[0][0] for on, off in
-                                                      zip(results[("on", client, op, c)], results[("off", client, op, c)])]
-                for coalesce in ("on", "off"):
-                    runs = sorted(results[(coalesce, client, op, c)], key=lambda x: x[0][0])
-                    results[(coalesce, client, op, c)] = runs[len(runs) // 2]
-        finally:
-            for srv in servers.values():
-                srv.send_signal(signal.SIGINT)
-            for srv in servers.values():
-                srv.wait(timeout=300)
+            finally:
+                for srv in servers.values():
+                    srv.send_signal(signal.SIGINT)
+                for srv in servers.values():
+                    srv.wait(timeout=300)
+        for client, op, c in cases:
+            results[("ratios", client, op, c)] = [on[0][0] / off[0][0] for on, off in
+                                                  zip(results[("on", client, op, c)], results[("off", client, op, c)])]
+            for coalesce in ("on", "off"):
+                runs = sorted(results[(coalesce, client, op, c)], key=lambda x: x[0][0])
+                results[(coalesce, client, op, c)] = runs[len(runs) // 2]
     return results
 
 
@@ -145,8 +151,8 @@ def main():
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     lines = [f"# Coalesced queries ({datetime.date.today()}, {cpu}, {os.cpu_count()} cores, kernel path {softkv.simd_path()})", "",
              f"`bench/coalescing_bench.py --n {a.n} --seconds {a.seconds:g} --rounds {a.rounds}` (run by `make bench`): softkv-server "
-             f"with `--coalesce on` and `off` side by side (each case measured on one, then the other, {a.rounds} times; the round "
-             "with the median rate kept), d = dv = 128, `--fsync never`; each connection sends its own single query as soon "
+             f"with `--coalesce on` and `off` side by side (each case measured on one, then the other, {a.rounds} times, both servers "
+             "started afresh for each round; the round with the median rate kept), d = dv = 128, `--fsync never`; each connection sends its own single query as soon "
              "as its last is answered (closed loop), from the C++ `load_gen` or from the Python client (`softkv.Client`, one "
              "thread per connection, sharing the server's cores). \"per pass\": queries per coalesced pass (server "
              "`query_stats`). \"on / off\" is the median of the rounds' ratios (each round measures both back to back, "

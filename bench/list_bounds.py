@@ -11,6 +11,11 @@ same queries, in float64:
   list, twice the work a query, tighter where a few dimensions carry most of the spread;
 - min: the smaller of the two (3d numbers a list).
 
+The lists here are plain k-means lists: softkv also splits lists much wider than most (list_store.hpp,
+refine), which matters where clusters are smaller than a list (the clustered regimes: a list here spans
+one or two clusters of 20, and both bounds are far above its rows). The comparison is between the bounds
+of the same lists; the rows read are not softkv's (bench/results/PRUNING_REGIMES.txt has those).
+
 For each regime it reports how far above its best member's score a list's bound is (nats, after the
 temperature: median and 95th percentile over the lists, and over the lists holding the query's best 1% of
 rows), and the rows an epsilon = 1e-3 walk reads with each bound (it stops when the unvisited lists' bounded
@@ -52,16 +57,17 @@ def heavy_tailed(n, d, nq, rng):
         rng.standard_normal((nq, d), dtype=np.float32), 1.0
 
 
-def walk_rows(ub, mass, sizes, eps):
+def walk_rows(ub, log_mass, sizes, eps):
     """Rows an epsilon walk reads: lists by decreasing ub, stopping once sum_unvisited n e^ub <= eps visited mass.
 
-    ub in nats; mass: each list's true sum of e^s (in the same shift as e^ub), what a walk knows of what it visited.
+    ub in nats; log_mass: the log of each list's true sum of e^s, what a walk knows of what it visited. In logs:
+    bounds may lie hundreds of nats above every score.
     """
     order = np.argsort(-ub)
-    bounded = sizes[order] * np.exp(ub[order])
-    after = np.append(np.cumsum(bounded[::-1])[::-1][1:], 0.0)  # after[i]: lists after the i-th unvisited
-    visited = np.cumsum(mass[order])
-    i = int(np.argmax(after <= eps * visited))  # the last is always true (nothing after it)
+    log_bounded = np.log(sizes[order]) + ub[order]
+    log_after = np.append(np.logaddexp.accumulate(log_bounded[::-1])[::-1][1:], -np.inf)  # lists after the i-th
+    log_visited = np.logaddexp.accumulate(log_mass[order])
+    i = int(np.argmax(log_after <= np.log(eps) + log_visited))  # the last is always true (nothing after it)
     return np.cumsum(sizes[order])[i]
 
 
@@ -93,7 +99,7 @@ def measure(name, keys, queries, temperature, out, eps=1e-3):
         s = (k64 @ q) * scale
         best = np.maximum.reduceat(s, starts)
         shift = s.max()
-        mass = np.add.reduceat(np.exp(s - shift), starts)
+        log_mass = np.log(np.add.reduceat(np.exp(s - shift), starts)) + shift
         ball = (mu @ q + np.linalg.norm(q) * radius) * scale
         box = np.maximum(lo * q, hi * q).sum(axis=1) * scale
         bounds = {"ball": ball, "box": box, "min": np.minimum(ball, box)}
@@ -102,11 +108,11 @@ def measure(name, keys, queries, temperature, out, eps=1e-3):
         for k, ub in bounds.items():
             slack[k].append(ub - best)
             slack_top[k].append((ub - best)[top])
-            rows[k].append(walk_rows(ub - shift, mass, sizes, eps) / n)
+            rows[k].append(walk_rows(ub, log_mass, sizes, eps) / n)
         # An oracle: lists in order of their best member, stopping on the unvisited lists' true mass.
         order = np.argsort(-best)
-        after = np.append(np.cumsum(mass[order][::-1])[::-1][1:], 0.0)
-        i = int(np.argmax(after <= eps * np.cumsum(mass[order])))
+        log_after = np.append(np.logaddexp.accumulate(log_mass[order][::-1])[::-1][1:], -np.inf)
+        i = int(np.argmax(log_after <= np.log(eps) + np.logaddexp.accumulate(log_mass[order])))
         rows["best-first (an oracle's order and stop)"].append(np.cumsum(sizes[order])[i] / n)
     print(f"\n{name}: N = {n}, d = {d}, {len(sizes)} lists, {len(queries)} queries (lists built in {time.time() - t0:.0f} s)", file=out)
     print(f"  {'bound':<8} {'nats above the best member: median':>36} {'95th':>7} {'top-1% lists median':>20} "

@@ -241,7 +241,7 @@ def main():
     foreign = max(x for x in (s.get("foreign"), alone.get("foreign"), 0.0) if x is not None)
     npy, tch = py[big].get("numpy soft 1 query"), py[big].get("torch soft 1 query")
     npy_b = py[big].get(f"numpy soft batch of 64")
-    best_prune = max((float(m.group(3)) for m in re.finditer(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.e+-]+)", prune.split("flat (")[0], re.M)
+    best_prune = max((float(m.group(3)) for m in re.finditer(r"^\s+(\d+|eps [\d.e+-]+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.e+-]+)", prune.split("flat (")[0], re.M)
                       if float(m.group(4)) <= 1e-2), default=0.0)
     hard_batch = s["hard"]["softkv hard batch (per batch)"]
     beside = s.get("beside")  # (soft %, hard %) of the bandwidth probed just before each query

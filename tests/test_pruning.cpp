@@ -453,3 +453,31 @@ TEST_CASE("a batch's shared list reads hand each query the scores its own read g
   CHECK(shared.shared_reads() >= 6 * 12 / 2);
   CHECK(shared.own_reads() >= 3 * 12 + 12);
 }
+
+TEST_CASE("a list walk's bound on the unvisited mass follows the highest unvisited bound down, however far below the first", "[pruning]") {
+  // One wide list bounded 1,000 nats up (its rows may score far less), one at 500 and 50,000 lists of 20
+  // rows at 100: once the first two are visited the rest weigh at most 10^6 e^100. The buckets floor
+  // everything 128 nats below their shift at e^-128: counted from the first bound (1,000) that floor
+  // alone would be 10^6 e^872.
+  const std::size_t lists = 50002;
+  std::vector<double> ub(lists, 100.0);
+  std::vector<std::uint32_t> live(lists, 20);
+  ub[7] = 1000.0, live[7] = 2;
+  ub[9] = 500.0;
+  live[11] = 0, ub[11] = -std::numeric_limits<double>::infinity();  // an emptied list: not counted
+  detail::ListWalk walk(ub.data(), live.data(), lists);
+  const double rest_all = std::log(2.0) + 1000.0;
+  CHECK(walk.log_rest() >= rest_all);
+  CHECK(walk.next() == 7);
+  CHECK(walk.log_rest() >= std::log(20.0) + 500.0);
+  CHECK(walk.log_rest() <= std::log(20.0 + 50000.0 * 20 * std::exp(-400.0)) + 500.0 + 0.2);
+  CHECK(walk.next() == 9);
+  const double rest = std::log(49999.0 * 20) + 100.0;  // (list 11 is empty)
+  CHECK(walk.log_rest() >= rest);
+  CHECK(walk.log_rest() <= rest + 0.126);  // each term rounded up by at most 1/8 nat
+  CHECK(walk.next_bound() == 100.0);
+  // The verdict on a budget uses the same buckets: 10 lists in reach leave the rest above e-12 of e^120.
+  CHECK_FALSE(walk.can_meet(0, 1e-12, 10 * 20, 120.0, 120.0));
+  CHECK(walk.can_meet(0, 1e-3, 10 * 20, 130.0, 130.0));
+  CHECK(walk.rows_left() == 49999 * 20);
+}

@@ -133,57 +133,59 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   [[nodiscard]] std::size_t list_count() const override { return current_.lists.size(); }
 
   void bounds(const float* query, float factor, std::vector<double>& ub, std::vector<std::uint32_t>& live) const override {
-    const std::size_t count = current_.lists.size();
-    thread_local std::vector<float> buffer;  // reused: a fresh buffer per query would be page-faulted in
-    buffer.resize(count);
-    centroid_scores(query, &factor, 1, buffer.data());
-    ub.resize(count);
+    ub.resize(current_.lists.size());
     live.assign(current_.live.begin(), current_.live.end());
-    bounds_from(query, factor, buffer.data(), ub.data());
+    bounds_into(query, &factor, 1, ub.data());
   }
 
   void bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
                     std::vector<std::uint32_t>& live) const override {
-    const std::size_t count = current_.lists.size();
-    std::vector<float> scores(n * count);
-    centroid_scores(queries, factors, n, scores.data());
-    ub.resize(n * count);
+    (void)dim;  // (the lists' own)
+    ub.resize(n * current_.lists.size());
     live.assign(current_.live.begin(), current_.live.end());
-    for (std::size_t i = 0; i < n; ++i) bounds_from(queries + i * dim, factors[i], scores.data() + i * count, ub.data() + i * count);
+    bounds_into(queries, factors, n, ub.data());
   }
 
-  // The kernel's scores of the centroids for n queries (query i split with factors[i]): out[i * count + c].
-  // Split over the scan threads as a scan is (about 1 MiB of centroids a part); each part scores its
-  // centroids chunk by chunk (256 KiB, within L2) for every query in turn, so a batch reads them from
-  // memory once.
-  void centroid_scores(const float* queries, const float* factors, std::size_t n, float* out) const {
+  // Every list's bound for n queries (query i split with factors[i]): ub[i * count + c]. The centroids are
+  // scored as a scan is split over the scan threads (about 1 MiB of centroids a part); each part takes
+  // its centroids chunk by chunk (256 KiB, within L2), scores the chunk for every query in turn and turns
+  // each query's scores into bounds at once, while they are in L1: a batch reads the centroids from
+  // memory once, and the bounds' arithmetic runs on every scan thread.
+  void bounds_into(const float* queries, const float* factors, std::size_t n, double* ub) const {
     const std::size_t count = current_.lists.size(), d = current_.dim;
     const RowSpan centroids{current_.centroid_bytes.data(), nullptr, nullptr, count, d, 0, current_.centroid_precision,
                             Precision::f32, current_.centroid_precision == Precision::i8 ? current_.centroid_scales.data() : nullptr};
     const std::size_t chunk = std::max<std::size_t>(64, (std::size_t{256} << 10) / std::max<std::size_t>(1, centroids.key_row_bytes()));
     const std::size_t parts = choose_parts(count, d / 2, 0, ThreadPool::shared().concurrency());
+    std::vector<double> fq(n);  // each query's f ||q|| rounded up (bounds_from)
+    for (std::size_t i = 0; i < n; ++i) fq[i] = static_cast<double>(factors[i]) * norm_up(queries + i * d, d) * (1 + 4 * kUnit);
     ThreadPool::shared().run(parts, [&](std::size_t p) {
+      thread_local std::vector<float> scores;  // one chunk's scores (reused: no page faults per query)
+      scores.resize(chunk);
       const std::size_t begin = count * p / parts, end = count * (p + 1) / parts;
       for (std::size_t a = begin; a < end; a += chunk) {
         const std::size_t m = std::min(chunk, end - a);
-        for (std::size_t i = 0; i < n; ++i) kernels().scores(queries + i * d, factors[i], centroids.sub(a, m), out + i * count + a);
+        for (std::size_t i = 0; i < n; ++i) {
+          kernels().scores(queries + i * d, factors[i], centroids.sub(a, m), scores.data());
+          bounds_from(factors[i], fq[i], scores.data(), a, m, ub + i * count + a);
+        }
       }
     });
   }
 
-  // Every list's bound for one query from its centroid scores (score[c] = the kernel's f * fl(q.mu_c)).
-  // The kernel's score of a member k is f * fl(q.k) rounded once more; fl(q.k) <= fl(q.mu) + ||q|| r
-  // + gamma ||q|| (2 ||mu|| + r) (Lists::spread), with gamma covering any order of summation (and FMA).
-  // Underflow adds an absolute error of at most 2^-149 per product and per rounding of the score.
-  void bounds_from(const float* query, float factor, const float* score, double* ub) const {
-    const std::size_t count = current_.lists.size(), d = current_.dim;
-    const double f = factor, fq = f * norm_up(query, d) * (1 + 4 * kUnit), tiny = (f * 2 * static_cast<double>(d) + 2) * kTiny;
-    const std::uint32_t* live = current_.live.data();
-    const double* spread = current_.spread.data();
-    for (std::size_t c = 0; c < count; ++c) {
-      const double s = score[c];  // f * fl(q.mu), rounded: within 2u |s| of it
-      const double b = s + 2 * kUnit * std::fabs(s) + fq * spread[c] + tiny;
-      ub[c] = live[c] == 0 ? -kInf : std::isfinite(b) ? b + 2 * kUnit * std::fabs(b) : kInf;
+  // The bounds of lists [first, first + m) for one query from their centroid scores (score[j] = the
+  // kernel's f * fl(q.mu_c), c = first + j; fq = f ||q|| rounded up). The kernel's score of a member k is
+  // f * fl(q.k) rounded once more; fl(q.k) <= fl(q.mu) + ||q|| r + gamma ||q|| (2 ||mu|| + r)
+  // (Lists::spread), with gamma covering any order of summation (and FMA). Underflow adds an absolute
+  // error of at most 2^-149 per product and per rounding of the score.
+  void bounds_from(float factor, double fq, const float* score, std::size_t first, std::size_t m, double* ub) const {
+    const double f = factor, tiny = (f * 2 * static_cast<double>(current_.dim) + 2) * kTiny;
+    const std::uint32_t* live = current_.live.data() + first;
+    const double* spread = current_.spread.data() + first;
+    for (std::size_t j = 0; j < m; ++j) {
+      const double s = score[j];  // f * fl(q.mu), rounded: within 2u |s| of it
+      const double b = s + 2 * kUnit * std::fabs(s) + fq * spread[j] + tiny;
+      ub[j] = live[j] == 0 ? -kInf : std::isfinite(b) ? b + 2 * kUnit * std::fabs(b) : kInf;
     }
   }
 

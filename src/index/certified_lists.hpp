@@ -83,6 +83,13 @@ class ListWalk {
   void recount();                  // after a list with an infinite bound: the flag, and the sum afresh
   [[nodiscard]] double counted() const;  // the unvisited mass from the bucket counts
   void warm();  // moves the cold lists into the heap
+  void rebase(double highest);  // the shift moved down to the highest unvisited bound, the buckets afresh
+
+  /// Once every unvisited bound lies this far below the shift, the buckets are counted afresh from the
+  /// highest of them: the lowest bucket holds everything 128 nats below the shift at e^-128, a floor that
+  /// would otherwise outweigh a query whose best score lies far below the first lists' bounds (a wide
+  /// list ranked first), and epsilon could never be met.
+  static constexpr double kRebaseNats = 32;
 
   /// Lists whose bound is more than this below the top one wait outside the heap.
   static constexpr double kHotNats = 16;

@@ -144,7 +144,23 @@ std::size_t ListWalk::next() {
     // count it afresh from the buckets' exact counts then (O(buckets), not O(lists)).
     if (!(rest_ > 1e-3 * total_)) rest_ = total_ = counted();
   }
+  if (!infinite_ && !done()) {
+    const double highest = next_bound();
+    if (highest < top_ - kRebaseNats) rebase(highest);
+  }
   return c;
+}
+
+void ListWalk::rebase(double highest) {
+  // As start() shifts: at least every unvisited ub_c + log live_c.
+  std::uint32_t most = 1;
+  for (const auto& [ub, c] : heap_) most = std::max(most, live_[c]);
+  for (const std::uint32_t c : cold_) most = std::max(most, live_[c]);
+  top_ = highest + std::log(static_cast<double>(most));
+  std::fill(counts_.begin(), counts_.end(), 0);
+  for (const auto& [ub, c] : heap_) counts_[static_cast<std::size_t>(bucket_of(ub, top_))] += live_[c];
+  for (const std::uint32_t c : cold_) counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
+  rest_ = total_ = counted();
 }
 
 bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_max, double log_visited) const {
