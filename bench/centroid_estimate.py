@@ -10,6 +10,9 @@ reference:
 - lists by mass: whole lists drawn independently with probability proportional to n_c e^{s(q.mu_c)}
   (capped at 1), Horvitz-Thompson totals: unbiased; reads the drawn lists' rows.
 - rows: rows of the rest drawn uniformly, Horvitz-Thompson totals: unbiased.
+- oracle head: the query's best rows by true score as the head (what no index knows without scoring every
+  row), the rest drawn uniformly: the best a head-plus-sample design reaches with these rows; also at 10%
+  of the rows in all.
 
 The sampled estimators read `--budget` of the rows beyond the head. The error of an answer is
 max_j |v_j - v_exact_j| / max_i ||v_i||_inf (the error_target's measure). docs/PRUNING.md, "Estimated answers",
@@ -160,6 +163,20 @@ def measure(name, keys, values, queries, temperature, budget, head_share, rng, o
         f = len(rest_rows) / take
         errors["rows"].append(answer(w[pick].sum() * f, (w[pick] @ values[pick]) * f))
         read["rows"].append(head_rows.sum() + take)
+        # An oracle's head: the query's best rows by their true scores (no index can know them without
+        # scoring every row), the rest drawn uniformly: what a head-plus-sample design could reach at
+        # best with these rows, at the same budget and at 10% of the rows in all.
+        best_first = np.argsort(-s, kind="stable")
+        for label, total in (("oracle head", head_share + budget), ("oracle, 10%", 0.10)):
+            h = int(head_share * n)
+            head_idx, rest_idx = best_first[:h], best_first[h:]
+            take = min(len(rest_idx), int((total - head_share) * n))
+            pick = rng.choice(rest_idx, take, replace=False)
+            f = len(rest_idx) / take
+            zo = w[head_idx].sum() + w[pick].sum() * f
+            vo = w[head_idx] @ values[head_idx] + (w[pick] @ values[pick]) * f
+            errors.setdefault(label, []).append(np.abs(vo / zo - exact).max() / vmax)
+            read.setdefault(label, []).append(h + take)
     for k in errors:
         e = np.array(errors[k])
         print(f"   {k:14s} rows read {np.mean(read[k]) / n * 100:6.2f}%   error median {np.median(e):.2e}   "

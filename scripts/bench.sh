@@ -24,6 +24,10 @@ mkdir -p bench/results/pareto
 ./build/bench/pruning_bench --estimate-batch --n 1000000 --d 128 --queries 16 | tee bench/results/ESTIMATE_BATCH.txt
 # The middle of an estimate: centroid-only (RetroInfer's) against sampled lists and rows (docs/PRUNING.md).
 /usr/bin/python3 bench/centroid_estimate.py --n 200000 --queries 40 | grep -v '^WARNING' | tee bench/results/CENTROID_ESTIMATE.txt
+# Per-list bounds: centroid + radius (softkv's) against per-dimension boxes, on the same lists (docs/PRUNING.md).
+/usr/bin/python3 bench/list_bounds.py --n 200000 --queries 20 --out bench/results/LIST_BOUNDS.txt | grep -v '^WARNING'
+# softkv's certified IVF against FAISS's IndexIVFFlat at nprobe 1-256, side by side (docs/PRUNING.md, "Which index").
+PYTHONPATH=build/python /usr/bin/python3 bench/faiss_ivf_compare.py --n 200000 --queries 20 --out bench/results/FAISS_IVF.txt
 # Masked queries (1% and 50% of 1M rows, grouped and scattered tags) vs the unmasked scan; the
 # annotated run is bench/results/MASKS.md, this writes the latest table next to it.
 ./build/bench/masks_bench | tee bench/results/masks_latest.md

@@ -423,7 +423,7 @@ TEST_CASE("certified IVF: option and configuration extremes", "[certified][pruni
 }
 
 TEST_CASE("the planner answers with the exact scan when pruning would cost more than it", "[certified][planner]") {
-  // 20,000 rows of 128 bytes: past kPlannerMinBytes, so the budget (1/16 of the rows) applies.
+  // 20,000 rows of 128 bytes: past kPlannerMinBytes, so the budget (1/32 of the rows) applies.
   const std::size_t n = 20000, d = 16, dv = 16;
   const auto keys = test::normal_floats(n * d, 61), values = test::normal_floats(n * dv, 62);
   const auto q = test::normal_floats(d, 63);

@@ -102,7 +102,7 @@ class ListWalk {
   double cold_max_ = -std::numeric_limits<double>::infinity();  // their largest bound
   double top_ = 0;      // the shift of rest_: the largest finite bound plus the log of the largest list
   double rest_ = 0;     // sum over unvisited of live_c e^{ub_c - top_}
-  double total_ = 0;    // rest_ at construction: the scale of the running sum's rounding (log_rest)
+  double total_ = 0;    // rest_ when last counted afresh (start, recount, rebase): the scale of its rounding (log_rest)
   bool infinite_ = false;  // some unvisited bound is +inf
   std::size_t rows_left_ = 0;
 };

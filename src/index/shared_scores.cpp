@@ -10,7 +10,7 @@ namespace softkv::detail {
 SharedListScores::SharedListScores(const CertifiedLists& lists, const float* queries, const float* factors, std::size_t n,
                                    std::size_t dim, const double* bounds, const std::uint32_t* live)
     : lists_(lists), queries_(queries), factors_(factors), n_(n), dim_(dim), count_(lists.list_count()), bounds_(bounds), live_(live),
-      top_(n, -std::numeric_limits<double>::infinity()), similar_(n * n, 0), scorers_(n) {
+      top_(n, -std::numeric_limits<double>::infinity()), similar_(n * n, 0), scorers_(n), held_for_(n) {
   for (std::size_t i = 0; i < n; ++i) {
     scorers_[i].owner = this;
     scorers_[i].query = i;
@@ -32,6 +32,15 @@ SharedListScores::SharedListScores(const CertifiedLists& lists, const float* que
 }
 
 double SharedListScores::score(std::size_t i, std::size_t c, std::vector<std::uint64_t>& ids, std::vector<float>& scores) {
+  // The earlier queries are done: what was scored for them and not taken frees its room.
+  for (; current_ < i; ++current_) {
+    for (const std::uint64_t key : held_for_[current_])
+      if (const auto it = cache_.find(key); it != cache_.end()) {
+        held_ -= it->second.scores.size();
+        cache_.erase(it);
+      }
+    held_for_[current_].clear();
+  }
   const std::uint64_t key = static_cast<std::uint64_t>(c) * n_ + i;
   if (const auto it = cache_.find(key); it != cache_.end()) {
     Held& h = it->second;
@@ -48,15 +57,19 @@ double SharedListScores::score(std::size_t i, std::size_t c, std::vector<std::ui
   // The later queries likely to visit c, scored while its keys are in cache.
   const double depth = bounds_[i * count_ + c] - top_[i];
   if (!std::isfinite(depth)) return error;
-  for (std::size_t j = i + 1; j < n_ && held_ < kMaxHeldScores; ++j) {
-    if (similar_[i * n_ + j] == 0) continue;
-    const double ub = bounds_[j * count_ + c];
-    const std::uint64_t later = static_cast<std::uint64_t>(c) * n_ + j;
-    if (!(ub - top_[j] >= depth - kShareNats) || cache_.contains(later)) continue;
-    Held h;
-    h.error = lists_.score_list(c, queries_ + j * dim_, factors_[j], h.ids, h.scores);
-    held_ += h.scores.size();
-    cache_.emplace(later, std::move(h));
+  try {  // (scoring ahead is an optimisation: a failure there, out of memory, is not query i's)
+    for (std::size_t j = i + 1; j < n_ && held_ < kMaxHeldScores; ++j) {
+      if (similar_[i * n_ + j] == 0) continue;
+      const double ub = bounds_[j * count_ + c];
+      const std::uint64_t later = static_cast<std::uint64_t>(c) * n_ + j;
+      if (!(ub - top_[j] >= depth - kShareNats) || cache_.contains(later)) continue;
+      Held h;
+      h.error = lists_.score_list(c, queries_ + j * dim_, factors_[j], h.ids, h.scores);
+      held_ += h.scores.size();
+      cache_.emplace(later, std::move(h));
+      held_for_[j].push_back(later);
+    }
+  } catch (...) {
   }
   return error;
 }

@@ -33,7 +33,7 @@ class SharedListScores {
   [[nodiscard]] std::size_t own_reads() const noexcept { return own_; }
   /// Lists a query found scored by an earlier query's read.
   [[nodiscard]] std::size_t shared_reads() const noexcept { return shared_; }
-  /// Lists scored in advance for a later query that did not ask for them (the guess's waste).
+  /// Lists held for queries still to walk (those of queries that have walked are dropped: the guess's waste).
   [[nodiscard]] std::size_t unused() const noexcept { return cache_.size(); }
 
   /// Queries at least this similar (cosine) share reads.
@@ -41,7 +41,8 @@ class SharedListScores {
   /// How much deeper below its top bound a list may lie for a later query than for the reader.
   static constexpr double kShareNats = 1.0;
   /// Most scores held for later queries at once (4 MiB of floats and 8 MiB of ids): past it, nothing is
-  /// scored in advance until the queries take theirs.
+  /// scored in advance until the queries take theirs or finish (a query's leftovers are dropped when a
+  /// later one starts).
   static constexpr std::size_t kMaxHeldScores = std::size_t{1} << 20;
 
  private:
@@ -70,7 +71,9 @@ class SharedListScores {
   std::vector<std::uint8_t> similar_;       // n x n: cosine >= kShareCosine
   std::vector<Scorer> scorers_;
   std::unordered_map<std::uint64_t, Held> cache_;  // (list, query) -> scores held for it
+  std::vector<std::vector<std::uint64_t>> held_for_;  // each query's keys in cache_ (dropped once it is done)
   std::size_t held_ = 0, own_ = 0, shared_ = 0;
+  std::size_t current_ = 0;  // the query walking now: the earlier ones' leftovers are dropped
 };
 
 }  // namespace softkv::detail
