@@ -69,8 +69,9 @@ class ListWalk {
   /// bound); else a tail bound <= epsilon (the unvisited mass out of reach must be at most epsilon of
   /// the visited mass, log_visited, plus all unvisited mass). Only lets a walk give up early where the
   /// exact scan must answer anyway: a false verdict never changes an answer, only its cost.
+  /// Moves every cold list into the heap and the buckets first (O(lists)).
   [[nodiscard]] bool can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_max,
-                              double log_visited) const;
+                              double log_visited);
   /// Live rows in the lists not yet visited.
   [[nodiscard]] std::size_t rows_left() const noexcept { return rows_left_; }
   /// Appends (bound, list) for every list not yet visited that has a live member.
@@ -82,8 +83,11 @@ class ListWalk {
   void start();                    // from ub_ and live_: the heap, the cold lists, the buckets and the sum
   void recount();                  // after a list with an infinite bound: the flag, and the sum afresh
   [[nodiscard]] double counted() const;  // the unvisited mass from the bucket counts
-  void warm();  // moves the cold lists into the heap
+  void warm();  // moves the cold lists near the largest cold bound into the heap and the buckets
+  void warm_all();  // moves every cold list into the heap and the buckets
   void rebase(double highest);  // the shift moved down to the highest unvisited bound, the buckets afresh
+  [[nodiscard]] double cold_term() const;  // the cold lists' mass bound: their rows at the largest cold bound
+  [[nodiscard]] double recounted() const;  // counted() plus cold_term(): the unvisited mass afresh
 
   /// Once every unvisited bound lies this far below the shift, the buckets are counted afresh from the
   /// highest of them: the lowest bucket holds everything 128 nats below the shift at e^-128, a floor that
@@ -98,7 +102,9 @@ class ListWalk {
   std::vector<std::uint32_t> live_;
   std::vector<std::pair<double, std::uint32_t>> heap_;  // max-heap of (ub, list) over unvisited hot lists
   std::vector<std::uint32_t> cold_;                     // unvisited lists not in the heap yet
-  std::vector<std::int64_t> counts_;                    // unvisited live rows per 1/8-nat bucket below top_
+  std::vector<std::int64_t> counts_;                    // unvisited hot live rows per 1/8-nat bucket below top_
+  std::uint64_t cold_rows_ = 0;                         // live rows of the cold lists (counted at cold_max_)
+  std::uint32_t most_ = 1;                              // the largest list's live rows
   double cold_max_ = -std::numeric_limits<double>::infinity();  // their largest bound
   double top_ = 0;      // the shift of rest_: the largest finite bound plus the log of the largest list
   double rest_ = 0;     // sum over unvisited of live_c e^{ub_c - top_}

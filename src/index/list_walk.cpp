@@ -73,33 +73,40 @@ void ListWalk::start() {
   // The shift of the masses: at least every finite ub_c + log live_c (so each term is at most 1), from
   // the largest bound and the largest list, without a log per list.
   double top_ub = -kInf;
-  std::uint32_t most = 1;
+  most_ = 1;
   for (std::size_t c = 0; c < ub_.size(); ++c) {
     if (live_[c] == 0) continue;
     rows_left_ += live_[c];
-    most = std::max(most, live_[c]);
+    most_ = std::max(most_, live_[c]);
     if (!std::isinf(ub_[c])) top_ub = std::max(top_ub, ub_[c]);
   }
-  top_ = top_ub + std::log(static_cast<double>(most));
-  // Only the lists near the top bound go into the heap at once; the rest wait, unordered, until the
-  // walk reaches their largest bound (peaked attention never does, and a heap of every list costs as
-  // much as the centroid pass).
+  top_ = top_ub + std::log(static_cast<double>(most_));
+  // Only the lists near the top bound go into the heap and the buckets at once; the rest wait, unordered
+  // and counted together at the largest of their bounds, until the walk reaches it (peaked attention
+  // never does, and a heap or a bucket count of every list costs as much as the centroid pass).
   const double hot = top_ub - kHotNats;
   counts_.assign(kBucketMass.size(), 0);
   for (std::size_t c = 0; c < ub_.size(); ++c) {
     if (live_[c] == 0) continue;
-    if (std::isinf(ub_[c])) infinite_ = true;
-    else counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
     if (!(ub_[c] < hot)) {
+      if (std::isinf(ub_[c])) infinite_ = true;
+      else counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
       heap_.emplace_back(ub_[c], static_cast<std::uint32_t>(c));
     } else {
       cold_.push_back(static_cast<std::uint32_t>(c));
+      cold_rows_ += live_[c];
       cold_max_ = std::max(cold_max_, ub_[c]);
     }
   }
   std::make_heap(heap_.begin(), heap_.end());
-  rest_ = total_ = counted();
+  rest_ = total_ = recounted();
 }
+
+double ListWalk::cold_term() const {
+  return cold_rows_ == 0 ? 0.0 : static_cast<double>(cold_rows_) * bucket_mass(cold_max_, top_);
+}
+
+double ListWalk::recounted() const { return counted() + cold_term(); }
 
 double ListWalk::counted() const {
   double sum = 0;
@@ -116,16 +123,33 @@ ListWalk::~ListWalk() {
 }
 
 void ListWalk::warm() {
-  for (std::uint32_t c : cold_) heap_.emplace_back(ub_[c], c);
-  cold_.clear();
-  cold_max_ = -kInf;
-  std::make_heap(heap_.begin(), heap_.end());
+  // The cold lists within kHotNats of the largest cold bound join the heap and the buckets; the others
+  // stay cold, counted together at the largest of their bounds.
+  const double hot = cold_max_ - kHotNats;
+  std::size_t kept = 0;
+  double next_max = -kInf;
+  std::uint64_t rows = 0;
+  for (const std::uint32_t c : cold_) {
+    if (!(ub_[c] < hot)) {
+      heap_.emplace_back(ub_[c], c);
+      std::push_heap(heap_.begin(), heap_.end());
+      counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
+    } else {
+      cold_[kept++] = c;
+      rows += live_[c];
+      next_max = std::max(next_max, ub_[c]);
+    }
+  }
+  cold_.resize(kept);
+  cold_rows_ = rows;
+  cold_max_ = next_max;
+  rest_ = total_ = recounted();
 }
 
 void ListWalk::recount() {
-  infinite_ = std::any_of(heap_.begin(), heap_.end(), [](const auto& e) { return std::isinf(e.first); }) ||
-              std::any_of(cold_.begin(), cold_.end(), [&](std::uint32_t c) { return std::isinf(ub_[c]); });
-  rest_ = total_ = counted();
+  // (An infinite bound is never cold: it is above every hot threshold.)
+  infinite_ = std::any_of(heap_.begin(), heap_.end(), [](const auto& e) { return std::isinf(e.first); });
+  rest_ = total_ = recounted();
 }
 
 std::size_t ListWalk::next() {
@@ -142,7 +166,7 @@ std::size_t ListWalk::next() {
     rest_ -= static_cast<double>(live_[c]) * kBucketMass[b];
     // The running difference loses digits once it falls far below the total it was counted from:
     // count it afresh from the buckets' exact counts then (O(buckets), not O(lists)).
-    if (!(rest_ > 1e-3 * total_)) rest_ = total_ = counted();
+    if (!(rest_ > 1e-3 * total_)) rest_ = total_ = recounted();
   }
   if (!infinite_ && !done()) {
     const double highest = next_bound();
@@ -152,19 +176,30 @@ std::size_t ListWalk::next() {
 }
 
 void ListWalk::rebase(double highest) {
-  // As start() shifts: at least every unvisited ub_c + log live_c.
-  std::uint32_t most = 1;
-  for (const auto& [ub, c] : heap_) most = std::max(most, live_[c]);
-  for (const std::uint32_t c : cold_) most = std::max(most, live_[c]);
-  top_ = highest + std::log(static_cast<double>(most));
+  // As start() shifts: at least every unvisited ub_c + log live_c (with the largest list of all).
+  top_ = highest + std::log(static_cast<double>(most_));
   std::fill(counts_.begin(), counts_.end(), 0);
   for (const auto& [ub, c] : heap_) counts_[static_cast<std::size_t>(bucket_of(ub, top_))] += live_[c];
-  for (const std::uint32_t c : cold_) counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
-  rest_ = total_ = counted();
+  rest_ = total_ = recounted();  // (the cold lists: their count at their largest bound, shifted anew)
 }
 
-bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_max, double log_visited) const {
-  if (infinite_ || heap_.empty()) return true;  // (a walk that has reached the cold lists is judged by the budget alone)
+void ListWalk::warm_all() {
+  for (const std::uint32_t c : cold_) {
+    heap_.emplace_back(ub_[c], c);
+    counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
+  }
+  std::make_heap(heap_.begin(), heap_.end());
+  cold_.clear();
+  cold_rows_ = 0;
+  cold_max_ = -kInf;
+  rest_ = total_ = recounted();
+}
+
+bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_max, double log_visited) {
+  // The verdict needs every list's own bound: the cold ones join the heap and the buckets (a walk asks
+  // once, after an eighth of its budget: only walks that go deep pay for it).
+  if (!cold_.empty() && !infinite_) warm_all();
+  if (infinite_ || heap_.empty()) return true;
   std::vector<std::pair<double, std::uint32_t>> heap = heap_;
   const double kth_most = std::max(known_max, heap.front().first);  // no score, visited or not, exceeds it
   const double visited = log_visited == -kInf ? 0.0 : std::exp(std::min(log_visited - top_, 700.0));
