@@ -46,6 +46,31 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
+class Report:
+    """Standard output, and also the file at `path` when one is given (a results file beside the console)."""
+
+    def __init__(self, path=None):
+        self.outs = [sys.stdout] + ([open(path, "w")] if path else [])
+
+    def write(self, s):
+        for o in self.outs:
+            o.write(s)
+
+    def flush(self):
+        for o in self.outs:
+            o.flush()
+
+
+def sized_args(doc, queries):
+    """The options these Python benches share: --n, --d, --queries and --out (a results file)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--n", type=int, default=200000)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--queries", type=int, default=queries)
+    ap.add_argument("--out", default=None, help="also write the report to this file")
+    return ap
+
+
 def gaussian(n, d, nq, rng):
     return "Gaussian keys, values and queries, T = 1", rng.standard_normal((n, d), dtype=np.float32), \
         rng.standard_normal((n, d), dtype=np.float32), rng.standard_normal((nq, d), dtype=np.float32), 1.0

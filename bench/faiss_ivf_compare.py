@@ -16,7 +16,6 @@ recall of the exact top 32. FAISS's answers carry no bound. Needs numpy, faiss a
 
     python3 bench/faiss_ivf_compare.py [--n 200000] [--queries 20] [--out bench/results/FAISS_IVF.txt]
 """
-import argparse
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from centroid_estimate import cpu_name  # noqa: E402
+from centroid_estimate import Report, cpu_name, sized_args  # noqa: E402
 
 try:
     import faiss
@@ -126,24 +125,8 @@ def measure(name, keys, values, queries, temperature, out):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, default=200000)
-    ap.add_argument("--d", type=int, default=128)
-    ap.add_argument("--queries", type=int, default=20)
-    ap.add_argument("--out", default=None, help="also write the report to this file")
-    args = ap.parse_args()
-    outs = [sys.stdout] + ([open(args.out, "w")] if args.out else [])
-
-    class Tee:
-        def write(self, s):
-            for o in outs:
-                o.write(s)
-
-        def flush(self):
-            for o in outs:
-                o.flush()
-
-    out = Tee()
+    args = sized_args(__doc__, 20).parse_args()
+    out = Report(args.out)
     print(f"softkv certified IVF against FAISS IndexIVFFlat; {cpu_name()}, {os.cpu_count()} CPUs, FAISS {faiss.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; times are the best of 3 calls per query, median over queries",
           file=out)

@@ -23,7 +23,6 @@ mass sum n_c e^{ub_c} is at most epsilon of the visited rows' mass), as a share 
 
     python3 bench/list_bounds.py [--n 200000] [--queries 20] [--out bench/results/LIST_BOUNDS.txt]
 """
-import argparse
 import os
 import sys
 import time
@@ -31,7 +30,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from centroid_estimate import cpu_name, fashion_mnist, gaussian  # noqa: E402
+from centroid_estimate import Report, cpu_name, fashion_mnist, gaussian, sized_args  # noqa: E402
 
 try:
     import faiss
@@ -129,28 +128,10 @@ def measure(name, keys, queries, temperature, out, eps=1e-3):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, default=200000)
-    ap.add_argument("--d", type=int, default=128)
-    ap.add_argument("--queries", type=int, default=20)
-    ap.add_argument("--out", default=None, help="also write the report to this file")
-    args = ap.parse_args()
+    args = sized_args(__doc__, 20).parse_args()
     faiss.omp_set_num_threads(os.cpu_count() or 1)
     rng = np.random.default_rng(5)
-    outs = [sys.stdout]
-    if args.out:
-        outs.append(open(args.out, "w"))
-
-    class Tee:
-        def write(self, s):
-            for o in outs:
-                o.write(s)
-
-        def flush(self):
-            for o in outs:
-                o.flush()
-
-    out = Tee()
+    out = Report(args.out)
     print(f"list bounds: ball (centroid + radius) against boxes (per-dimension min / max); {cpu_name()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", file=out)
     regimes = [gaussian(args.n, args.d, args.queries, rng), clustered(args.n, args.d, args.queries, rng, True),
