@@ -113,6 +113,20 @@ class PlannerCalibration {
   /// Whether a query the calibrated model sends to the exact scan should try the pruned path anyway, to
   /// keep the calibration current (one in 16 such queries).
   [[nodiscard]] bool explore() noexcept { return skipped_.fetch_add(1, std::memory_order_relaxed) % 16 == 15; }
+  /// A certified walk under the planner's budget (unmasked top_k / epsilon) ended: it answered, or it
+  /// handed the query to the exact scan.
+  void note_walk(bool answered) noexcept {
+    const std::uint32_t misses = walk_misses_.load(std::memory_order_relaxed);
+    walk_misses_.store(answered ? 0 : std::min<std::uint32_t>(misses + 1, kWalkMisses), std::memory_order_relaxed);
+  }
+  /// Whether such a walk should not be tried: after kWalkMisses fallbacks in a row (spread attention, or a
+  /// collection so small that a failed walk's fixed cost is a share of the scan), every query but one in
+  /// 16 goes to the scan at once; that one walks, and a walk that answers ends the skipping.
+  [[nodiscard]] bool skip_walk() noexcept {
+    return walk_misses_.load(std::memory_order_relaxed) >= kWalkMisses && walk_skipped_.fetch_add(1, std::memory_order_relaxed) % 16 != 15;
+  }
+  /// Fallbacks in a row after which walks are skipped (skip_walk).
+  static constexpr std::uint32_t kWalkMisses = 8;
 
  private:
   static void update(std::atomic<double>& average, double sample) noexcept {
@@ -122,6 +136,8 @@ class PlannerCalibration {
   std::atomic<double> scan_ns_per_row_{0};
   std::atomic<double> pruned_ns_per_unit_{0};
   std::atomic<std::uint32_t> skipped_{0};
+  std::atomic<std::uint32_t> walk_misses_{0};
+  std::atomic<std::uint32_t> walk_skipped_{0};
 };
 
 /// The cost of one adaptive round (finding k candidates, rescoring and checking them) and the budget.

@@ -458,3 +458,28 @@ TEST_CASE("the planner answers with the exact scan when pruning would cost more 
     CHECK(r.tail_bound_guaranteed);
   }
 }
+
+TEST_CASE("the planner stops trying walks after 8 fallbacks in a row, tries one query in 16, and walks again once one answers", "[certified][planner]") {
+  // 20,000 rows of 128 bytes (past kPlannerMinBytes): spread queries (Gaussian, T = 1) fall back to the
+  // scan; then peaked queries (near stored keys, T = 0.05), which a walk answers.
+  const std::size_t n = 20000, d = 16, dv = 16;
+  const test::Regime regime = test::make_regime(1, n, d, 4, 65);
+  Collection c(ivf_config(d, dv));
+  c.add_batch(regime.keys, test::normal_floats(n * dv, 66));
+  c.wait_until_indexed();
+  const auto spread = test::normal_floats(d, 67);
+  for (int i = 0; i < 8; ++i) CHECK(c.query_soft(spread, {.temperature = 20.0f, .epsilon = 1e-3f}).searched_with == IndexKind::exact);
+  // Skipping now: peaked queries get the exact scan (still exact, bound 0) until the one query in 16 that walks.
+  std::vector<IndexKind> kinds;
+  for (int i = 0; i < 20; ++i) {
+    const SoftResult r = c.query_soft(q_of(regime.queries, static_cast<std::size_t>(i) % 4, d), {.temperature = 0.05f, .epsilon = 1e-3f});
+    CHECK(r.tail_bound_guaranteed);
+    if (r.searched_with == IndexKind::exact) CHECK(r.candidates == n);
+    kinds.push_back(r.searched_with);
+  }
+  const auto first_walk = std::find(kinds.begin(), kinds.end(), IndexKind::ivf);
+  REQUIRE(first_walk != kinds.end());
+  CHECK(first_walk - kinds.begin() >= 1);   // the first peaked query after the misses was not walked
+  CHECK(first_walk - kinds.begin() <= 15);  // one in 16 walks
+  CHECK(std::all_of(first_walk, kinds.end(), [](IndexKind k) { return k == IndexKind::ivf; }));  // and walks go on
+}

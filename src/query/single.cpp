@@ -219,10 +219,16 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       const std::size_t walk_budget = mask && budget != std::numeric_limits<std::size_t>::max() ? mask->count / kBudgetDivisor : budget;
       const ListTarget target{options.top_k.value_or(0), options.epsilon.value_or(0.0f), options.top_k ? walk_budget / 2 : walk_budget,
                               mask ? &flags : nullptr, mask ? mask->count : 0};
+      // The planner remembers unmasked walks that fell back (PlannerCalibration::skip_walk): after 8 in a
+      // row, 15 queries in 16 go to the scan without paying for a walk that would fail too.
+      const bool remembered = !mask && budget != std::numeric_limits<std::size_t>::max();
       std::optional<PrunedSoft> walked;
-      if (!options.top_k || *options.top_k < (mask ? mask->count : span.rows))
+      if (remembered && impl.calibration().skip_walk()) return exact();
+      if (!options.top_k || *options.top_k < (mask ? mask->count : span.rows)) {
         walked = certified_soft(kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); },
-                                        target, options.top_m);
+                                target, options.top_m);
+        if (remembered) impl.calibration().note_walk(walked.has_value());
+      }
       walked_lists = walked.has_value();
       if (walked) return std::move(*walked);
       return mask ? scope.exact() : exact();
