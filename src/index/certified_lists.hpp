@@ -83,8 +83,7 @@ class ListWalk {
   void start();                    // from ub_ and live_: the heap, the cold lists, the buckets and the sum
   void recount();                  // after a list with an infinite bound: the flag, and the sum afresh
   [[nodiscard]] double counted() const;  // the unvisited mass from the bucket counts
-  void warm();  // moves the cold lists near the largest cold bound into the heap and the buckets
-  void warm_all();  // moves every cold list into the heap and the buckets
+  void warm(double limit);  // moves the cold lists bounded at limit or above into the heap and the buckets
   void rebase(double highest);  // the shift moved down to the highest unvisited bound, the buckets afresh
   [[nodiscard]] double cold_term() const;  // the cold lists' mass bound: their rows at the largest cold bound
   [[nodiscard]] double recounted() const;  // counted() plus cold_term(): the unvisited mass afresh

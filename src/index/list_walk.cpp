@@ -122,17 +122,15 @@ ListWalk::~ListWalk() {
   heap_.swap(walk_buffers.heap);
 }
 
-void ListWalk::warm() {
-  // The cold lists within kHotNats of the largest cold bound join the heap and the buckets; the others
-  // stay cold, counted together at the largest of their bounds.
-  const double hot = cold_max_ - kHotNats;
+void ListWalk::warm(double limit) {
+  // The cold lists bounded at limit or above join the heap and the buckets; the others stay cold,
+  // counted together at the largest of their bounds.
   std::size_t kept = 0;
   double next_max = -kInf;
   std::uint64_t rows = 0;
   for (const std::uint32_t c : cold_) {
-    if (!(ub_[c] < hot)) {
+    if (!(ub_[c] < limit)) {
       heap_.emplace_back(ub_[c], c);
-      std::push_heap(heap_.begin(), heap_.end());
       counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
     } else {
       cold_[kept++] = c;
@@ -143,6 +141,7 @@ void ListWalk::warm() {
   cold_.resize(kept);
   cold_rows_ = rows;
   cold_max_ = next_max;
+  std::make_heap(heap_.begin(), heap_.end());
   rest_ = total_ = recounted();
 }
 
@@ -153,7 +152,7 @@ void ListWalk::recount() {
 }
 
 std::size_t ListWalk::next() {
-  if (heap_.empty() || heap_.front().first < cold_max_) warm();
+  if (heap_.empty() || heap_.front().first < cold_max_) warm(cold_max_ - kHotNats);
   std::pop_heap(heap_.begin(), heap_.end());
   const auto [ub, c] = heap_.back();
   heap_.pop_back();
@@ -183,22 +182,10 @@ void ListWalk::rebase(double highest) {
   rest_ = total_ = recounted();  // (the cold lists: their count at their largest bound, shifted anew)
 }
 
-void ListWalk::warm_all() {
-  for (const std::uint32_t c : cold_) {
-    heap_.emplace_back(ub_[c], c);
-    counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
-  }
-  std::make_heap(heap_.begin(), heap_.end());
-  cold_.clear();
-  cold_rows_ = 0;
-  cold_max_ = -kInf;
-  rest_ = total_ = recounted();
-}
-
 bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_max, double log_visited) {
   // The verdict needs every list's own bound: the cold ones join the heap and the buckets (a walk asks
   // once, after an eighth of its budget: only walks that go deep pay for it).
-  if (!cold_.empty() && !infinite_) warm_all();
+  if (!cold_.empty() && !infinite_) warm(-kInf);
   if (infinite_ || heap_.empty()) return true;
   std::vector<std::pair<double, std::uint32_t>> heap = heap_;
   const double kth_most = std::max(known_max, heap.front().first);  // no score, visited or not, exceeds it

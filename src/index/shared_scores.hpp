@@ -33,8 +33,6 @@ class SharedListScores {
   [[nodiscard]] std::size_t own_reads() const noexcept { return own_; }
   /// Lists a query found scored by an earlier query's read.
   [[nodiscard]] std::size_t shared_reads() const noexcept { return shared_; }
-  /// Lists held for queries still to walk (those of queries that have walked are dropped: the guess's waste).
-  [[nodiscard]] std::size_t unused() const noexcept { return cache_.size(); }
 
   /// Queries at least this similar (cosine) share reads.
   static constexpr double kShareCosine = 0.5;
