@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -113,20 +114,27 @@ class PlannerCalibration {
   /// Whether a query the calibrated model sends to the exact scan should try the pruned path anyway, to
   /// keep the calibration current (one in 16 such queries).
   [[nodiscard]] bool explore() noexcept { return skipped_.fetch_add(1, std::memory_order_relaxed) % 16 == 15; }
-  /// A certified walk under the planner's budget (unmasked top_k / epsilon) ended: it answered, or it
-  /// handed the query to the exact scan.
-  void note_walk(bool answered) noexcept {
-    const std::uint32_t misses = walk_misses_.load(std::memory_order_relaxed);
-    walk_misses_.store(answered ? 0 : std::min<std::uint32_t>(misses + 1, kWalkMisses), std::memory_order_relaxed);
+  /// A pruned attempt the planner remembers (on unmasked queries under its budget): it answers the query
+  /// or hands it on to a costlier path, and attempts that keep handing queries on are skipped (skip).
+  enum class Attempt : std::uint8_t {
+    walk,           ///< a certified walk for top_k / epsilon (a miss: the exact scan answers)
+    estimate_walk,  ///< error_target's walk over certified lists (a miss: the sample or the scan answers)
+    sample,         ///< error_target's sample of row blocks (a miss: the exact scan answers)
+  };
+  /// An attempt of kind a ended: it answered the query, or handed it on.
+  void note(Attempt a, bool answered) noexcept {
+    std::atomic<std::uint32_t>& misses = memory(a).misses;
+    misses.store(answered ? 0 : std::min<std::uint32_t>(misses.load(std::memory_order_relaxed) + 1, kMisses), std::memory_order_relaxed);
   }
-  /// Whether such a walk should not be tried: after kWalkMisses fallbacks in a row (spread attention, or a
-  /// collection so small that a failed walk's fixed cost is a share of the scan), every query but one in
-  /// 16 goes to the scan at once; that one walks, and a walk that answers ends the skipping.
-  [[nodiscard]] bool skip_walk() noexcept {
-    return walk_misses_.load(std::memory_order_relaxed) >= kWalkMisses && walk_skipped_.fetch_add(1, std::memory_order_relaxed) % 16 != 15;
+  /// Whether an attempt of kind a should not be made: after kMisses misses in a row (spread attention for
+  /// a walk, peaked attention for a sample, or a collection so small that a failed attempt's fixed cost is
+  /// a share of the scan), every query but one in 16 skips it; that one tries, and an answer ends the skipping.
+  [[nodiscard]] bool skip(Attempt a) noexcept {
+    Memory& m = memory(a);
+    return m.misses.load(std::memory_order_relaxed) >= kMisses && m.skipped.fetch_add(1, std::memory_order_relaxed) % 16 != 15;
   }
-  /// Fallbacks in a row after which walks are skipped (skip_walk).
-  static constexpr std::uint32_t kWalkMisses = 8;
+  /// Misses in a row after which attempts of a kind are skipped (skip).
+  static constexpr std::uint32_t kMisses = 8;
 
  private:
   static void update(std::atomic<double>& average, double sample) noexcept {
@@ -136,8 +144,12 @@ class PlannerCalibration {
   std::atomic<double> scan_ns_per_row_{0};
   std::atomic<double> pruned_ns_per_unit_{0};
   std::atomic<std::uint32_t> skipped_{0};
-  std::atomic<std::uint32_t> walk_misses_{0};
-  std::atomic<std::uint32_t> walk_skipped_{0};
+  struct Memory {
+    std::atomic<std::uint32_t> misses{0};   // misses in a row, up to kMisses
+    std::atomic<std::uint32_t> skipped{0};  // attempts skipped or tried since (one in 16 tries)
+  };
+  Memory& memory(Attempt a) noexcept { return memory_[static_cast<std::size_t>(a)]; }
+  std::array<Memory, 3> memory_;
 };
 
 /// The cost of one adaptive round (finding k candidates, rescoring and checking them) and the budget.

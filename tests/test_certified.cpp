@@ -459,7 +459,7 @@ TEST_CASE("the planner answers with the exact scan when pruning would cost more 
   }
 }
 
-TEST_CASE("the planner stops trying walks after 8 fallbacks in a row, tries one query in 16, and walks again once one answers", "[certified][planner]") {
+TEST_CASE("the planner stops trying walks after 8 fallbacks in a row, tries one in 16, walks again once one answers", "[certified][planner]") {
   // 20,000 rows of 128 bytes (past kPlannerMinBytes): spread queries (Gaussian, T = 1) fall back to the
   // scan; then peaked queries (near stored keys, T = 0.05), which a walk answers.
   const std::size_t n = 20000, d = 16, dv = 16;
@@ -480,6 +480,58 @@ TEST_CASE("the planner stops trying walks after 8 fallbacks in a row, tries one 
   const auto first_walk = std::find(kinds.begin(), kinds.end(), IndexKind::ivf);
   REQUIRE(first_walk != kinds.end());
   CHECK(first_walk - kinds.begin() >= 1);   // the first peaked query after the misses was not walked
+  CHECK(first_walk - kinds.begin() <= 15);  // one in 16 walks
+  CHECK(std::all_of(first_walk, kinds.end(), [](IndexKind k) { return k == IndexKind::ivf; }));  // and walks go on
+}
+
+TEST_CASE("error_target: the planner stops sampling after 8 samples in a row fell back to the scan, and samples again once one answers",
+          "[certified][planner][estimate]") {
+  // 20,000 Gaussian rows of 128 bytes, no index: peaked queries (stored keys, T = 0.05) defeat a sample of
+  // row blocks (the exact scan answers); spread queries (Gaussian, T = 1) are what a sample estimates.
+  const std::size_t n = 20000, d = 16, dv = 16;
+  const auto keys = test::normal_floats(n * d, 71);
+  Collection c({d, dv});
+  c.add_batch(keys, test::normal_floats(n * dv, 72));
+  for (std::size_t i = 0; i < 8; ++i) {
+    const SoftResult r = c.query_soft(q_of(keys, i * 1000, d), {.temperature = 0.05f, .error_target = 0.01f});
+    REQUIRE(r.rows_scored == n);  // the sample handed the query on
+  }
+  std::vector<std::size_t> scored;
+  for (int i = 0; i < 20; ++i) {
+    const auto spread = test::normal_floats(d, 73 + static_cast<std::uint64_t>(i));
+    const SoftResult r = c.query_soft(spread, {.error_target = 0.1f});
+    CHECK(r.error_estimate <= 0.1);
+    scored.push_back(r.rows_scored);
+  }
+  const auto first_sample = std::find_if(scored.begin(), scored.end(), [&](std::size_t rows) { return rows < n / 4; });
+  REQUIRE(first_sample != scored.end());
+  CHECK(first_sample - scored.begin() >= 1);   // the first spread query after the misses was scanned at once
+  CHECK(first_sample - scored.begin() <= 15);  // one in 16 samples
+  CHECK(std::all_of(first_sample, scored.end(), [&](std::size_t rows) { return rows < n / 4; }));  // and samples go on
+}
+
+TEST_CASE("error_target: the planner stops walking lists after 8 walks in a row found no head, and walks again once one answers",
+          "[certified][planner][estimate]") {
+  // Spread queries (Gaussian, T = 1): the walk finds no list that holds the mass and the sample answers;
+  // then peaked queries (near stored keys, T = 0.05), which a walk answers from the lists it visits.
+  const std::size_t n = 20000, d = 16, dv = 16;
+  const test::Regime regime = test::make_regime(1, n, d, 4, 75);
+  Collection c(ivf_config(d, dv));
+  c.add_batch(regime.keys, test::normal_floats(n * dv, 76));
+  c.wait_until_indexed();
+  for (int i = 0; i < 8; ++i) {
+    const SoftResult r = c.query_soft(test::normal_floats(d, 77 + static_cast<std::uint64_t>(i)), {.error_target = 0.1f});
+    REQUIRE(r.searched_with == IndexKind::exact);  // not from the lists
+  }
+  std::vector<IndexKind> kinds;
+  for (int i = 0; i < 20; ++i) {
+    const SoftResult r = c.query_soft(q_of(regime.queries, static_cast<std::size_t>(i) % 4, d), {.temperature = 0.05f, .error_target = 0.01f});
+    CHECK(r.error_estimate <= 0.01);
+    kinds.push_back(r.searched_with);
+  }
+  const auto first_walk = std::find(kinds.begin(), kinds.end(), IndexKind::ivf);
+  REQUIRE(first_walk != kinds.end());
+  CHECK(first_walk - kinds.begin() >= 1);   // the first peaked query after the misses did not walk
   CHECK(first_walk - kinds.begin() <= 15);  // one in 16 walks
   CHECK(std::all_of(first_walk, kinds.end(), [](IndexKind k) { return k == IndexKind::ivf; }));  // and walks go on
 }

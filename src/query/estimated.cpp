@@ -34,6 +34,11 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   // 1. Certified lists: each query's walk, and the estimate over its head where it left one, as a query
   // alone takes them (soft_one); a query whose head's estimate fails goes to the fused pass (3.).
   std::vector<std::uint8_t> to_scan(n, 0);
+  // The planner's memory of attempts that handed their queries on (PlannerCalibration::skip), as for a
+  // query alone: a group of walks or the batch's sample is skipped when such attempts keep missing.
+  using Attempt = PlannerCalibration::Attempt;
+  PlannerCalibration& memory = impl.calibration();
+  const bool remembered = !mask && prune_budget(span.rows, impl.row_bytes()) != std::numeric_limits<std::size_t>::max();
   if (!mask && impl.use_index(options) && index->lists() != nullptr) {
     // The list bounds of kBoundsQueries queries at a time from one pass over the centroids (at 1M rows,
     // ~55,000 of them): the centroids are read once per group, and the group's bounds (12 bytes a list and
@@ -46,13 +51,17 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     std::vector<double> bounds;
     std::vector<std::uint32_t> live;
     std::optional<SharedListScores> shared;
+    bool walk_group = true;
     for (std::size_t b = 0; b < n; ++b) {
       if (b % kBoundsQueries == 0) {
         const std::size_t group = std::min(kBoundsQueries, n - b);
         shared.reset();
+        walk_group = !(remembered && memory.skip(Attempt::estimate_walk));
+        if (!walk_group) continue;
         lists.bounds_batch(q + b * d, factors + b, group, d, bounds, live);
         shared.emplace(lists, q + b * d, factors + b, group, d, bounds.data(), live.data());
       }
+      if (!walk_group) continue;
       try {
         bool scan = false;
         answers[b] = estimate_through_lists(impl, q + b * d, factors[b], target, options.top_m, scan,
@@ -60,6 +69,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
                                             &shared->for_query(b % kBoundsQueries));
         walked[b] = answers[b] ? 1 : 0;
         to_scan[b] = scan ? 1 : 0;
+        if (remembered) memory.note(Attempt::estimate_walk, answers[b].has_value());
       } catch (...) {
         errors[b] = std::current_exception();
       }
@@ -78,13 +88,16 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
       fs[i] = factors[which[i]];
     }
   };
-  if (!rest.empty()) {
+  if (!rest.empty() && !(remembered && memory.skip(Attempt::sample))) {
     std::vector<float> rq, rf;
     gather(rest, rq, rf);
     const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(rq.data(), d, rows), std::min(options.top_m, rows)};
     std::vector<std::optional<PrunedSoft>> sampled = estimated_soft_batch(kernels, rq.data(), rf.data(), rest.size(), span, sample,
                                                                           mask ? &*mask : nullptr);
-    for (std::size_t i = 0; i < rest.size(); ++i) answers[rest[i]] = std::move(sampled[i]);
+    for (std::size_t i = 0; i < rest.size(); ++i) {
+      if (remembered) memory.note(Attempt::sample, sampled[i].has_value());
+      answers[rest[i]] = std::move(sampled[i]);
+    }
   }
   // 3. One fused pass over every eligible row for the queries no estimate answered: their exact answers.
   std::vector<std::size_t> exact;

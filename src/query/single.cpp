@@ -187,9 +187,18 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // that falls short leaves its rows as the head of an estimate when they hold the mass
       // (estimate_over_lists: the head exact, the other lists sampled); where the visited lists show the
       // mass spread over the lists, it stops at once and the sample below draws from every row.
-      if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (step 1b draws whole lists: no mask)
+      // The planner remembers both attempts on unmasked queries (PlannerCalibration::skip): a stream of
+      // spread queries stops paying for walks that find no head, a stream the sample cannot estimate
+      // (peaked attention without lists, collections this small) stops paying for its first round.
+      using Attempt = PlannerCalibration::Attempt;
+      PlannerCalibration& memory = impl.calibration();
+      const bool remembered = !mask && budget != std::numeric_limits<std::size_t>::max();
+      if (!mask && impl.use_index(options) && index->lists() != nullptr &&  // (step 1b draws whole lists: no mask)
+          !(remembered && memory.skip(Attempt::estimate_walk))) {
         bool scan = false;
-        if (std::optional<PrunedSoft> walked = estimate_through_lists(impl, q, f, target, options.top_m, scan)) {
+        std::optional<PrunedSoft> walked = estimate_through_lists(impl, q, f, target, options.top_m, scan);
+        if (remembered) memory.note(Attempt::estimate_walk, walked.has_value());
+        if (walked) {
           walked_lists = true;
           return std::move(*walked);
         }
@@ -202,7 +211,11 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       const std::size_t rows = mask ? mask->count : span.rows;
       // top_m clamped to the rows it could list (a TopScores reserves room for all of them).
       const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), std::min(options.top_m, rows)};
-      std::optional<PrunedSoft> estimated = estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr);
+      std::optional<PrunedSoft> estimated;
+      if (!(remembered && memory.skip(Attempt::sample))) {
+        estimated = estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr);
+        if (remembered) memory.note(Attempt::sample, estimated.has_value());
+      }
       if (!estimated) {
         PrunedSoft all = mask ? scope.exact() : exact();
         all.error_estimate = 0.0;
@@ -219,15 +232,15 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       const std::size_t walk_budget = mask && budget != std::numeric_limits<std::size_t>::max() ? mask->count / kBudgetDivisor : budget;
       const ListTarget target{options.top_k.value_or(0), options.epsilon.value_or(0.0f), options.top_k ? walk_budget / 2 : walk_budget,
                               mask ? &flags : nullptr, mask ? mask->count : 0};
-      // The planner remembers unmasked walks that fell back (PlannerCalibration::skip_walk): after 8 in a
+      // The planner remembers unmasked walks that fell back (PlannerCalibration::skip): after 8 in a
       // row, 15 queries in 16 go to the scan without paying for a walk that would fail too.
       const bool remembered = !mask && budget != std::numeric_limits<std::size_t>::max();
       std::optional<PrunedSoft> walked;
-      if (remembered && impl.calibration().skip_walk()) return exact();
+      if (remembered && impl.calibration().skip(PlannerCalibration::Attempt::walk)) return exact();
       if (!options.top_k || *options.top_k < (mask ? mask->count : span.rows)) {
         walked = certified_soft(kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); },
                                 target, options.top_m);
-        if (remembered) impl.calibration().note_walk(walked.has_value());
+        if (remembered) impl.calibration().note(PlannerCalibration::Attempt::walk, walked.has_value());
       }
       walked_lists = walked.has_value();
       if (walked) return std::move(*walked);
