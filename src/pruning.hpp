@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -95,6 +96,11 @@ inline constexpr std::size_t kPlannerMinBytes = std::size_t{1} << 20;
 /// (unbounded below kPlannerMinBytes).
 std::size_t prune_budget(std::size_t rows, std::size_t row_bytes);
 
+/// Nanoseconds since t0 on the steady clock (the planner's timings).
+inline double elapsed_ns(std::chrono::steady_clock::time_point t0) noexcept {
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+}
+
 /// The planner's calibration on the machine at hand: the measured time of a row of the exact scan and of
 /// a row-equivalent of the index's pruned rounds (running averages, per collection). The cost model
 /// counts an index's work in row-equivalents from constants (kRandomRowCost, a graph node's neighbours);
@@ -117,22 +123,37 @@ class PlannerCalibration {
   /// A pruned attempt the planner remembers (on unmasked queries under its budget): it answers the query
   /// or hands it on to a costlier path, and attempts that keep handing queries on are skipped (skip).
   enum class Attempt : std::uint8_t {
-    walk,           ///< a certified walk for top_k / epsilon (a miss: the exact scan answers)
+    top_k_walk,     ///< a certified walk for top_k (a miss: the exact scan answers)
+    epsilon_walk,   ///< a certified walk for epsilon (a miss: the exact scan answers)
     estimate_walk,  ///< error_target's walk over certified lists (a miss: the sample or the scan answers)
     sample,         ///< error_target's sample of row blocks (a miss: the exact scan answers)
   };
-  /// An attempt of kind a ended: it answered the query, or handed it on.
-  void note(Attempt a, bool answered) noexcept {
-    std::atomic<std::uint32_t>& misses = memory(a).misses;
-    misses.store(answered ? 0 : std::min<std::uint32_t>(misses.load(std::memory_order_relaxed) + 1, kMisses), std::memory_order_relaxed);
+  /// An attempt of kind a on a collection of rows rows ended after ns nanoseconds: it answered the query,
+  /// or handed it on (its time wasted).
+  void note(Attempt a, bool answered, double ns, std::size_t rows) noexcept {
+    Memory& m = memory(a);
+    if (answered) {
+      m.misses.store(0, std::memory_order_relaxed);
+      m.wasted.store(0, std::memory_order_relaxed);
+      return;
+    }
+    m.misses.store(std::min<std::uint32_t>(m.misses.load(std::memory_order_relaxed) + 1, kMisses), std::memory_order_relaxed);
+    const double scan = scan_ns_per_row_.load(std::memory_order_relaxed) * static_cast<double>(rows);
+    if (scan > 0) m.wasted.store(m.wasted.load(std::memory_order_relaxed) + ns / scan, std::memory_order_relaxed);
   }
-  /// Whether an attempt of kind a should not be made: after kMisses misses in a row (spread attention for
-  /// a walk, peaked attention for a sample, or a collection so small that a failed attempt's fixed cost is
-  /// a share of the scan), every query but one in 16 skips it; that one tries, and an answer ends the skipping.
+  /// Whether an attempt of kind a should not be made: once the misses in a row number kMisses, or at least
+  /// two of them wasted kWastedScans of the exact scan's time (spread attention for a walk, peaked
+  /// attention for a sample, or a collection so small that a failed attempt's fixed cost is a share of
+  /// the scan), every query but one in 16 skips it; that one tries, and an answer ends the skipping.
   [[nodiscard]] bool skip(Attempt a) noexcept {
     Memory& m = memory(a);
-    return m.misses.load(std::memory_order_relaxed) >= kMisses && m.skipped.fetch_add(1, std::memory_order_relaxed) % 16 != 15;
+    const std::uint32_t misses = m.misses.load(std::memory_order_relaxed);
+    const bool failing = misses >= kMisses || (misses >= 2 && m.wasted.load(std::memory_order_relaxed) >= kWastedScans);
+    return failing && m.skipped.fetch_add(1, std::memory_order_relaxed) % 16 != 15;
   }
+  /// Scans' worth of time that misses in a row may waste before attempts of their kind are skipped (skip):
+  /// where a failed attempt costs a tenth of the scan, 8 misses; where it costs a quarter, 2.
+  static constexpr double kWastedScans = 0.5;
   /// Misses in a row after which attempts of a kind are skipped (skip).
   static constexpr std::uint32_t kMisses = 8;
 
@@ -147,9 +168,10 @@ class PlannerCalibration {
   struct Memory {
     std::atomic<std::uint32_t> misses{0};   // misses in a row, up to kMisses
     std::atomic<std::uint32_t> skipped{0};  // attempts skipped or tried since (one in 16 tries)
+    std::atomic<double> wasted{0};          // the misses' time in a row, in exact scans of the collection
   };
   Memory& memory(Attempt a) noexcept { return memory_[static_cast<std::size_t>(a)]; }
-  std::array<Memory, 3> memory_;
+  std::array<Memory, 4> memory_;
 };
 
 /// The cost of one adaptive round (finding k candidates, rescoring and checking them) and the budget.

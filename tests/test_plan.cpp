@@ -152,3 +152,33 @@ TEST_CASE("the planner's calibration turns measured times into the factor its co
   for (int i = 0; i < 160; ++i) explored += c.explore();
   CHECK(explored == 10);  // one query in 16
 }
+
+TEST_CASE("the planner skips attempts after 8 misses in a row, or after 2 that wasted half a scan, and each kind on its own", "[query][plan]") {
+  using Attempt = detail::PlannerCalibration::Attempt;
+  detail::PlannerCalibration c;
+  const auto skipped_of_16 = [&](Attempt a) {
+    int n = 0;
+    for (int i = 0; i < 16; ++i) n += c.skip(a);
+    return n;
+  };
+  // Cheap misses (a twentieth of the scan each: the scan measured at 10 ns a row over 1,000 rows) skip after 8.
+  c.note_scan(1e4, 1000);
+  for (int i = 0; i < 7; ++i) c.note(Attempt::top_k_walk, false, 500.0, 1000);
+  CHECK(skipped_of_16(Attempt::top_k_walk) == 0);
+  c.note(Attempt::top_k_walk, false, 500.0, 1000);
+  CHECK(skipped_of_16(Attempt::top_k_walk) == 15);  // one in 16 still tries
+  CHECK(skipped_of_16(Attempt::sample) == 0);  // the other kinds keep their own count
+  CHECK(skipped_of_16(Attempt::estimate_walk) == 0);
+  CHECK(skipped_of_16(Attempt::epsilon_walk) == 0);
+  c.note(Attempt::top_k_walk, true, 500.0, 1000);  // an answer ends the skipping
+  CHECK(skipped_of_16(Attempt::top_k_walk) == 0);
+  // Costly misses (0.3 of the scan each): one is not enough, two are.
+  c.note(Attempt::sample, false, 3000.0, 1000);
+  CHECK(skipped_of_16(Attempt::sample) == 0);
+  c.note(Attempt::sample, false, 3000.0, 1000);
+  CHECK(skipped_of_16(Attempt::sample) == 15);
+  // Untimed misses (a batch's, or before any scan was measured) count as misses only.
+  detail::PlannerCalibration fresh;
+  for (int i = 0; i < 7; ++i) fresh.note(Attempt::estimate_walk, false, 1e9, 1000);
+  CHECK_FALSE(fresh.skip(Attempt::estimate_walk));
+}

@@ -69,7 +69,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
                                             &shared->for_query(b % kBoundsQueries));
         walked[b] = answers[b] ? 1 : 0;
         to_scan[b] = scan ? 1 : 0;
-        if (remembered) memory.note(Attempt::estimate_walk, answers[b].has_value());
+        if (remembered) memory.note(Attempt::estimate_walk, answers[b].has_value(), 0.0, span.rows);  // (counted, not timed)
       } catch (...) {
         errors[b] = std::current_exception();
       }
@@ -95,7 +95,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     std::vector<std::optional<PrunedSoft>> sampled = estimated_soft_batch(kernels, rq.data(), rf.data(), rest.size(), span, sample,
                                                                           mask ? &*mask : nullptr);
     for (std::size_t i = 0; i < rest.size(); ++i) {
-      if (remembered) memory.note(Attempt::sample, sampled[i].has_value());
+      if (remembered) memory.note(Attempt::sample, sampled[i].has_value(), 0.0, span.rows);
       answers[rest[i]] = std::move(sampled[i]);
     }
   }

@@ -114,7 +114,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
   auto exact = [&] {
     const auto t0 = std::chrono::steady_clock::now();
     PrunedSoft all = exact_soft(kernels, q, f, span, options.top_m, parts);
-    impl.calibration().note_scan(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count(), span.rows);
+    impl.calibration().note_scan(elapsed_ns(t0), span.rows);
     return all;
   };
   // flat with epsilon: every search reads all keys, so after a first cheap try (k = 16) one pass
@@ -196,8 +196,9 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       if (!mask && impl.use_index(options) && index->lists() != nullptr &&  // (step 1b draws whole lists: no mask)
           !(remembered && memory.skip(Attempt::estimate_walk))) {
         bool scan = false;
+        const auto t0 = std::chrono::steady_clock::now();
         std::optional<PrunedSoft> walked = estimate_through_lists(impl, q, f, target, options.top_m, scan);
-        if (remembered) memory.note(Attempt::estimate_walk, walked.has_value());
+        if (remembered) memory.note(Attempt::estimate_walk, walked.has_value(), elapsed_ns(t0), span.rows);
         if (walked) {
           walked_lists = true;
           return std::move(*walked);
@@ -213,8 +214,9 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), std::min(options.top_m, rows)};
       std::optional<PrunedSoft> estimated;
       if (!(remembered && memory.skip(Attempt::sample))) {
+        const auto t0 = std::chrono::steady_clock::now();
         estimated = estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr);
-        if (remembered) memory.note(Attempt::sample, estimated.has_value());
+        if (remembered) memory.note(Attempt::sample, estimated.has_value(), elapsed_ns(t0), span.rows);
       }
       if (!estimated) {
         PrunedSoft all = mask ? scope.exact() : exact();
@@ -236,11 +238,14 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // row, 15 queries in 16 go to the scan without paying for a walk that would fail too.
       const bool remembered = !mask && budget != std::numeric_limits<std::size_t>::max();
       std::optional<PrunedSoft> walked;
-      if (remembered && impl.calibration().skip(PlannerCalibration::Attempt::walk)) return exact();
+      // (top_k and epsilon apart: a top_k beyond the lists' reach says nothing of an epsilon walk.)
+      const PlannerCalibration::Attempt kind = options.top_k ? PlannerCalibration::Attempt::top_k_walk : PlannerCalibration::Attempt::epsilon_walk;
+      if (remembered && impl.calibration().skip(kind)) return exact();
       if (!options.top_k || *options.top_k < (mask ? mask->count : span.rows)) {
+        const auto t0 = std::chrono::steady_clock::now();
         walked = certified_soft(kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); },
                                 target, options.top_m);
-        if (remembered) impl.calibration().note(PlannerCalibration::Attempt::walk, walked.has_value());
+        if (remembered) impl.calibration().note(kind, walked.has_value(), elapsed_ns(t0), span.rows);
       }
       walked_lists = walked.has_value();
       if (walked) return std::move(*walked);
@@ -254,8 +259,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       const auto t0 = std::chrono::steady_clock::now();
       PrunedSoft pruned = pruned_soft(kernels, q, f, span, *options.top_k, options.top_m, parts, find, check, in_scope);
       if (!mask && !index->exact_top_k() && pruned.k < span.rows)  // an index round, as the model costed it
-        impl.calibration().note_pruned(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count(),
-                                       model(*options.top_k));
+        impl.calibration().note_pruned(elapsed_ns(t0), model(*options.top_k));
       return pruned;
     }
     return adaptive_soft(kernels, q, f, span, *options.epsilon, options.top_m, parts, find, check, in_scope,
