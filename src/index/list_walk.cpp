@@ -68,36 +68,63 @@ ListWalk::ListWalk(const double* ub, const std::uint32_t* live, std::size_t coun
 }
 
 void ListWalk::start() {
-  cold_.clear();
   heap_.clear();
   // The shift of the masses: at least every finite ub_c + log live_c (so each term is at most 1), from
-  // the largest bound and the largest list, without a log per list.
-  double top_ub = -kInf;
-  most_ = 1;
-  for (std::size_t c = 0; c < ub_.size(); ++c) {
-    if (live_[c] == 0) continue;
-    rows_left_ += live_[c];
-    most_ = std::max(most_, live_[c]);
-    if (!std::isinf(ub_[c])) top_ub = std::max(top_ub, ub_[c]);
+  // the largest bound and the largest list, without a log per list. Both passes over the lists are
+  // branch-free where they run over every list, with four running maxima: one maximum is a chain of
+  // dependent instructions as long as the lists are many. (A list without live members has ub -inf,
+  // CertifiedLists::bounds.)
+  const std::size_t count = ub_.size();
+  const double* ub = ub_.data();
+  const std::uint32_t* live = live_.data();
+  // (Four lists a step, each lane its own maximum in a register.)
+  double t0 = -kInf, t1 = -kInf, t2 = -kInf, t3 = -kInf;
+  std::uint32_t m0 = 1, m1 = 1, m2 = 1, m3 = 1;
+  std::uint64_t rows = 0;
+  const auto finite = [](double b) { return b < kInf ? b : -kInf; };
+  std::size_t c = 0;
+  for (; c + 4 <= count; c += 4) {
+    rows += std::uint64_t{live[c]} + live[c + 1] + live[c + 2] + live[c + 3];
+    m0 = std::max(m0, live[c]), m1 = std::max(m1, live[c + 1]), m2 = std::max(m2, live[c + 2]), m3 = std::max(m3, live[c + 3]);
+    t0 = std::max(t0, finite(ub[c])), t1 = std::max(t1, finite(ub[c + 1])), t2 = std::max(t2, finite(ub[c + 2])),
+    t3 = std::max(t3, finite(ub[c + 3]));
   }
+  for (; c < count; ++c) rows += live[c], m0 = std::max(m0, live[c]), t0 = std::max(t0, finite(ub[c]));
+  const double top_ub = std::max(std::max(t0, t1), std::max(t2, t3));
+  rows_left_ = rows;
+  most_ = std::max(std::max(m0, m1), std::max(m2, m3));
   top_ = top_ub + std::log(static_cast<double>(most_));
   // Only the lists near the top bound go into the heap and the buckets at once; the rest wait, unordered
   // and counted together at the largest of their bounds, until the walk reaches it (peaked attention
   // never does, and a heap or a bucket count of every list costs as much as the centroid pass).
   const double hot = top_ub - kHotNats;
   counts_.assign(kBucketMass.size(), 0);
-  for (std::size_t c = 0; c < ub_.size(); ++c) {
-    if (live_[c] == 0) continue;
-    if (!(ub_[c] < hot)) {
-      if (std::isinf(ub_[c])) infinite_ = true;
-      else counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
-      heap_.emplace_back(ub_[c], static_cast<std::uint32_t>(c));
-    } else {
-      cold_.push_back(static_cast<std::uint32_t>(c));
-      cold_rows_ += live_[c];
-      cold_max_ = std::max(cold_max_, ub_[c]);
+  cold_.resize(count);
+  std::uint32_t* cold = cold_.data();
+  std::size_t n_cold = 0;
+  std::uint64_t hot_rows = 0;
+  // The cold lists' largest bound (four lanes, branch-free), then the lists split (the hot ones rare).
+  double c0 = -kInf, c1 = -kInf, c2 = -kInf, c3 = -kInf;
+  const auto below = [hot](double b) { return b < hot ? b : -kInf; };
+  c = 0;
+  for (; c + 4 <= count; c += 4)
+    c0 = std::max(c0, below(ub[c])), c1 = std::max(c1, below(ub[c + 1])), c2 = std::max(c2, below(ub[c + 2])),
+    c3 = std::max(c3, below(ub[c + 3]));
+  for (; c < count; ++c) c0 = std::max(c0, below(ub[c]));
+  for (c = 0; c < count; ++c) {
+    const bool is_cold = ub[c] < hot;
+    cold[n_cold] = static_cast<std::uint32_t>(c);
+    n_cold += static_cast<std::size_t>(is_cold && live[c] != 0);
+    if (!is_cold && live[c] != 0) {
+      hot_rows += live[c];
+      if (std::isinf(ub[c])) infinite_ = true;
+      else counts_[static_cast<std::size_t>(bucket_of(ub[c], top_))] += live[c];
+      heap_.emplace_back(ub[c], static_cast<std::uint32_t>(c));
     }
   }
+  cold_.resize(n_cold);
+  cold_rows_ = rows - hot_rows;
+  cold_max_ = std::max(std::max(c0, c1), std::max(c2, c3));
   std::make_heap(heap_.begin(), heap_.end());
   rest_ = total_ = recounted();
 }
@@ -125,17 +152,21 @@ ListWalk::~ListWalk() {
 void ListWalk::warm(double limit) {
   // The cold lists bounded at limit or above join the heap and the buckets; the others stay cold,
   // counted together at the largest of their bounds.
+  const double* ub = ub_.data();
+  const std::uint32_t* live = live_.data();
+  std::uint32_t* cold = cold_.data();
   std::size_t kept = 0;
   double next_max = -kInf;
   std::uint64_t rows = 0;
-  for (const std::uint32_t c : cold_) {
-    if (!(ub_[c] < limit)) {
-      heap_.emplace_back(ub_[c], c);
-      counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
+  for (std::size_t i = 0, n = cold_.size(); i < n; ++i) {
+    const std::uint32_t c = cold[i];
+    if (!(ub[c] < limit)) {
+      heap_.emplace_back(ub[c], c);
+      counts_[static_cast<std::size_t>(bucket_of(ub[c], top_))] += live[c];
     } else {
-      cold_[kept++] = c;
-      rows += live_[c];
-      next_max = std::max(next_max, ub_[c]);
+      cold[kept++] = c;
+      rows += live[c];
+      next_max = std::max(next_max, ub[c]);
     }
   }
   cold_.resize(kept);
