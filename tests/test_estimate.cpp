@@ -469,7 +469,8 @@ class CountingLists final : public detail::CertifiedLists {
  public:
   CountingLists(const detail::RowSpan& span, std::size_t size) : span_(span), size_(size) {}
   [[nodiscard]] std::size_t list_count() const override { return span_.rows / size_; }
-  void bounds(const float*, float, std::vector<double>&, std::vector<std::uint32_t>&) const override {}  // not asked for
+  void bounds(const float*, float, std::vector<double>&, detail::BoundsSummary&) const override {}  // not asked for
+  [[nodiscard]] const std::uint32_t* live_counts() const override { return nullptr; }                // nor this
   double score_list(std::size_t c, const float* query, float factor, std::vector<std::uint64_t>& ids,
                     std::vector<float>& scores) const override {
     const std::size_t first = scores.size();

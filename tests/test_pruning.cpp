@@ -382,14 +382,38 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
   const auto qs = test::normal_floats(3 * d, 85);
   const std::vector<float> factors{1.0f, 0.5f, 3.0f};
   std::vector<double> batch, one;
-  std::vector<std::uint32_t> live_batch, live_one;
+  std::vector<std::uint32_t> live_batch;
   index->lists()->bounds_batch(qs.data(), factors.data(), 3, d, batch, live_batch);
   const std::size_t count = index->lists()->list_count();
   REQUIRE(batch.size() == 3 * count);
+  const std::uint32_t* live = index->lists()->live_counts();
+  CHECK(std::equal(live_batch.begin(), live_batch.end(), live));
   for (std::size_t i = 0; i < 3; ++i) {
-    index->lists()->bounds(qs.data() + i * d, factors[i], one, live_one);
+    detail::BoundsSummary summary;
+    index->lists()->bounds(qs.data() + i * d, factors[i], one, summary);
     CHECK(std::equal(one.begin(), one.end(), batch.begin() + static_cast<std::ptrdiff_t>(i * count)));
-    CHECK(live_one == live_batch);
+    // What the bounds pass gathered on both scan threads for a walk's start, against every list in turn.
+    double top = -std::numeric_limits<double>::infinity(), cold_max = top;
+    std::uint64_t rows = 0, hot_rows = 0;
+    std::uint32_t most = 1;
+    std::size_t lists = 0;
+    for (std::size_t c = 0; c < count; ++c)
+      if (live[c] != 0) top = std::max(top, one[c]), rows += live[c], most = std::max(most, live[c]), ++lists;
+    std::vector<std::uint32_t> hot;
+    for (std::size_t c = 0; c < count; ++c) {
+      if (live[c] == 0) continue;
+      if (one[c] >= top - detail::kHotNats) hot.push_back(static_cast<std::uint32_t>(c)), hot_rows += live[c];
+      else cold_max = std::max(cold_max, one[c]);
+    }
+    std::sort(summary.hot.begin(), summary.hot.end());
+    CHECK(summary.top == top);
+    CHECK(summary.hot == hot);
+    CHECK(summary.cold_max == cold_max);
+    CHECK(summary.rows == rows);
+    CHECK(summary.hot_rows == hot_rows);
+    CHECK(summary.most == most);
+    CHECK(summary.lists == lists);
+    CHECK(hot.size() < lists);  // (the check sees cold lists too)
   }
   // Then the graph, which takes the hard queries over.
   REQUIRE(index->build_due());

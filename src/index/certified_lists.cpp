@@ -132,11 +132,12 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   // ---- CertifiedLists ----
   [[nodiscard]] std::size_t list_count() const override { return current_.lists.size(); }
 
-  void bounds(const float* query, float factor, std::vector<double>& ub, std::vector<std::uint32_t>& live) const override {
+  void bounds(const float* query, float factor, std::vector<double>& ub, BoundsSummary& summary) const override {
     ub.resize(current_.lists.size());
-    live.assign(current_.live.begin(), current_.live.end());
-    bounds_into(query, &factor, 1, ub.data());
+    bounds_into(query, &factor, 1, ub.data(), &summary);
   }
+
+  [[nodiscard]] const std::uint32_t* live_counts() const override { return current_.live.data(); }
 
   void bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
                     std::vector<std::uint32_t>& live) const override {
@@ -150,8 +151,9 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   // scored as a scan is split over the scan threads (about 1 MiB of centroids a part); each part takes
   // its centroids chunk by chunk (256 KiB, within L2), scores the chunk for every query in turn and turns
   // each query's scores into bounds at once, while they are in L1: a batch reads the centroids from
-  // memory once, and the bounds' arithmetic runs on every scan thread.
-  void bounds_into(const float* queries, const float* factors, std::size_t n, double* ub) const {
+  // memory once, and the bounds' arithmetic runs on every scan thread. With summary (one query), each part
+  // also gathers a walk's start over its lists while their bounds are in L1 (BoundsSummary), merged here.
+  void bounds_into(const float* queries, const float* factors, std::size_t n, double* ub, BoundsSummary* summary = nullptr) const {
     const std::size_t count = current_.lists.size(), d = current_.dim;
     const RowSpan centroids{current_.centroid_bytes.data(), nullptr, nullptr, count, d, 0, current_.centroid_precision,
                             Precision::f32, current_.centroid_precision == Precision::i8 ? current_.centroid_scales.data() : nullptr};
@@ -159,6 +161,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     const std::size_t parts = choose_parts(count, d / 2, 0, ThreadPool::shared().concurrency());
     std::vector<double> fq(n);  // each query's f ||q|| rounded up (bounds_from)
     for (std::size_t i = 0; i < n; ++i) fq[i] = static_cast<double>(factors[i]) * norm_up(queries + i * d, d) * (1 + 4 * kUnit);
+    std::vector<BoundsSummary> gathered(summary != nullptr ? parts : 0);
     ThreadPool::shared().run(parts, [&](std::size_t p) {
       thread_local std::vector<float> scores;  // one chunk's scores (reused: no page faults per query)
       scores.resize(chunk);
@@ -169,8 +172,13 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
           kernels().scores(queries + i * d, factors[i], centroids.sub(a, m), scores.data());
           bounds_from(factors[i], fq[i], scores.data(), a, m, ub + i * count + a);
         }
+        if (summary != nullptr) gathered[p].add(ub, current_.live.data(), a, m);
       }
     });
+    if (summary == nullptr) return;
+    *summary = BoundsSummary{};
+    for (const BoundsSummary& part : gathered) summary->merge(part);
+    summary->finish(ub, current_.live.data());
   }
 
   // The bounds of lists [first, first + m) for one query from their centroid scores (score[j] = the
@@ -335,9 +343,11 @@ void CertifiedLists::bounds_batch(const float* queries, const float* factors, st
                                   std::vector<std::uint32_t>& live) const {
   const std::size_t count = list_count();
   ub.resize(n * count);
+  live.assign(live_counts(), live_counts() + count);
   std::vector<double> one;
+  BoundsSummary unused;
   for (std::size_t i = 0; i < n; ++i) {
-    bounds(queries + i * dim, factors[i], one, live);
+    bounds(queries + i * dim, factors[i], one, unused);
     std::copy(one.begin(), one.end(), ub.begin() + static_cast<std::ptrdiff_t>(i * count));
   }
 }

@@ -2,6 +2,7 @@
 // so a query stops visiting lists with a proof (docs/PRUNING.md, "Certified inverted lists").
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -12,6 +13,35 @@
 
 namespace softkv::detail {
 
+/// Lists whose bound lies more than this below the largest one wait cold in a walk (ListWalk): outside
+/// its heap, counted together at the largest of their bounds until the walk comes near them.
+inline constexpr double kHotNats = 16;
+
+/// What a walk starts from, gathered while a query's bounds are computed (CertifiedLists::bounds): the
+/// largest finite bound, the lists within kHotNats of it, and what the others weigh together. Lists are
+/// added in any order (add), parts of them gathered apart are merged (merge), and finish() settles
+/// which candidates stay hot. Only lists with live members count.
+struct BoundsSummary {
+  double top = -std::numeric_limits<double>::infinity();       ///< the largest finite bound
+  double cold_max = -std::numeric_limits<double>::infinity();  ///< the largest bound of a list not in hot
+  std::uint64_t rows = 0;                                      ///< live rows of all lists
+  std::uint64_t hot_rows = 0;                                  ///< live rows of the hot lists (after finish)
+  std::size_t lists = 0;                                       ///< lists with live members
+  std::uint32_t most = 1;                                      ///< the largest list's live rows (at least 1)
+  std::vector<std::uint32_t> hot;  ///< after finish: every list bounded within kHotNats of top, or not finitely
+
+  /// Counts lists [first, first + n) (bounds ub[c], live members live[c]). A list bounded within kHotNats
+  /// of the largest bound seen so far is a candidate for hot; finish() drops those the final top leaves
+  /// behind. (The running sums are locals, in registers: not this summary's members, which the hot
+  /// list's growth could touch.)
+  void add(const double* ub, const std::uint32_t* live, std::size_t first, std::size_t n);
+  /// Takes in the lists another summary counted (none counted twice).
+  void merge(const BoundsSummary& other);
+  /// Keeps in hot the candidates within kHotNats of top (or bounded by +inf) and counts their rows; the
+  /// others go to cold_max. ub and live: every list's bound and live members.
+  void finish(const double* ub, const std::uint32_t* live);
+};
+
 /// What a query needs from certified lists beyond PruningIndex. Read under the collection's shared lock.
 class CertifiedLists {
  public:
@@ -19,11 +49,13 @@ class CertifiedLists {
   /// Number of lists (some may have no live member).
   [[nodiscard]] virtual std::size_t list_count() const = 0;
   /// For a query split by split_scale into (query, factor): ub[c] >= the kernel's score of every live
-  /// member of list c, float rounding included (+inf when the bound is not finite), and live[c] its
-  /// live member count (0: ub[c] is -inf).
-  virtual void bounds(const float* query, float factor, std::vector<double>& ub, std::vector<std::uint32_t>& live) const = 0;
+  /// member of list c, float rounding included (+inf when the bound is not finite; -inf when live_counts()[c]
+  /// is 0), and in summary (finished) what a walk starts from, gathered on the way.
+  virtual void bounds(const float* query, float factor, std::vector<double>& ub, BoundsSummary& summary) const = 0;
+  /// Every list's live member count (list_count() of them), valid while the collection's lock is held.
+  [[nodiscard]] virtual const std::uint32_t* live_counts() const = 0;
   /// bounds() for n queries (row-major, split as bounds() takes one, factors[i] each): ub gets n x
-  /// list_count() bounds, query i's from ub[i * list_count()], and live as bounds() gives it. Reads the
+  /// list_count() bounds, query i's from ub[i * list_count()], and live a copy of live_counts(). Reads the
   /// centroids once for all the queries (a batch's walks share that pass). This default calls bounds().
   virtual void bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
                             std::vector<std::uint32_t>& live) const;
@@ -46,9 +78,10 @@ class ListScorer {
 /// visited: sum over them of live_c e^{ub_c}, each term rounded up to 1/8 nat (at most 13% above it).
 class ListWalk {
  public:
-  /// Computes every list's bound for the query (O(lists x d)).
+  /// Computes every list's bound for the query (O(lists x d)) and starts from what that pass gathered.
   ListWalk(const CertifiedLists& lists, const float* query, float factor);
-  /// A walk over bounds computed beforehand (count lists: ub as CertifiedLists::bounds gives them, and live).
+  /// A walk over bounds computed beforehand (count lists: ub as CertifiedLists::bounds gives them, and
+  /// live), read in place: both must outlive the walk.
   ListWalk(const double* ub, const std::uint32_t* live, std::size_t count);
   /// Hands its buffers back to the thread for the next walk (a walk per query: fresh buffers of a few
   /// hundred KiB each would be page-faulted in every time).
@@ -56,7 +89,7 @@ class ListWalk {
   ListWalk(const ListWalk&) = delete;
   ListWalk& operator=(const ListWalk&) = delete;
   /// Whether every list with a live member was visited.
-  [[nodiscard]] bool done() const noexcept { return heap_.empty() && cold_.empty(); }
+  [[nodiscard]] bool done() const noexcept { return heap_.empty() && cold_lists_ == 0; }
   /// The list with the largest bound among the unvisited ones; marks it visited. Requires !done().
   std::size_t next();
   /// The largest bound among the unvisited lists (-inf when done).
@@ -80,7 +113,7 @@ class ListWalk {
   [[nodiscard]] std::uint32_t live(std::size_t c) const noexcept { return live_[c]; }
 
  private:
-  void start();                    // from ub_ and live_: the heap, the cold lists, the buckets and the sum
+  void start(const BoundsSummary& summary);  // the heap, the buckets and the sum from the hot lists; the rest cold
   void recount();                  // after a list with an infinite bound: the flag, and the sum afresh
   [[nodiscard]] double counted() const;  // the unvisited mass from the bucket counts
   void warm(double limit);  // moves the cold lists bounded at limit or above into the heap and the buckets
@@ -94,13 +127,15 @@ class ListWalk {
   /// list ranked first), and epsilon could never be met.
   static constexpr double kRebaseNats = 32;
 
-  /// Lists whose bound is more than this below the top one wait outside the heap.
-  static constexpr double kHotNats = 16;
-
-  std::vector<double> ub_;
-  std::vector<std::uint32_t> live_;
+  std::vector<double> ub_buffer_;  // the bounds when the walk computed them
   std::vector<std::pair<double, std::uint32_t>> heap_;  // max-heap of (ub, list) over unvisited hot lists
-  std::vector<std::uint32_t> cold_;                     // unvisited lists not in the heap yet
+  const double* ub_ = nullptr;                          // every list's bound
+  const std::uint32_t* live_ = nullptr;                 // every list's live members
+  std::size_t count_ = 0;                               // lists
+  // The cold lists are not listed: they are the lists with live members bounded below cold_below_ (the
+  // walk's thresholds only go down, so every list at or above it is in the heap or visited).
+  double cold_below_ = -std::numeric_limits<double>::infinity();
+  std::size_t cold_lists_ = 0;                          // how many
   std::vector<std::int64_t> counts_;                    // unvisited hot live rows per 1/8-nat bucket below top_
   std::uint64_t cold_rows_ = 0;                         // live rows of the cold lists (counted at cold_max_)
   std::uint32_t most_ = 1;                              // the largest list's live rows

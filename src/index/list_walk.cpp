@@ -41,90 +41,100 @@ double bucket_mass(double ub, double top) { return kBucketMass[static_cast<std::
 // The buffers of the last walk on this thread, reused by the next.
 struct WalkBuffers {
   std::vector<double> ub;
-  std::vector<std::uint32_t> live, cold;
   std::vector<std::pair<double, std::uint32_t>> heap;
 };
 thread_local WalkBuffers walk_buffers;
 
 }  // namespace
 
-ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor) {
-  ub_.swap(walk_buffers.ub);
-  live_.swap(walk_buffers.live);
-  cold_.swap(walk_buffers.cold);
-  heap_.swap(walk_buffers.heap);
-  lists.bounds(query, factor, ub_, live_);
-  start();
-}
-
-ListWalk::ListWalk(const double* ub, const std::uint32_t* live, std::size_t count) {
-  ub_.swap(walk_buffers.ub);
-  live_.swap(walk_buffers.live);
-  cold_.swap(walk_buffers.cold);
-  heap_.swap(walk_buffers.heap);
-  ub_.assign(ub, ub + count);
-  live_.assign(live, live + count);
-  start();
-}
-
-void ListWalk::start() {
-  heap_.clear();
-  // The shift of the masses: at least every finite ub_c + log live_c (so each term is at most 1), from
-  // the largest bound and the largest list, without a log per list. Both passes over the lists are
-  // branch-free where they run over every list, with four running maxima: one maximum is a chain of
-  // dependent instructions as long as the lists are many. (A list without live members has ub -inf,
-  // CertifiedLists::bounds.)
-  const std::size_t count = ub_.size();
-  const double* ub = ub_.data();
-  const std::uint32_t* live = live_.data();
-  // (Four lists a step, each lane its own maximum in a register.)
-  double t0 = -kInf, t1 = -kInf, t2 = -kInf, t3 = -kInf;
-  std::uint32_t m0 = 1, m1 = 1, m2 = 1, m3 = 1;
-  std::uint64_t rows = 0;
-  const auto finite = [](double b) { return b < kInf ? b : -kInf; };
-  std::size_t c = 0;
-  for (; c + 4 <= count; c += 4) {
-    rows += std::uint64_t{live[c]} + live[c + 1] + live[c + 2] + live[c + 3];
-    m0 = std::max(m0, live[c]), m1 = std::max(m1, live[c + 1]), m2 = std::max(m2, live[c + 2]), m3 = std::max(m3, live[c + 3]);
-    t0 = std::max(t0, finite(ub[c])), t1 = std::max(t1, finite(ub[c + 1])), t2 = std::max(t2, finite(ub[c + 2])),
-    t3 = std::max(t3, finite(ub[c + 3]));
-  }
-  for (; c < count; ++c) rows += live[c], m0 = std::max(m0, live[c]), t0 = std::max(t0, finite(ub[c]));
-  const double top_ub = std::max(std::max(t0, t1), std::max(t2, t3));
-  rows_left_ = rows;
-  most_ = std::max(std::max(m0, m1), std::max(m2, m3));
-  top_ = top_ub + std::log(static_cast<double>(most_));
-  // Only the lists near the top bound go into the heap and the buckets at once; the rest wait, unordered
-  // and counted together at the largest of their bounds, until the walk reaches it (peaked attention
-  // never does, and a heap or a bucket count of every list costs as much as the centroid pass).
-  const double hot = top_ub - kHotNats;
-  counts_.assign(kBucketMass.size(), 0);
-  cold_.resize(count);
-  std::uint32_t* cold = cold_.data();
-  std::size_t n_cold = 0;
-  std::uint64_t hot_rows = 0;
-  // The cold lists' largest bound (four lanes, branch-free), then the lists split (the hot ones rare).
-  double c0 = -kInf, c1 = -kInf, c2 = -kInf, c3 = -kInf;
-  const auto below = [hot](double b) { return b < hot ? b : -kInf; };
-  c = 0;
-  for (; c + 4 <= count; c += 4)
-    c0 = std::max(c0, below(ub[c])), c1 = std::max(c1, below(ub[c + 1])), c2 = std::max(c2, below(ub[c + 2])),
-    c3 = std::max(c3, below(ub[c + 3]));
-  for (; c < count; ++c) c0 = std::max(c0, below(ub[c]));
-  for (c = 0; c < count; ++c) {
-    const bool is_cold = ub[c] < hot;
-    cold[n_cold] = static_cast<std::uint32_t>(c);
-    n_cold += static_cast<std::size_t>(is_cold && live[c] != 0);
-    if (!is_cold && live[c] != 0) {
-      hot_rows += live[c];
-      if (std::isinf(ub[c])) infinite_ = true;
-      else counts_[static_cast<std::size_t>(bucket_of(ub[c], top_))] += live[c];
-      heap_.emplace_back(ub[c], static_cast<std::uint32_t>(c));
+void BoundsSummary::add(const double* ub, const std::uint32_t* live, std::size_t first, std::size_t n) {
+  double high = top, low = cold_max;
+  std::uint64_t counted_rows = 0;
+  std::size_t counted = 0;
+  std::uint32_t largest = most;
+  for (std::size_t c = first; c < first + n; ++c) {
+    if (live[c] == 0) continue;
+    counted_rows += live[c];
+    ++counted;
+    largest = std::max(largest, live[c]);
+    if (!(ub[c] < high - kHotNats)) {
+      hot.push_back(static_cast<std::uint32_t>(c));
+      if (ub[c] > high && ub[c] < kInf) high = ub[c];
+    } else {
+      low = std::max(low, ub[c]);
     }
   }
-  cold_.resize(n_cold);
-  cold_rows_ = rows - hot_rows;
-  cold_max_ = std::max(std::max(c0, c1), std::max(c2, c3));
+  top = high;
+  cold_max = low;
+  rows += counted_rows;
+  lists += counted;
+  most = largest;
+}
+
+void BoundsSummary::merge(const BoundsSummary& other) {
+  top = std::max(top, other.top);
+  cold_max = std::max(cold_max, other.cold_max);
+  rows += other.rows;
+  lists += other.lists;
+  most = std::max(most, other.most);
+  hot.insert(hot.end(), other.hot.begin(), other.hot.end());
+}
+
+void BoundsSummary::finish(const double* ub, const std::uint32_t* live) {
+  const double below = top - kHotNats;
+  std::size_t kept = 0;
+  hot_rows = 0;
+  for (const std::uint32_t c : hot) {
+    if (ub[c] < below) {
+      cold_max = std::max(cold_max, ub[c]);
+    } else {
+      hot[kept++] = c;
+      hot_rows += live[c];
+    }
+  }
+  hot.resize(kept);
+}
+
+ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor) {
+  ub_buffer_.swap(walk_buffers.ub);
+  heap_.swap(walk_buffers.heap);
+  BoundsSummary summary;
+  lists.bounds(query, factor, ub_buffer_, summary);
+  ub_ = ub_buffer_.data();
+  live_ = lists.live_counts();
+  count_ = ub_buffer_.size();
+  start(summary);
+}
+
+ListWalk::ListWalk(const double* ub, const std::uint32_t* live, std::size_t count) : ub_(ub), live_(live), count_(count) {
+  ub_buffer_.swap(walk_buffers.ub);
+  heap_.swap(walk_buffers.heap);
+  BoundsSummary summary;
+  summary.add(ub, live, 0, count);
+  summary.finish(ub, live);
+  start(summary);
+}
+
+void ListWalk::start(const BoundsSummary& summary) {
+  heap_.clear();
+  // The shift of the masses: at least every finite ub_c + log live_c (so each term is at most 1), from
+  // the largest bound and the largest list, without a log per list.
+  rows_left_ = summary.rows;
+  most_ = summary.most;
+  top_ = summary.top + std::log(static_cast<double>(most_));
+  // Only the lists near the top bound go into the heap and the buckets at once; the rest wait cold,
+  // unlisted and counted together at the largest of their bounds, until the walk reaches it (peaked
+  // attention never does, and a heap or a bucket count of every list costs as much as the centroid pass).
+  counts_.assign(kBucketMass.size(), 0);
+  for (const std::uint32_t c : summary.hot) {
+    if (std::isinf(ub_[c])) infinite_ = true;
+    else counts_[static_cast<std::size_t>(bucket_of(ub_[c], top_))] += live_[c];
+    heap_.emplace_back(ub_[c], c);
+  }
+  cold_below_ = summary.top - kHotNats;
+  cold_lists_ = summary.lists - summary.hot.size();
+  cold_rows_ = summary.rows - summary.hot_rows;
+  cold_max_ = summary.cold_max;
   std::make_heap(heap_.begin(), heap_.end());
   rest_ = total_ = recounted();
 }
@@ -143,33 +153,32 @@ double ListWalk::counted() const {
 }
 
 ListWalk::~ListWalk() {
-  ub_.swap(walk_buffers.ub);
-  live_.swap(walk_buffers.live);
-  cold_.swap(walk_buffers.cold);
+  ub_buffer_.swap(walk_buffers.ub);
   heap_.swap(walk_buffers.heap);
 }
 
 void ListWalk::warm(double limit) {
   // The cold lists bounded at limit or above join the heap and the buckets; the others stay cold,
-  // counted together at the largest of their bounds.
-  const double* ub = ub_.data();
-  const std::uint32_t* live = live_.data();
-  std::uint32_t* cold = cold_.data();
-  std::size_t kept = 0;
+  // counted together at the largest of their bounds. (A pass over every list: the cold ones are not
+  // listed, and a walk warms a few times at most, 16 nats at a time.)
+  const double* ub = ub_;
+  const std::uint32_t* live = live_;
   double next_max = -kInf;
   std::uint64_t rows = 0;
-  for (std::size_t i = 0, n = cold_.size(); i < n; ++i) {
-    const std::uint32_t c = cold[i];
+  std::size_t still = 0;
+  for (std::size_t c = 0; c < count_; ++c) {
+    if (live[c] == 0 || !(ub[c] < cold_below_)) continue;  // no member, or hot or visited already
     if (!(ub[c] < limit)) {
-      heap_.emplace_back(ub[c], c);
+      heap_.emplace_back(ub[c], static_cast<std::uint32_t>(c));
       counts_[static_cast<std::size_t>(bucket_of(ub[c], top_))] += live[c];
     } else {
-      cold[kept++] = c;
+      ++still;
       rows += live[c];
       next_max = std::max(next_max, ub[c]);
     }
   }
-  cold_.resize(kept);
+  cold_below_ = limit;
+  cold_lists_ = still;
   cold_rows_ = rows;
   cold_max_ = next_max;
   std::make_heap(heap_.begin(), heap_.end());
@@ -216,7 +225,7 @@ void ListWalk::rebase(double highest) {
 bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_max, double log_visited) {
   // The verdict needs every list's own bound: the cold ones join the heap and the buckets (a walk asks
   // once, after an eighth of its budget: only walks that go deep pay for it).
-  if (!cold_.empty() && !infinite_) warm(-kInf);
+  if (cold_lists_ != 0 && !infinite_) warm(-kInf);
   if (infinite_ || heap_.empty()) return true;
   std::vector<std::pair<double, std::uint32_t>> heap = heap_;
   const double kth_most = std::max(known_max, heap.front().first);  // no score, visited or not, exceeds it
@@ -237,7 +246,9 @@ bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_ro
 
 void ListWalk::unvisited(std::vector<std::pair<double, std::uint32_t>>& out) const {
   for (const auto& entry : heap_) out.push_back(entry);
-  for (const std::uint32_t c : cold_) out.emplace_back(ub_[c], c);
+  if (cold_lists_ == 0) return;
+  for (std::size_t c = 0; c < count_; ++c)
+    if (live_[c] != 0 && ub_[c] < cold_below_) out.emplace_back(ub_[c], static_cast<std::uint32_t>(c));
 }
 
 double ListWalk::next_bound() const noexcept { return std::max(heap_.empty() ? -kInf : heap_.front().first, cold_max_); }
@@ -247,7 +258,7 @@ double ListWalk::log_rest() {
   if (infinite_) return kInf;
   // The running sum's own rounding: each term and each subtraction errs by at most 2^-53 of the total it
   // was counted from, over at most the buckets plus two per list.
-  const double error = 4 * static_cast<double>(counts_.size() + ub_.size() + 1) * 0x1p-53 * total_;
+  const double error = 4 * static_cast<double>(counts_.size() + count_ + 1) * 0x1p-53 * total_;
   return rest_ + error > 0 ? top_ + std::log(rest_ + error) : -kInf;
 }
 
