@@ -398,7 +398,7 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
     std::uint32_t most = 1;
     std::size_t lists = 0;
     for (std::size_t c = 0; c < count; ++c)
-      if (live[c] != 0) top = std::max(top, one[c]), rows += live[c], most = std::max(most, live[c]), ++lists;
+      if (live[c] != 0) top = std::max(top, std::isfinite(one[c]) ? one[c] : top), rows += live[c], most = std::max(most, live[c]), ++lists;
     std::vector<std::uint32_t> hot;
     for (std::size_t c = 0; c < count; ++c) {
       if (live[c] == 0) continue;

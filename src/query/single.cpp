@@ -235,13 +235,14 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       const ListTarget target{options.top_k.value_or(0), options.epsilon.value_or(0.0f), options.top_k ? walk_budget / 2 : walk_budget,
                               mask ? &flags : nullptr, mask ? mask->count : 0};
       // The planner remembers unmasked walks that fell back (PlannerCalibration::skip): after 8 in a
-      // row, 15 queries in 16 go to the scan without paying for a walk that would fail too.
+      // row (or 2 that wasted half a scan), 15 queries in 16 go to the scan without paying for a walk
+      // that would fail too. Only a query that would walk asks (its try, when it is one, is recorded).
       const bool remembered = !mask && budget != std::numeric_limits<std::size_t>::max();
       std::optional<PrunedSoft> walked;
       // (top_k and epsilon apart: a top_k beyond the lists' reach says nothing of an epsilon walk.)
       const PlannerCalibration::Attempt kind = options.top_k ? PlannerCalibration::Attempt::top_k_walk : PlannerCalibration::Attempt::epsilon_walk;
-      if (remembered && impl.calibration().skip(kind)) return exact();
       if (!options.top_k || *options.top_k < (mask ? mask->count : span.rows)) {
+        if (remembered && impl.calibration().skip(kind)) return exact();
         const auto t0 = std::chrono::steady_clock::now();
         walked = certified_soft(kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); },
                                 target, options.top_m);
