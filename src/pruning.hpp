@@ -216,6 +216,7 @@ struct ListTarget {
   /// share the centroid pass), with live; null: the walk computes them.
   const double* bounds = nullptr;
   const std::uint32_t* live = nullptr;  ///< with bounds: every list's live members
+  const BoundsSummary* summary = nullptr;  ///< with bounds: what their pass gathered for the walk, or null
   /// Where visited lists are scored (a batch's shared reads); null: CertifiedLists::score_list.
   ListScorer* scorer = nullptr;
 };

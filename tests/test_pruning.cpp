@@ -383,7 +383,9 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
   const std::vector<float> factors{1.0f, 0.5f, 3.0f};
   std::vector<double> batch, one;
   std::vector<std::uint32_t> live_batch;
-  index->lists()->bounds_batch(qs.data(), factors.data(), 3, d, batch, live_batch);
+  std::vector<detail::BoundsSummary> summaries_batch;
+  index->lists()->bounds_batch(qs.data(), factors.data(), 3, d, batch, live_batch, summaries_batch);
+  REQUIRE(summaries_batch.size() == 3);
   const std::size_t count = index->lists()->list_count();
   REQUIRE(batch.size() == 3 * count);
   const std::uint32_t* live = index->lists()->live_counts();
@@ -414,6 +416,16 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
     CHECK(summary.most == most);
     CHECK(summary.lists == lists);
     CHECK(hot.size() < lists);  // (the check sees cold lists too)
+    // The batch's pass gathered the same for each of its queries.
+    detail::BoundsSummary& in_batch = summaries_batch[i];
+    std::sort(in_batch.hot.begin(), in_batch.hot.end());
+    CHECK(in_batch.hot == hot);
+    CHECK(in_batch.top == top);
+    CHECK(in_batch.cold_max == cold_max);
+    CHECK(in_batch.rows == rows);
+    CHECK(in_batch.hot_rows == hot_rows);
+    CHECK(in_batch.most == most);
+    CHECK(in_batch.lists == lists);
   }
   // Then the graph, which takes the hard queries over.
   REQUIRE(index->build_due());
@@ -450,7 +462,8 @@ TEST_CASE("a batch's shared list reads hand each query the scores its own read g
   const std::vector<float> factors(nq, 2.0f);
   std::vector<double> bounds;
   std::vector<std::uint32_t> live;
-  lists.bounds_batch(qs.data(), factors.data(), nq, d, bounds, live);
+  std::vector<detail::BoundsSummary> summaries;
+  lists.bounds_batch(qs.data(), factors.data(), nq, d, bounds, live, summaries);
   detail::SharedListScores shared(lists, qs.data(), factors.data(), nq, d, bounds.data(), live.data());
   // Each query asks for its 12 lists of largest bound, in decreasing bound as a walk does.
   std::size_t asked = 0;

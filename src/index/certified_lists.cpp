@@ -140,20 +140,22 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   [[nodiscard]] const std::uint32_t* live_counts() const override { return current_.live.data(); }
 
   void bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
-                    std::vector<std::uint32_t>& live) const override {
+                    std::vector<std::uint32_t>& live, std::vector<BoundsSummary>& summaries) const override {
     (void)dim;  // (the lists' own)
     ub.resize(n * current_.lists.size());
     live.assign(current_.live.begin(), current_.live.end());
-    bounds_into(queries, factors, n, ub.data());
+    summaries.assign(n, BoundsSummary{});
+    bounds_into(queries, factors, n, ub.data(), summaries.data());
   }
 
   // Every list's bound for n queries (query i split with factors[i]): ub[i * count + c]. The centroids are
   // scored as a scan is split over the scan threads (about 1 MiB of centroids a part); each part takes
   // its centroids chunk by chunk (256 KiB, within L2), scores the chunk for every query in turn and turns
   // each query's scores into bounds at once, while they are in L1: a batch reads the centroids from
-  // memory once, and the bounds' arithmetic runs on every scan thread. With summary (one query), each part
-  // also gathers a walk's start over its lists while their bounds are in L1 (BoundsSummary), merged here.
-  void bounds_into(const float* queries, const float* factors, std::size_t n, double* ub, BoundsSummary* summary = nullptr) const {
+  // memory once, and the bounds' arithmetic runs on every scan thread. With summaries (n of them), each
+  // part also gathers each query's walk start over its lists while their bounds are in L1 (BoundsSummary),
+  // merged here.
+  void bounds_into(const float* queries, const float* factors, std::size_t n, double* ub, BoundsSummary* summaries = nullptr) const {
     const std::size_t count = current_.lists.size(), d = current_.dim;
     const RowSpan centroids{current_.centroid_bytes.data(), nullptr, nullptr, count, d, 0, current_.centroid_precision,
                             Precision::f32, current_.centroid_precision == Precision::i8 ? current_.centroid_scales.data() : nullptr};
@@ -161,7 +163,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     const std::size_t parts = choose_parts(count, d / 2, 0, ThreadPool::shared().concurrency());
     std::vector<double> fq(n);  // each query's f ||q|| rounded up (bounds_from)
     for (std::size_t i = 0; i < n; ++i) fq[i] = static_cast<double>(factors[i]) * norm_up(queries + i * d, d) * (1 + 4 * kUnit);
-    std::vector<BoundsSummary> gathered(summary != nullptr ? parts : 0);
+    std::vector<BoundsSummary> gathered(summaries != nullptr ? parts * n : 0);  // part p, query i: [p * n + i]
     ThreadPool::shared().run(parts, [&](std::size_t p) {
       thread_local std::vector<float> scores;  // one chunk's scores (reused: no page faults per query)
       scores.resize(chunk);
@@ -172,13 +174,16 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
           kernels().scores(queries + i * d, factors[i], centroids.sub(a, m), scores.data());
           bounds_from(factors[i], fq[i], scores.data(), a, m, ub + i * count + a);
         }
-        if (summary != nullptr) gathered[p].add(ub, current_.live.data(), a, m);
+        if (summaries != nullptr)
+          for (std::size_t i = 0; i < n; ++i) gathered[p * n + i].add(ub + i * count, current_.live.data(), a, m);
       }
     });
-    if (summary == nullptr) return;
-    *summary = BoundsSummary{};
-    for (const BoundsSummary& part : gathered) summary->merge(part);
-    summary->finish(ub, current_.live.data());
+    if (summaries == nullptr) return;
+    for (std::size_t i = 0; i < n; ++i) {
+      summaries[i] = BoundsSummary{};
+      for (std::size_t p = 0; p < parts; ++p) summaries[i].merge(gathered[p * n + i]);
+      summaries[i].finish(ub + i * count, current_.live.data());
+    }
   }
 
   // The bounds of lists [first, first + m) for one query from their centroid scores (score[j] = the
@@ -340,14 +345,14 @@ void ListsBuild::run() {
 }  // namespace
 
 void CertifiedLists::bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
-                                  std::vector<std::uint32_t>& live) const {
+                                  std::vector<std::uint32_t>& live, std::vector<BoundsSummary>& summaries) const {
   const std::size_t count = list_count();
   ub.resize(n * count);
   live.assign(live_counts(), live_counts() + count);
+  summaries.assign(n, BoundsSummary{});
   std::vector<double> one;
-  BoundsSummary unused;
   for (std::size_t i = 0; i < n; ++i) {
-    bounds(queries + i * dim, factors[i], one, unused);
+    bounds(queries + i * dim, factors[i], one, summaries[i]);
     std::copy(one.begin(), one.end(), ub.begin() + static_cast<std::ptrdiff_t>(i * count));
   }
 }

@@ -55,10 +55,11 @@ class CertifiedLists {
   /// Every list's live member count (list_count() of them), valid while the collection's lock is held.
   [[nodiscard]] virtual const std::uint32_t* live_counts() const = 0;
   /// bounds() for n queries (row-major, split as bounds() takes one, factors[i] each): ub gets n x
-  /// list_count() bounds, query i's from ub[i * list_count()], and live a copy of live_counts(). Reads the
-  /// centroids once for all the queries (a batch's walks share that pass). This default calls bounds().
+  /// list_count() bounds, query i's from ub[i * list_count()], live a copy of live_counts(), and
+  /// summaries[i] query i's as bounds() gives it. Reads the centroids once for all the queries (a batch's
+  /// walks share that pass). This default calls bounds().
   virtual void bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
-                            std::vector<std::uint32_t>& live) const;
+                            std::vector<std::uint32_t>& live, std::vector<BoundsSummary>& summaries) const;
   /// Appends the ids and kernel scores (KernelTable::scores) of list c's live members, and returns a bound
   /// on |kernel score - true score| of each of them, less u |score| (u = 2^-24) which the caller adds per row.
   virtual double score_list(std::size_t c, const float* query, float factor, std::vector<std::uint64_t>& ids,
@@ -81,8 +82,9 @@ class ListWalk {
   /// Computes every list's bound for the query (O(lists x d)) and starts from what that pass gathered.
   ListWalk(const CertifiedLists& lists, const float* query, float factor);
   /// A walk over bounds computed beforehand (count lists: ub as CertifiedLists::bounds gives them, and
-  /// live), read in place: both must outlive the walk.
-  ListWalk(const double* ub, const std::uint32_t* live, std::size_t count);
+  /// live), read in place: both must outlive the walk. summary: what the bounds' pass gathered for them
+  /// (CertifiedLists::bounds_batch), or null to gather it here (one pass over the lists).
+  ListWalk(const double* ub, const std::uint32_t* live, std::size_t count, const BoundsSummary* summary = nullptr);
   /// Hands its buffers back to the thread for the next walk (a walk per query: fresh buffers of a few
   /// hundred KiB each would be page-faulted in every time).
   ~ListWalk();

@@ -106,13 +106,18 @@ ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor
   start(summary);
 }
 
-ListWalk::ListWalk(const double* ub, const std::uint32_t* live, std::size_t count) : ub_(ub), live_(live), count_(count) {
+ListWalk::ListWalk(const double* ub, const std::uint32_t* live, std::size_t count, const BoundsSummary* summary)
+    : ub_(ub), live_(live), count_(count) {
   ub_buffer_.swap(walk_buffers.ub);
   heap_.swap(walk_buffers.heap);
-  BoundsSummary summary;
-  summary.add(ub, live, 0, count);
-  summary.finish(ub, live);
-  start(summary);
+  if (summary != nullptr) {
+    start(*summary);
+    return;
+  }
+  BoundsSummary gathered;
+  gathered.add(ub, live, 0, count);
+  gathered.finish(ub, live);
+  start(gathered);
 }
 
 void ListWalk::start(const BoundsSummary& summary) {

@@ -50,6 +50,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     // for the group's later queries likely to visit it, and their walks take those scores.
     std::vector<double> bounds;
     std::vector<std::uint32_t> live;
+    std::vector<BoundsSummary> summaries;  // each query's walk start, gathered in the group's pass
     std::optional<SharedListScores> shared;
     bool walk_group = true;
     for (std::size_t b = 0; b < n; ++b) {
@@ -58,7 +59,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
         shared.reset();
         walk_group = !(remembered && memory.skip(Attempt::estimate_walk));
         if (!walk_group) continue;
-        lists.bounds_batch(q + b * d, factors + b, group, d, bounds, live);
+        lists.bounds_batch(q + b * d, factors + b, group, d, bounds, live, summaries);
         shared.emplace(lists, q + b * d, factors + b, group, d, bounds.data(), live.data());
       }
       if (!walk_group) continue;
@@ -66,7 +67,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
         bool scan = false;
         answers[b] = estimate_through_lists(impl, q + b * d, factors[b], target, options.top_m, scan,
                                             bounds.data() + (b % kBoundsQueries) * count, live.data(),
-                                            &shared->for_query(b % kBoundsQueries));
+                                            &shared->for_query(b % kBoundsQueries), &summaries[b % kBoundsQueries]);
         walked[b] = answers[b] ? 1 : 0;
         to_scan[b] = scan ? 1 : 0;
         if (remembered) memory.note(Attempt::estimate_walk, answers[b].has_value(), 0.0, span.rows);  // (counted, not timed)

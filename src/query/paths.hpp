@@ -20,6 +20,7 @@ class CollectionImpl;
 class PassChoice;
 struct ArgMax;
 struct PrunedSoft;
+struct BoundsSummary;
 
 /// Runs a query body; an allocation failure (a huge batch, top_m or top_k) becomes Error(resource_exhausted).
 template <class F>
@@ -56,11 +57,12 @@ void check_best(const ArgMax& best);
 /// within target for sure, or its head's estimate over the lists (estimate_over_lists). nullopt otherwise,
 /// with scan true when a head's estimate failed (the exact scan must answer) and false when the walk saw
 /// the mass spread over the lists (the block sample may answer). bounds and live: the lists' bounds for this
-/// query computed beforehand (a batch's, CertifiedLists::bounds_batch), or null; scorer: where lists are
-/// scored (a batch's shared reads), or null.
+/// query computed beforehand (a batch's, CertifiedLists::bounds_batch, with what their pass gathered in
+/// summary), or null; scorer: where lists are scored (a batch's shared reads), or null.
 [[nodiscard]] std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, const float* q, float f, double target,
                                                                std::size_t top_m, bool& scan, const double* bounds = nullptr,
-                                                               const std::uint32_t* live = nullptr, ListScorer* scorer = nullptr);
+                                                               const std::uint32_t* live = nullptr, ListScorer* scorer = nullptr,
+                                                               const BoundsSummary* summary = nullptr);
 
 /// Soft: the exact scan, or pruned (top_k, epsilon) or estimated (error_target) as `path` says, within
 /// the planner's budget (an index not built yet: the exact scan).

@@ -77,7 +77,8 @@ std::vector<float> head_queries(const CollectionImpl& impl, std::span<const floa
 }
 
 std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, const float* q, float f, double target, std::size_t top_m,
-                                                 bool& scan, const double* bounds, const std::uint32_t* live, ListScorer* scorer) {
+                                                 bool& scan, const double* bounds, const std::uint32_t* live, ListScorer* scorer,
+                                                 const BoundsSummary* summary) {
   const RowSpan span = impl.span();
   const KernelTable& kernels = detail::kernels();
   const CertifiedLists& lists = *impl.index()->lists();
@@ -89,6 +90,7 @@ std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, con
   ListTarget walk{0, target / 2, budget / 8};
   walk.bounds = bounds;
   walk.live = live;
+  walk.summary = summary;
   walk.scorer = scorer;
   std::optional<PrunedSoft> answer = certified_soft(kernels, lists, q, f, span, row_of, walk, top_m, small ? nullptr : &head);
   if (answer) answer->error_estimate = std::min(2.0, 2 * answer->tail_bound);  // (no blend is further than 2 max|v| from another)
