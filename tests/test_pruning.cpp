@@ -407,25 +407,18 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
       if (one[c] >= top - detail::kHotNats) hot.push_back(static_cast<std::uint32_t>(c)), hot_rows += live[c];
       else cold_max = std::max(cold_max, one[c]);
     }
-    std::sort(summary.hot.begin(), summary.hot.end());
-    CHECK(summary.top == top);
-    CHECK(summary.hot == hot);
-    CHECK(summary.cold_max == cold_max);
-    CHECK(summary.rows == rows);
-    CHECK(summary.hot_rows == hot_rows);
-    CHECK(summary.most == most);
-    CHECK(summary.lists == lists);
     CHECK(hot.size() < lists);  // (the check sees cold lists too)
-    // The batch's pass gathered the same for each of its queries.
-    detail::BoundsSummary& in_batch = summaries_batch[i];
-    std::sort(in_batch.hot.begin(), in_batch.hot.end());
-    CHECK(in_batch.hot == hot);
-    CHECK(in_batch.top == top);
-    CHECK(in_batch.cold_max == cold_max);
-    CHECK(in_batch.rows == rows);
-    CHECK(in_batch.hot_rows == hot_rows);
-    CHECK(in_batch.most == most);
-    CHECK(in_batch.lists == lists);
+    // What bounds() gathered for the query, and what the batch's pass gathered for each of its queries.
+    for (detail::BoundsSummary* gathered : {&summary, &summaries_batch[i]}) {
+      std::sort(gathered->hot.begin(), gathered->hot.end());
+      CHECK(gathered->top == top);
+      CHECK(gathered->hot == hot);
+      CHECK(gathered->cold_max == cold_max);
+      CHECK(gathered->rows == rows);
+      CHECK(gathered->hot_rows == hot_rows);
+      CHECK(gathered->most == most);
+      CHECK(gathered->lists == lists);
+    }
   }
   // Then the graph, which takes the hard queries over.
   REQUIRE(index->build_due());
