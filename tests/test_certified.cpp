@@ -459,6 +459,17 @@ TEST_CASE("the planner answers with the exact scan when pruning would cost more 
   }
 }
 
+// A stream of answers after the planner began skipping an attempt: the first was not served by it, one
+// within 16 was (the try), and every later one was too (an answer ends the skipping).
+template <class T, class Served>
+void check_skipped_then_resumed(const std::vector<T>& answers, Served served) {
+  const auto first = std::find_if(answers.begin(), answers.end(), served);
+  REQUIRE(first != answers.end());
+  CHECK(first - answers.begin() >= 1);
+  CHECK(first - answers.begin() <= 15);
+  CHECK(std::all_of(first, answers.end(), served));
+}
+
 TEST_CASE("the planner stops trying walks after 8 fallbacks in a row, tries one in 16, walks again once one answers", "[certified][planner]") {
   // 20,000 rows of 128 bytes (past kPlannerMinBytes): spread queries (Gaussian, T = 1) fall back to the
   // scan; then peaked queries (near stored keys, T = 0.05), which a walk answers.
@@ -477,11 +488,7 @@ TEST_CASE("the planner stops trying walks after 8 fallbacks in a row, tries one 
     if (r.searched_with == IndexKind::exact) CHECK(r.candidates == n);
     kinds.push_back(r.searched_with);
   }
-  const auto first_walk = std::find(kinds.begin(), kinds.end(), IndexKind::ivf);
-  REQUIRE(first_walk != kinds.end());
-  CHECK(first_walk - kinds.begin() >= 1);   // the first peaked query after the misses was not walked
-  CHECK(first_walk - kinds.begin() <= 15);  // one in 16 walks
-  CHECK(std::all_of(first_walk, kinds.end(), [](IndexKind k) { return k == IndexKind::ivf; }));  // and walks go on
+  check_skipped_then_resumed(kinds, [](IndexKind k) { return k == IndexKind::ivf; });  // walked
 }
 
 TEST_CASE("error_target: the planner stops sampling after 8 samples in a row fell back to the scan, and samples again once one answers",
@@ -503,11 +510,7 @@ TEST_CASE("error_target: the planner stops sampling after 8 samples in a row fel
     CHECK(r.error_estimate <= 0.1);
     scored.push_back(r.rows_scored);
   }
-  const auto first_sample = std::find_if(scored.begin(), scored.end(), [&](std::size_t rows) { return rows < n / 4; });
-  REQUIRE(first_sample != scored.end());
-  CHECK(first_sample - scored.begin() >= 1);   // the first spread query after the misses was scanned at once
-  CHECK(first_sample - scored.begin() <= 15);  // one in 16 samples
-  CHECK(std::all_of(first_sample, scored.end(), [&](std::size_t rows) { return rows < n / 4; }));  // and samples go on
+  check_skipped_then_resumed(scored, [&](std::size_t rows) { return rows < n / 4; });  // sampled
 }
 
 TEST_CASE("error_target: the planner stops walking lists after 8 walks in a row found no head, and walks again once one answers",
@@ -529,9 +532,5 @@ TEST_CASE("error_target: the planner stops walking lists after 8 walks in a row 
     CHECK(r.error_estimate <= 0.01);
     kinds.push_back(r.searched_with);
   }
-  const auto first_walk = std::find(kinds.begin(), kinds.end(), IndexKind::ivf);
-  REQUIRE(first_walk != kinds.end());
-  CHECK(first_walk - kinds.begin() >= 1);   // the first peaked query after the misses did not walk
-  CHECK(first_walk - kinds.begin() <= 15);  // one in 16 walks
-  CHECK(std::all_of(first_walk, kinds.end(), [](IndexKind k) { return k == IndexKind::ivf; }));  // and walks go on
+  check_skipped_then_resumed(kinds, [](IndexKind k) { return k == IndexKind::ivf; });  // walked
 }

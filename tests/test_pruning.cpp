@@ -382,14 +382,12 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
   const auto qs = test::normal_floats(3 * d, 85);
   const std::vector<float> factors{1.0f, 0.5f, 3.0f};
   std::vector<double> batch, one;
-  std::vector<std::uint32_t> live_batch;
   std::vector<detail::BoundsSummary> summaries_batch;
-  index->lists()->bounds_batch(qs.data(), factors.data(), 3, d, batch, live_batch, summaries_batch);
+  index->lists()->bounds_batch(qs.data(), factors.data(), 3, d, batch, summaries_batch);
   REQUIRE(summaries_batch.size() == 3);
   const std::size_t count = index->lists()->list_count();
   REQUIRE(batch.size() == 3 * count);
   const std::uint32_t* live = index->lists()->live_counts();
-  CHECK(std::equal(live_batch.begin(), live_batch.end(), live));
   for (std::size_t i = 0; i < 3; ++i) {
     detail::BoundsSummary summary;
     index->lists()->bounds(qs.data() + i * d, factors[i], one, summary);
@@ -454,10 +452,10 @@ TEST_CASE("a batch's shared list reads hand each query the scores its own read g
   }
   const std::vector<float> factors(nq, 2.0f);
   std::vector<double> bounds;
-  std::vector<std::uint32_t> live;
   std::vector<detail::BoundsSummary> summaries;
-  lists.bounds_batch(qs.data(), factors.data(), nq, d, bounds, live, summaries);
-  detail::SharedListScores shared(lists, qs.data(), factors.data(), nq, d, bounds.data(), live.data());
+  lists.bounds_batch(qs.data(), factors.data(), nq, d, bounds, summaries);
+  const std::uint32_t* live = lists.live_counts();
+  detail::SharedListScores shared(lists, qs.data(), factors.data(), nq, d, bounds.data(), live);
   // Each query asks for its 12 lists of largest bound, in decreasing bound as a walk does.
   std::size_t asked = 0;
   for (std::size_t i = 0; i < nq; ++i) {

@@ -140,10 +140,9 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   [[nodiscard]] const std::uint32_t* live_counts() const override { return current_.live.data(); }
 
   void bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
-                    std::vector<std::uint32_t>& live, std::vector<BoundsSummary>& summaries) const override {
+                    std::vector<BoundsSummary>& summaries) const override {
     (void)dim;  // (the lists' own)
     ub.resize(n * current_.lists.size());
-    live.assign(current_.live.begin(), current_.live.end());
     summaries.assign(n, BoundsSummary{});
     bounds_into(queries, factors, n, ub.data(), summaries.data());
   }
@@ -345,10 +344,9 @@ void ListsBuild::run() {
 }  // namespace
 
 void CertifiedLists::bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
-                                  std::vector<std::uint32_t>& live, std::vector<BoundsSummary>& summaries) const {
+                                  std::vector<BoundsSummary>& summaries) const {
   const std::size_t count = list_count();
   ub.resize(n * count);
-  live.assign(live_counts(), live_counts() + count);
   summaries.assign(n, BoundsSummary{});
   std::vector<double> one;
   for (std::size_t i = 0; i < n; ++i) {

@@ -55,11 +55,11 @@ class CertifiedLists {
   /// Every list's live member count (list_count() of them), valid while the collection's lock is held.
   [[nodiscard]] virtual const std::uint32_t* live_counts() const = 0;
   /// bounds() for n queries (row-major, split as bounds() takes one, factors[i] each): ub gets n x
-  /// list_count() bounds, query i's from ub[i * list_count()], live a copy of live_counts(), and
-  /// summaries[i] query i's as bounds() gives it. Reads the centroids once for all the queries (a batch's
+  /// list_count() bounds, query i's from ub[i * list_count()], and summaries[i] query i's as bounds()
+  /// gives it (the live counts: live_counts()). Reads the centroids once for all the queries (a batch's
   /// walks share that pass). This default calls bounds().
   virtual void bounds_batch(const float* queries, const float* factors, std::size_t n, std::size_t dim, std::vector<double>& ub,
-                            std::vector<std::uint32_t>& live, std::vector<BoundsSummary>& summaries) const;
+                            std::vector<BoundsSummary>& summaries) const;
   /// Appends the ids and kernel scores (KernelTable::scores) of list c's live members, and returns a bound
   /// on |kernel score - true score| of each of them, less u |score| (u = 2^-24) which the caller adds per row.
   virtual double score_list(std::size_t c, const float* query, float factor, std::vector<std::uint64_t>& ids,

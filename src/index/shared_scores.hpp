@@ -21,7 +21,8 @@ namespace softkv::detail {
 class SharedListScores {
  public:
   /// Queries row-major (dim floats each, split as bounds() takes them), factors[i], and their bounds as
-  /// CertifiedLists::bounds_batch gives them (n x list_count(), and live). All must outlive this object.
+  /// CertifiedLists::bounds_batch gives them (n x list_count()), and live (CertifiedLists::live_counts). All
+  /// must outlive this object.
   SharedListScores(const CertifiedLists& lists, const float* queries, const float* factors, std::size_t n, std::size_t dim,
                    const double* bounds, const std::uint32_t* live);
   SharedListScores(const SharedListScores&) = delete;

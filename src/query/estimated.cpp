@@ -49,7 +49,6 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     // Each group's walks share their list reads (SharedListScores): a list read for one query is scored
     // for the group's later queries likely to visit it, and their walks take those scores.
     std::vector<double> bounds;
-    std::vector<std::uint32_t> live;
     std::vector<BoundsSummary> summaries;  // each query's walk start, gathered in the group's pass
     std::optional<SharedListScores> shared;
     bool walk_group = true;
@@ -59,14 +58,14 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
         shared.reset();
         walk_group = !(remembered && memory.skip(Attempt::estimate_walk));
         if (!walk_group) continue;
-        lists.bounds_batch(q + b * d, factors + b, group, d, bounds, live, summaries);
-        shared.emplace(lists, q + b * d, factors + b, group, d, bounds.data(), live.data());
+        lists.bounds_batch(q + b * d, factors + b, group, d, bounds, summaries);
+        shared.emplace(lists, q + b * d, factors + b, group, d, bounds.data(), lists.live_counts());
       }
       if (!walk_group) continue;
       try {
         bool scan = false;
         answers[b] = estimate_through_lists(impl, q + b * d, factors[b], target, options.top_m, scan,
-                                            bounds.data() + (b % kBoundsQueries) * count, live.data(),
+                                            bounds.data() + (b % kBoundsQueries) * count, lists.live_counts(),
                                             &shared->for_query(b % kBoundsQueries), &summaries[b % kBoundsQueries]);
         walked[b] = answers[b] ? 1 : 0;
         to_scan[b] = scan ? 1 : 0;

@@ -179,6 +179,17 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
   // chosen on one CPU would misjudge another (FAISS's graph search against softkv's scan).
   const double factor = prune && !index->exact_top_k() ? impl.calibration().factor() : 1.0;
   const RoundCost cost{[&](std::size_t k) { return static_cast<std::size_t>(static_cast<double>(model(k)) * factor); }, budget};
+  // One attempt the planner remembers (PlannerCalibration::skip) on unmasked queries under its budget:
+  // nullopt when the planner skips it, else run's answer (nullopt: a miss), its outcome and time recorded.
+  const bool remembered = !mask && budget != std::numeric_limits<std::size_t>::max();
+  const auto attempt = [&](PlannerCalibration::Attempt kind, auto&& run) -> std::optional<PrunedSoft> {
+    if (!remembered) return run();
+    if (impl.calibration().skip(kind)) return std::nullopt;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::optional<PrunedSoft> answer = run();
+    impl.calibration().note(kind, answer.has_value(), elapsed_ns(t0), span.rows);
+    return answer;
+  };
   bool walked_lists = false;  // answered by a certified walk (or an estimate over certified lists)
   auto plan = [&]() -> PrunedSoft {
     if (path == SinglePath::estimated) {
@@ -189,18 +200,14 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // that falls short leaves its rows as the head of an estimate when they hold the mass
       // (estimate_over_lists: the head exact, the other lists sampled); where the visited lists show the
       // mass spread over the lists, it stops at once and the sample below draws from every row.
-      // The planner remembers both attempts on unmasked queries (PlannerCalibration::skip): a stream of
-      // spread queries stops paying for walks that find no head, a stream the sample cannot estimate
-      // (peaked attention without lists, collections this small) stops paying for its first round.
-      using Attempt = PlannerCalibration::Attempt;
-      PlannerCalibration& memory = impl.calibration();
-      const bool remembered = !mask && budget != std::numeric_limits<std::size_t>::max();
-      if (!mask && impl.use_index(options) && index->lists() != nullptr &&  // (step 1b draws whole lists: no mask)
-          !(remembered && memory.skip(Attempt::estimate_walk))) {
+      // Both attempts are remembered (attempt): a stream of spread queries stops paying for walks that
+      // find no head, a stream the sample cannot estimate (peaked attention without lists, collections
+      // this small) stops paying for its first round.
+      if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (step 1b draws whole lists: no mask)
         bool scan = false;
-        const auto t0 = std::chrono::steady_clock::now();
-        std::optional<PrunedSoft> walked = estimate_through_lists(impl, q, f, target, options.top_m, scan);
-        if (remembered) memory.note(Attempt::estimate_walk, walked.has_value(), elapsed_ns(t0), span.rows);
+        std::optional<PrunedSoft> walked = attempt(PlannerCalibration::Attempt::estimate_walk, [&] {
+          return estimate_through_lists(impl, q, f, target, options.top_m, scan);
+        });
         if (walked) {
           walked_lists = true;
           return std::move(*walked);
@@ -214,12 +221,9 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       const std::size_t rows = mask ? mask->count : span.rows;
       // top_m clamped to the rows it could list (a TopScores reserves room for all of them).
       const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), std::min(options.top_m, rows)};
-      std::optional<PrunedSoft> estimated;
-      if (!(remembered && memory.skip(Attempt::sample))) {
-        const auto t0 = std::chrono::steady_clock::now();
-        estimated = estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr);
-        if (remembered) memory.note(Attempt::sample, estimated.has_value(), elapsed_ns(t0), span.rows);
-      }
+      std::optional<PrunedSoft> estimated = attempt(PlannerCalibration::Attempt::sample, [&] {
+        return estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr);
+      });
       if (!estimated) {
         PrunedSoft all = mask ? scope.exact() : exact();
         all.error_estimate = 0.0;
@@ -236,20 +240,16 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       const std::size_t walk_budget = mask && budget != std::numeric_limits<std::size_t>::max() ? mask->count / kBudgetDivisor : budget;
       const ListTarget target{options.top_k.value_or(0), options.epsilon.value_or(0.0f), options.top_k ? walk_budget / 2 : walk_budget,
                               mask ? &flags : nullptr, mask ? mask->count : 0};
-      // The planner remembers unmasked walks that fell back (PlannerCalibration::skip): after 8 in a
-      // row (or 2 that wasted half a scan), 15 queries in 16 go to the scan without paying for a walk
-      // that would fail too. Only a query that would walk asks (its try, when it is one, is recorded).
-      const bool remembered = !mask && budget != std::numeric_limits<std::size_t>::max();
+      // Walks that keep falling back are remembered (attempt): 15 queries in 16 then go to the scan
+      // without paying for a walk that would fail too. Only a query that would walk asks. (top_k and
+      // epsilon apart: a top_k beyond the lists' reach says nothing of an epsilon walk.)
       std::optional<PrunedSoft> walked;
-      // (top_k and epsilon apart: a top_k beyond the lists' reach says nothing of an epsilon walk.)
       const PlannerCalibration::Attempt kind = options.top_k ? PlannerCalibration::Attempt::top_k_walk : PlannerCalibration::Attempt::epsilon_walk;
-      if (!options.top_k || *options.top_k < (mask ? mask->count : span.rows)) {
-        if (remembered && impl.calibration().skip(kind)) return exact();
-        const auto t0 = std::chrono::steady_clock::now();
-        walked = certified_soft(kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); },
+      if (!options.top_k || *options.top_k < (mask ? mask->count : span.rows))
+        walked = attempt(kind, [&] {
+          return certified_soft(kernels, *index->lists(), q, f, span, [&](std::uint64_t id) { return *impl.row_of(id); },
                                 target, options.top_m);
-        if (remembered) impl.calibration().note(kind, walked.has_value(), elapsed_ns(t0), span.rows);
-      }
+        });
       walked_lists = walked.has_value();
       if (walked) return std::move(*walked);
       return mask ? scope.exact() : exact();
