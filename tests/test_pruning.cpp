@@ -5,6 +5,8 @@
 #include <cmath>
 #include <array>
 #include <cstring>
+#include <functional>
+#include <random>
 #include <numeric>
 
 #include "index/shared_scores.hpp"
@@ -406,6 +408,11 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
       else cold_max = std::max(cold_max, one[c]);
     }
     CHECK(hot.size() < lists);  // (the check sees cold lists too)
+    // The cold lists' mass by their bins: at least their exact mass, at most 1/8 nat above it.
+    long double cold_mass = 0;
+    for (std::size_t c = 0; c < count; ++c)
+      if (live[c] != 0 && one[c] < top - detail::kHotNats) cold_mass += live[c] * std::exp(static_cast<long double>(one[c] - top));
+    REQUIRE(cold_mass > 0);
     // What bounds() gathered for the query, and what the batch's pass gathered for each of its queries.
     for (detail::BoundsSummary* gathered : {&summary, &summaries_batch[i]}) {
       std::sort(gathered->hot.begin(), gathered->hot.end());
@@ -416,6 +423,9 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
       CHECK(gathered->hot_rows == hot_rows);
       CHECK(gathered->most == most);
       CHECK(gathered->lists == lists);
+      const double binned = gathered->cold_bins.mass(top, [](double edge, double shift) { return std::exp(edge - shift); });
+      CHECK(binned >= static_cast<double>(cold_mass) * (1 - 1e-12));
+      CHECK(binned <= static_cast<double>(cold_mass) * std::exp(0.125) * (1 + 1e-12));
     }
   }
   // Then the graph, which takes the hard queries over.
@@ -455,7 +465,7 @@ TEST_CASE("a batch's shared list reads hand each query the scores its own read g
   std::vector<detail::BoundsSummary> summaries;
   lists.bounds_batch(qs.data(), factors.data(), nq, d, bounds, summaries);
   const std::uint32_t* live = lists.live_counts();
-  detail::SharedListScores shared(lists, qs.data(), factors.data(), nq, d, bounds.data(), live);
+  detail::SharedListScores shared(lists, qs.data(), factors.data(), nq, d, bounds.data(), summaries.data());
   // Each query asks for its 12 lists of largest bound, in decreasing bound as a walk does.
   std::size_t asked = 0;
   for (std::size_t i = 0; i < nq; ++i) {
@@ -482,6 +492,100 @@ TEST_CASE("a batch's shared list reads hand each query the scores its own read g
   CHECK(shared.own_reads() >= 3 * 12 + 12);
 }
 
+namespace {
+
+// sum of rows e^{ub - shift} in long double, and BoundBins' bound on it with exact exponentials.
+long double exact_mass(const std::vector<double>& ub, const std::vector<std::uint64_t>& rows, double shift) {
+  long double sum = 0;
+  for (std::size_t i = 0; i < ub.size(); ++i) sum += rows[i] * std::exp(static_cast<long double>(ub[i]) - shift);
+  return sum;
+}
+
+double binned_mass(const detail::BoundBins& bins, double shift) {
+  return bins.mass(shift, [](double edge, double at) { return std::exp(edge - at); });
+}
+
+}  // namespace
+
+TEST_CASE("bound bins hold at least every row's mass, within 1/8 nat while the bounds span under 100 nats, in any order and merged", "[pruning]") {
+  std::mt19937_64 gen(7);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const auto uniform = [&] { return unit(gen); };
+  // Bounds of a few shapes: spread over 20 nats, rising (each re-anchors the bins), falling, on bin edges,
+  // far apart (the lowest bin takes what lies 128 nats below), large (past the inline path's 2^30).
+  const std::vector<std::pair<const char*, std::function<double(std::size_t)>>> shapes{
+      {"spread", [&](std::size_t) { return 20.0 * uniform(); }},
+      {"rising", [](std::size_t i) { return -50.0 + 0.01 * static_cast<double>(i); }},
+      {"falling", [](std::size_t i) { return 30.0 - 0.01 * static_cast<double>(i); }},
+      {"edges", [](std::size_t i) { return static_cast<double>(i % 160) / 8 - 10; }},
+      {"far apart", [&](std::size_t i) { return i % 2 == 0 ? 400.0 * uniform() - 200 : -3e5; }},
+      {"large", [&](std::size_t) { return 0x1p40 + 30.0 * uniform(); }},
+      {"tiny spread", [&](std::size_t) { return 1e-9 * uniform(); }}};
+  for (const auto& [name, make] : shapes) {
+    INFO(name);
+    std::vector<double> ub(5000);
+    std::vector<std::uint64_t> rows(ub.size());
+    for (std::size_t i = 0; i < ub.size(); ++i) ub[i] = make(i), rows[i] = 1 + i % 37;
+    const double high = *std::max_element(ub.begin(), ub.end()), low = *std::min_element(ub.begin(), ub.end());
+    const long double exact = exact_mass(ub, rows, high);
+    // One bins for all, and three parts (every third bound) merged.
+    detail::BoundBins all, merged;
+    std::array<detail::BoundBins, 3> parts;
+    for (std::size_t i = 0; i < ub.size(); ++i) all.add(ub[i], rows[i]), parts[i % 3].add(ub[i], rows[i]);
+    for (const auto& part : parts) merged.merge(part);
+    for (const detail::BoundBins* bins : {&all, &merged}) {
+      const double mass = binned_mass(*bins, high);
+      CHECK(mass >= static_cast<double>(exact) * (1 - 1e-12));
+      if (high - low < 100) CHECK(mass <= static_cast<double>(exact) * std::exp(0.125) * (1 + 1e-12));
+    }
+    all.clear();
+    CHECK(binned_mass(all, high) == 0.0);
+  }
+  // A bound too large for a key: the mass is unbounded; far below: in the lowest bin, still counted.
+  detail::BoundBins huge, deep;
+  huge.add(1.0, 3);
+  huge.add(1e300, 1);
+  CHECK(std::isinf(binned_mass(huge, 0.0)));
+  deep.add(-1e300, 5);
+  CHECK(binned_mass(deep, 0.0) >= 0.0);
+  deep.add(0.5, 2);
+  CHECK(binned_mass(deep, 0.0) >= 2 * std::exp(0.5));
+}
+
+TEST_CASE("a peaked walk bounds its cold lists by their bins: the rest is near its exact mass without visiting them", "[pruning]") {
+  // One list at the top (30), three within 16 nats of it, and 50,000 lists of 20 rows about 35 nats below
+  // the top (normal, deviation 3): cold, their largest bound 10. By the largest bound alone they would
+  // weigh 10^6 e^10; by their bins, within 1/4 nat of their own mass (about 10^6 e^-0.5).
+  const std::size_t lists = 50004;
+  std::vector<double> ub(lists);
+  std::vector<std::uint32_t> live(lists, 20);
+  std::mt19937_64 gen(11);
+  std::normal_distribution<double> spread(-5.0, 3.0);
+  for (std::size_t c = 4; c < lists; ++c) ub[c] = std::min(spread(gen), 9.0);
+  ub[100] = 10.0;
+  ub[0] = 30.0, ub[1] = 25.0, ub[2] = 20.0, ub[3] = 15.0;
+  detail::ListWalk walk(ub.data(), live.data(), lists);
+  for (std::size_t expected = 0; expected < 4; ++expected) CHECK(walk.next() == expected);
+  long double exact = 0;
+  for (std::size_t c = 4; c < lists; ++c) exact += live[c] * std::exp(static_cast<long double>(ub[c]));
+  const double log_exact = std::log(static_cast<double>(exact));
+  CHECK(walk.log_rest() >= log_exact);
+  CHECK(walk.log_rest() <= log_exact + 0.26);  // a bin's edge and a bucket's, 1/8 nat each
+  CHECK(walk.log_rest() < std::log(1e6) + 10.0 - 8);
+  CHECK(walk.next_bound() == 10.0);
+  // Walking on, the lists come in decreasing bound, and the rest stays above what is left.
+  CHECK(walk.next() == 100);
+  exact -= live[100] * std::exp(static_cast<long double>(ub[100]));
+  for (int step = 0; step < 200; ++step) {
+    const double next = walk.next_bound();
+    const std::size_t c = walk.next();
+    CHECK(ub[c] == next);
+    exact -= live[c] * std::exp(static_cast<long double>(ub[c]));
+  }
+  CHECK(walk.log_rest() >= std::log(static_cast<double>(exact)) - 1e-9);
+  CHECK(walk.log_rest() <= std::log(static_cast<double>(exact)) + 0.26);
+}
+
 TEST_CASE("a list walk's bound on the unvisited mass follows the highest unvisited bound down, however far below the first", "[pruning]") {
   // One wide list bounded 1,000 nats up (its rows may score far less), one at 500 and 50,000 lists of 20
   // rows at 100: once the first two are visited the rest weigh at most 10^6 e^100. The buckets floor
@@ -498,9 +602,9 @@ TEST_CASE("a list walk's bound on the unvisited mass follows the highest unvisit
   CHECK(walk.log_rest() >= rest_all);
   CHECK(walk.next() == 7);
   CHECK(walk.log_rest() >= std::log(20.0) + 500.0);
-  // (Lists far below the top wait cold, counted together at the largest of their bounds: here all
-  // 10^6 rows at 500 until the walk reaches that bound.)
-  CHECK(walk.log_rest() <= std::log(1e6) + 500.0 + 0.2);
+  // (Lists far below the top wait cold, bounded by their bins: list 9's 20 rows at 500, the others'
+  // 10^6 at most 128 nats below it, until the walk reaches them.)
+  CHECK(walk.log_rest() <= std::log(20.0) + 500.0 + 0.26);
   CHECK(walk.next() == 9);
   const double rest = std::log(49999.0 * 20) + 100.0;  // (list 11 is empty)
   CHECK(walk.log_rest() >= rest);

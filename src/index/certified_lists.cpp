@@ -163,6 +163,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     std::vector<double> fq(n);  // each query's f ||q|| rounded up (bounds_from)
     for (std::size_t i = 0; i < n; ++i) fq[i] = static_cast<double>(factors[i]) * norm_up(queries + i * d, d) * (1 + 4 * kUnit);
     std::vector<BoundsSummary> gathered(summaries != nullptr ? parts * n : 0);  // part p, query i: [p * n + i]
+    for (std::size_t j = 0; j < gathered.size(); ++j) gathered[j].bin_cold = summaries[j % n].bin_cold;
     ThreadPool::shared().run(parts, [&](std::size_t p) {
       thread_local std::vector<float> scores;  // one chunk's scores (reused: no page faults per query)
       scores.resize(chunk);
@@ -179,7 +180,9 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     });
     if (summaries == nullptr) return;
     for (std::size_t i = 0; i < n; ++i) {
+      const bool bin = summaries[i].bin_cold;
       summaries[i] = BoundsSummary{};
+      summaries[i].bin_cold = bin;
       for (std::size_t p = 0; p < parts; ++p) summaries[i].merge(gathered[p * n + i]);
       summaries[i].finish(ub + i * count, current_.live.data());
     }

@@ -17,6 +17,42 @@ namespace softkv::detail {
 /// its heap, counted together at the largest of their bounds until the walk comes near them.
 inline constexpr double kHotNats = 16;
 
+/// Live rows of lists by their upper bound, in bins of 1/8 nat anchored at absolute bounds (no largest
+/// bound needed while they are gathered): a list bounded by ub counts in the bin of ceil(8 ub), whose
+/// upper edge then bounds its rows' scores. Bins more than 128 nats below the highest one merge into the
+/// lowest (counted at its edge: looser, never below a bound). A walk bounds its cold lists' mass with them
+/// far more tightly than by their largest bound alone.
+class BoundBins {
+ public:
+  /// Bins per nat, and how many (the lowest takes everything below).
+  static constexpr int kPerNat = 8;
+  static constexpr std::size_t kBins = 128 * kPerNat + 1;
+  /// Counts rows under the finite bound ub (inline: a bounds pass bins every cold list).
+  void add(double ub, std::uint64_t rows) {
+    // Bin top_key_ - ceil(8 ub) = floor(top_key_ - 8 ub): a truncation when in range (top_ is NaN before
+    // the first row and for keys beyond 2^30). The nudge outweighs the subtraction's rounding (at most 2^-22
+    // below 2^31): a bound on a bin's edge may count a bin higher, never lower.
+    const double at = top_ - ub * kPerNat - 0x1p-20;
+    if (at >= 0 && at < static_cast<double>(kBins - 1)) rows_[static_cast<std::size_t>(at)] += rows;
+    else add_outside(ub, rows);
+  }
+  /// Takes in another's rows (anchored anywhere).
+  void merge(const BoundBins& other);
+  /// Forgets every row.
+  void clear() noexcept;
+  /// sum over the rows of e^{edge - shift} (edge: their bin's upper edge) rounded up through mass_below:
+  /// a bound on the rows' mass relative to e^shift; +inf when a bound fell outside what bins can hold.
+  [[nodiscard]] double mass(double shift, double (*mass_below)(double edge, double shift)) const;
+
+ private:
+  void add_outside(double ub, std::uint64_t rows);  // the first row, a bound above the bins, or below them
+  void raise(std::int64_t key);  // re-anchors so that the bin of key is the highest
+  std::vector<std::uint64_t> rows_;  // rows_[b]: the bin of ceil(8 ub) = top_key_ - b (the last: that or below)
+  std::int64_t top_key_ = 0;
+  double top_ = std::numeric_limits<double>::quiet_NaN();  // top_key_ as a double (NaN until the first row)
+  bool unbounded_ = false;  // a bound beyond +-2^60 / 8 nats was added: mass() is +inf
+};
+
 /// What a walk starts from, gathered while a query's bounds are computed (CertifiedLists::bounds): the
 /// largest finite bound, the lists within kHotNats of it, and what the others weigh together. Lists are
 /// added in any order (add), parts of them gathered apart are merged (merge), and finish() settles
@@ -29,6 +65,8 @@ struct BoundsSummary {
   std::size_t lists = 0;                                       ///< lists with live members
   std::uint32_t most = 1;                                      ///< the largest list's live rows (at least 1)
   std::vector<std::uint32_t> hot;  ///< after finish: every list bounded within kHotNats of top, or not finitely
+  BoundBins cold_bins;             ///< after finish: the rows of the lists not in hot, by bound (if bin_cold)
+  bool bin_cold = true;  ///< set before the lists are added: whether cold_bins is gathered (a top_k walk needs no mass)
 
   /// Counts lists [first, first + n) (bounds ub[c], live members live[c]). A list bounded within kHotNats
   /// of the largest bound seen so far is a candidate for hot; finish() drops those the final top leaves
@@ -50,7 +88,8 @@ class CertifiedLists {
   [[nodiscard]] virtual std::size_t list_count() const = 0;
   /// For a query split by split_scale into (query, factor): ub[c] >= the kernel's score of every live
   /// member of list c, float rounding included (+inf when the bound is not finite; -inf when live_counts()[c]
-  /// is 0), and in summary (finished) what a walk starts from, gathered on the way.
+  /// is 0), and in summary (finished) what a walk starts from, gathered on the way (its cold bins only if
+  /// summary.bin_cold was set on entry).
   virtual void bounds(const float* query, float factor, std::vector<double>& ub, BoundsSummary& summary) const = 0;
   /// Every list's live member count (list_count() of them), valid while the collection's lock is held.
   [[nodiscard]] virtual const std::uint32_t* live_counts() const = 0;
@@ -80,7 +119,8 @@ class ListScorer {
 class ListWalk {
  public:
   /// Computes every list's bound for the query (O(lists x d)) and starts from what that pass gathered.
-  ListWalk(const CertifiedLists& lists, const float* query, float factor);
+  /// mass: whether the walk will ask log_rest() (false: a top_k walk; the cold lists are not binned).
+  ListWalk(const CertifiedLists& lists, const float* query, float factor, bool mass = true);
   /// A walk over bounds computed beforehand (count lists: ub as CertifiedLists::bounds gives them, and
   /// live), read in place: both must outlive the walk. summary: what the bounds' pass gathered for them
   /// (CertifiedLists::bounds_batch), or null to gather it here (one pass over the lists).
@@ -120,8 +160,8 @@ class ListWalk {
   [[nodiscard]] double counted() const;  // the unvisited mass from the bucket counts
   void warm(double limit);  // moves the cold lists bounded at limit or above into the heap and the buckets
   void rebase(double highest);  // the shift moved down to the highest unvisited bound, the buckets afresh
-  [[nodiscard]] double cold_term() const;  // the cold lists' mass bound: their rows at the largest cold bound
-  [[nodiscard]] double recounted() const;  // counted() plus cold_term(): the unvisited mass afresh
+  void recount_cold();  // cold_term_ afresh (after the shift or the cold lists changed)
+  [[nodiscard]] double recounted() const;  // counted() plus cold_term_: the unvisited mass afresh
 
   /// Once every unvisited bound lies this far below the shift, the buckets are counted afresh from the
   /// highest of them: the lowest bucket holds everything 128 nats below the shift at e^-128, a floor that
@@ -142,6 +182,9 @@ class ListWalk {
   std::uint64_t cold_rows_ = 0;                         // live rows of the cold lists (counted at cold_max_)
   std::uint32_t most_ = 1;                              // the largest list's live rows
   double cold_max_ = -std::numeric_limits<double>::infinity();  // their largest bound
+  BoundBins cold_bins_;                                 // their rows by bound (if bin_cold_)
+  bool bin_cold_ = true;                                // whether cold_bins_ counts them (BoundsSummary::bin_cold)
+  double cold_term_ = 0;  // their mass bound relative to e^top_: the smaller of (rows at cold_max_) and cold_bins_
   double top_ = 0;      // the shift of rest_: the largest finite bound plus the log of the largest list
   double rest_ = 0;     // sum over unvisited of live_c e^{ub_c - top_}
   double total_ = 0;    // rest_ when last counted afresh (start, recount, rebase): the scale of its rounding (log_rest)

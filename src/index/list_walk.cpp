@@ -47,11 +47,91 @@ thread_local WalkBuffers walk_buffers;
 
 }  // namespace
 
+namespace {
+
+// BoundBins' top key for its inline add: NaN (every row through add_outside) beyond 2^30, where the
+// double subtraction there might round by more than its nudge.
+double fast_top(std::int64_t key) {
+  return key > -(std::int64_t{1} << 30) && key < (std::int64_t{1} << 30) ? static_cast<double>(key) : std::numeric_limits<double>::quiet_NaN();
+}
+
+}  // namespace
+
+void BoundBins::add_outside(double ub, std::uint64_t rows) {
+  constexpr double kLimit = 0x1p60;
+  const double scaled = std::ceil(ub * kPerNat);
+  if (!(scaled < kLimit)) {  // (too high for a key; +inf never comes here)
+    unbounded_ = true;
+    return;
+  }
+  // Far below: the lowest key, whose edge lies above the bound (a looser count, never a smaller one).
+  const auto key = static_cast<std::int64_t>(std::max(scaled, -kLimit));
+  if (rows_.empty()) {
+    rows_.assign(kBins, 0);
+    top_key_ = key + 16 * kPerNat;  // room above for the bounds to come, which tend to rise
+    top_ = fast_top(top_key_);
+  } else if (key > top_key_) {
+    raise(key);
+  }
+  rows_[static_cast<std::size_t>(std::min<std::int64_t>(top_key_ - key, kBins - 1))] += rows;
+}
+
+void BoundBins::raise(std::int64_t key) {
+  const auto shift = static_cast<std::uint64_t>(key - top_key_);  // > 0
+  if (shift >= kBins - 1) {
+    std::uint64_t all = 0;
+    for (const std::uint64_t r : rows_) all += r;
+    std::fill(rows_.begin(), rows_.end(), 0);
+    rows_.back() = all;
+  } else {
+    const std::size_t keep = kBins - 1 - shift;  // bins that stay above the lowest
+    std::uint64_t lowest = 0;
+    for (std::size_t b = keep; b < kBins; ++b) lowest += rows_[b];
+    std::move_backward(rows_.begin(), rows_.begin() + static_cast<std::ptrdiff_t>(keep), rows_.end() - 1);
+    std::fill(rows_.begin(), rows_.begin() + static_cast<std::ptrdiff_t>(shift), 0);
+    rows_.back() = lowest;
+  }
+  top_key_ = key;
+  top_ = fast_top(key);
+}
+
+void BoundBins::merge(const BoundBins& other) {
+  unbounded_ = unbounded_ || other.unbounded_;
+  if (other.rows_.empty()) return;
+  if (rows_.empty()) {
+    rows_ = other.rows_;
+    top_key_ = other.top_key_;
+    top_ = other.top_;
+    return;
+  }
+  if (other.top_key_ > top_key_) raise(other.top_key_);
+  // Other's bin b holds bounds with key other.top_key_ - b (its lowest: that or below): here at that key's
+  // bin, or in the lowest.
+  const std::int64_t offset = top_key_ - other.top_key_;  // >= 0
+  for (std::size_t b = 0; b < kBins; ++b)
+    if (other.rows_[b] != 0) rows_[static_cast<std::size_t>(std::min<std::int64_t>(offset + static_cast<std::int64_t>(b), kBins - 1))] += other.rows_[b];
+}
+
+void BoundBins::clear() noexcept {
+  std::fill(rows_.begin(), rows_.end(), 0);
+  unbounded_ = false;
+}
+
+double BoundBins::mass(double shift, double (*mass_below)(double edge, double shift)) const {
+  if (unbounded_) return kInf;
+  double sum = 0;
+  for (std::size_t b = 0; b < rows_.size(); ++b)
+    if (rows_[b] != 0)
+      sum += static_cast<double>(rows_[b]) * mass_below(static_cast<double>(top_key_ - static_cast<std::int64_t>(b)) / kPerNat, shift);
+  return sum;
+}
+
 void BoundsSummary::add(const double* ub, const std::uint32_t* live, std::size_t first, std::size_t n) {
   double high = top, low = cold_max;
   std::uint64_t counted_rows = 0;
   std::size_t counted = 0;
   std::uint32_t largest = most;
+  const bool bin = bin_cold;
   for (std::size_t c = first; c < first + n; ++c) {
     if (live[c] == 0) continue;
     counted_rows += live[c];
@@ -62,6 +142,7 @@ void BoundsSummary::add(const double* ub, const std::uint32_t* live, std::size_t
       if (ub[c] > high && ub[c] < kInf) high = ub[c];
     } else {
       low = std::max(low, ub[c]);
+      if (bin) cold_bins.add(ub[c], live[c]);
     }
   }
   top = high;
@@ -78,6 +159,7 @@ void BoundsSummary::merge(const BoundsSummary& other) {
   lists += other.lists;
   most = std::max(most, other.most);
   hot.insert(hot.end(), other.hot.begin(), other.hot.end());
+  cold_bins.merge(other.cold_bins);
 }
 
 void BoundsSummary::finish(const double* ub, const std::uint32_t* live) {
@@ -87,6 +169,7 @@ void BoundsSummary::finish(const double* ub, const std::uint32_t* live) {
   for (const std::uint32_t c : hot) {
     if (ub[c] < below) {
       cold_max = std::max(cold_max, ub[c]);
+      if (bin_cold) cold_bins.add(ub[c], live[c]);
     } else {
       hot[kept++] = c;
       hot_rows += live[c];
@@ -95,10 +178,11 @@ void BoundsSummary::finish(const double* ub, const std::uint32_t* live) {
   hot.resize(kept);
 }
 
-ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor) {
+ListWalk::ListWalk(const CertifiedLists& lists, const float* query, float factor, bool mass) {
   ub_buffer_.swap(walk_buffers.ub);
   heap_.swap(walk_buffers.heap);
   BoundsSummary summary;
+  summary.bin_cold = mass;
   lists.bounds(query, factor, ub_buffer_, summary);
   ub_ = ub_buffer_.data();
   live_ = lists.live_counts();
@@ -140,15 +224,23 @@ void ListWalk::start(const BoundsSummary& summary) {
   cold_lists_ = summary.lists - summary.hot.size();
   cold_rows_ = summary.rows - summary.hot_rows;
   cold_max_ = summary.cold_max;
+  bin_cold_ = summary.bin_cold;
+  cold_bins_ = summary.cold_bins;
   std::make_heap(heap_.begin(), heap_.end());
+  recount_cold();
   rest_ = total_ = recounted();
 }
 
-double ListWalk::cold_term() const {
-  return cold_rows_ == 0 ? 0.0 : static_cast<double>(cold_rows_) * bucket_mass(cold_max_, top_);
+void ListWalk::recount_cold() {
+  // Two bounds on the cold lists' mass, the smaller kept: all their rows at the largest of their bounds,
+  // and their rows by bound (BoundBins, within 1/8 nat of each list's own: the one that lets a peaked walk
+  // stop without warming the bulk of the lists, a few nats below its top).
+  // (Without bins, a walk that asked for none: a top_k walk, whose tail bound is looser then.)
+  const double at_max = static_cast<double>(cold_rows_) * bucket_mass(cold_max_, top_);
+  cold_term_ = cold_rows_ == 0 ? 0.0 : bin_cold_ ? std::min(at_max, cold_bins_.mass(top_, bucket_mass)) : at_max;
 }
 
-double ListWalk::recounted() const { return counted() + cold_term(); }
+double ListWalk::recounted() const { return counted() + cold_term_; }
 
 double ListWalk::counted() const {
   double sum = 0;
@@ -171,6 +263,7 @@ void ListWalk::warm(double limit) {
   double next_max = -kInf;
   std::uint64_t rows = 0;
   std::size_t still = 0;
+  cold_bins_.clear();
   for (std::size_t c = 0; c < count_; ++c) {
     if (live[c] == 0 || !(ub[c] < cold_below_)) continue;  // no member, or hot or visited already
     if (!(ub[c] < limit)) {
@@ -180,6 +273,7 @@ void ListWalk::warm(double limit) {
       ++still;
       rows += live[c];
       next_max = std::max(next_max, ub[c]);
+      if (bin_cold_) cold_bins_.add(ub[c], live[c]);
     }
   }
   cold_below_ = limit;
@@ -187,6 +281,7 @@ void ListWalk::warm(double limit) {
   cold_rows_ = rows;
   cold_max_ = next_max;
   std::make_heap(heap_.begin(), heap_.end());
+  recount_cold();
   rest_ = total_ = recounted();
 }
 
@@ -224,6 +319,7 @@ void ListWalk::rebase(double highest) {
   top_ = highest + std::log(static_cast<double>(most_));
   std::fill(counts_.begin(), counts_.end(), 0);
   for (const auto& [ub, c] : heap_) counts_[static_cast<std::size_t>(bucket_of(ub, top_))] += live_[c];
+  recount_cold();
   rest_ = total_ = recounted();  // (the cold lists: their count at their largest bound, shifted anew)
 }
 
@@ -263,7 +359,7 @@ double ListWalk::log_rest() {
   if (infinite_) return kInf;
   // The running sum's own rounding: each term and each subtraction errs by at most 2^-53 of the total it
   // was counted from, over at most the buckets plus two per list.
-  const double error = 4 * static_cast<double>(counts_.size() + count_ + 1) * 0x1p-53 * total_;
+  const double error = 4 * static_cast<double>(counts_.size() + BoundBins::kBins + count_ + 1) * 0x1p-53 * total_;
   return rest_ + error > 0 ? top_ + std::log(rest_ + error) : -kInf;
 }
 

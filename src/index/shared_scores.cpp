@@ -8,15 +8,13 @@
 namespace softkv::detail {
 
 SharedListScores::SharedListScores(const CertifiedLists& lists, const float* queries, const float* factors, std::size_t n,
-                                   std::size_t dim, const double* bounds, const std::uint32_t* live)
-    : lists_(lists), queries_(queries), factors_(factors), n_(n), dim_(dim), count_(lists.list_count()), bounds_(bounds), live_(live),
-      top_(n, -std::numeric_limits<double>::infinity()), similar_(n * n, 0), scorers_(n), held_for_(n) {
+                                   std::size_t dim, const double* bounds, const BoundsSummary* summaries)
+    : lists_(lists), queries_(queries), factors_(factors), n_(n), dim_(dim), count_(lists.list_count()), bounds_(bounds),
+      top_(n), similar_(n * n, 0), scorers_(n), held_for_(n) {
   for (std::size_t i = 0; i < n; ++i) {
     scorers_[i].owner = this;
     scorers_[i].query = i;
-    const double* ub = bounds + i * count_;
-    for (std::size_t c = 0; c < count_; ++c)
-      if (live[c] != 0 && std::isfinite(ub[c])) top_[i] = std::max(top_[i], ub[c]);
+    top_[i] = summaries[i].top;  // (the largest finite bound of a live list, gathered in the bounds' pass)
   }
   // Cosines in double (the split queries differ from the given ones by a positive factor only).
   std::vector<double> norm(n, 0.0);

@@ -20,11 +20,11 @@ namespace softkv::detail {
 /// one CertifiedLists::score_list gives that query, so answers are those of the queries alone.
 class SharedListScores {
  public:
-  /// Queries row-major (dim floats each, split as bounds() takes them), factors[i], and their bounds as
-  /// CertifiedLists::bounds_batch gives them (n x list_count()), and live (CertifiedLists::live_counts). All
-  /// must outlive this object.
+  /// Queries row-major (dim floats each, split as bounds() takes them), factors[i], and their bounds and
+  /// summaries as CertifiedLists::bounds_batch gives them (n x list_count() bounds, n summaries: their top
+  /// bounds are read here). queries, factors and bounds must outlive this object.
   SharedListScores(const CertifiedLists& lists, const float* queries, const float* factors, std::size_t n, std::size_t dim,
-                   const double* bounds, const std::uint32_t* live);
+                   const double* bounds, const BoundsSummary* summaries);
   SharedListScores(const SharedListScores&) = delete;
   SharedListScores& operator=(const SharedListScores&) = delete;
 
@@ -65,7 +65,6 @@ class SharedListScores {
   const float* factors_;
   std::size_t n_, dim_, count_;
   const double* bounds_;
-  const std::uint32_t* live_;
   std::vector<double> top_;                 // each query's largest finite bound (-inf: none)
   std::vector<std::uint8_t> similar_;       // n x n: cosine >= kShareCosine
   std::vector<Scorer> scorers_;

@@ -59,7 +59,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
         walk_group = !(remembered && memory.skip(Attempt::estimate_walk));
         if (!walk_group) continue;
         lists.bounds_batch(q + b * d, factors + b, group, d, bounds, summaries);
-        shared.emplace(lists, q + b * d, factors + b, group, d, bounds.data(), lists.live_counts());
+        shared.emplace(lists, q + b * d, factors + b, group, d, bounds.data(), summaries.data());
       }
       if (!walk_group) continue;
       try {
