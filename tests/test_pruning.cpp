@@ -440,6 +440,36 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
   CHECK_FALSE(index->build_due());
 }
 
+TEST_CASE("a failed list build is not retried before the next write, and the next write's build serves", "[pruning]") {
+  const std::size_t n = 3000, d = 8;
+  const std::vector<float> keys = make_keys(n + 1, d, 30, 93);
+  std::vector<std::uint64_t> ids(n + 1);
+  std::iota(ids.begin(), ids.end(), std::uint64_t{0});
+  const detail::RowSpan all{keys.data(), nullptr, ids.data(), n, d, 0};
+  const auto index = detail::make_pruning_index({d, 1, Metric::dot, {}, {.kind = IndexKind::ivf}});
+  index->put(std::span(ids).first(n), keys.data(), all);
+  REQUIRE(index->build_due());
+  // A build that produced no lists (as one whose k-means threw): finished without running.
+  index->finish_build(index->start_build(all));
+  CHECK_FALSE(index->ready());
+  CHECK_FALSE(index->build_due());
+  CHECK(index->start_build(all) == nullptr);
+  // Finishing with no build at all (journaling idle) records no failure of its own.
+  index->finish_build(nullptr);
+  CHECK_FALSE(index->build_due());
+  // One more key: due again, and this build serves.
+  const detail::RowSpan more{keys.data(), nullptr, ids.data(), n + 1, d, 0};
+  index->put(std::span(ids).subspan(n, 1), keys.data() + n * d, more);
+  REQUIRE(index->build_due());
+  auto build = index->start_build(more);
+  REQUIRE(build);
+  build->run();
+  index->finish_build(std::move(build));
+  CHECK(index->ready());
+  CHECK(index->lists() != nullptr);
+  CHECK_FALSE(index->build_due());
+}
+
 TEST_CASE("a batch's shared list reads hand each query the scores its own read gives, and read a list once for similar queries", "[pruning]") {
   const std::size_t n = 6000, d = 16;
   const std::vector<float> keys = make_keys(n, d, 30, 91);
@@ -550,6 +580,68 @@ TEST_CASE("bound bins hold at least every row's mass, within 1/8 nat while the b
   CHECK(binned_mass(deep, 0.0) >= 0.0);
   deep.add(0.5, 2);
   CHECK(binned_mass(deep, 0.0) >= 2 * std::exp(0.5));
+}
+
+TEST_CASE("a walk's start gathered in parts, in any split, equals one counted list by list, with infinite bounds and cold-only parts", "[pruning]") {
+  // 3,000 lists: bounds spread over 60 nats, a few +inf (always hot), some emptied (-inf, no member), and
+  // the highest bounds all in the last third, so the first parts hold only lists that end cold.
+  const std::size_t count = 3000;
+  std::mt19937_64 gen(5);
+  std::uniform_real_distribution<double> spread(-40.0, 20.0);
+  std::vector<double> ub(count);
+  std::vector<std::uint32_t> live(count);
+  for (std::size_t c = 0; c < count; ++c) ub[c] = spread(gen), live[c] = 1 + static_cast<std::uint32_t>(c % 50);
+  for (std::size_t c = 2000; c < count; c += 97) ub[c] = 60.0 + static_cast<double>(c % 7);
+  for (const std::size_t c : {17u, 1500u, 2999u}) ub[c] = std::numeric_limits<double>::infinity();
+  for (std::size_t c = 3; c < count; c += 211) ub[c] = -std::numeric_limits<double>::infinity(), live[c] = 0;
+  // The reference, list by list.
+  double top = -std::numeric_limits<double>::infinity(), cold_max = top;
+  std::uint64_t rows = 0, hot_rows = 0;
+  std::uint32_t most = 1;
+  std::size_t lists = 0;
+  for (std::size_t c = 0; c < count; ++c)
+    if (live[c] != 0) top = std::max(top, std::isfinite(ub[c]) ? ub[c] : top), rows += live[c], most = std::max(most, live[c]), ++lists;
+  std::vector<std::uint32_t> hot;
+  long double cold_mass = 0;
+  for (std::size_t c = 0; c < count; ++c) {
+    if (live[c] == 0) continue;
+    if (ub[c] >= top - detail::kHotNats) {
+      hot.push_back(static_cast<std::uint32_t>(c)), hot_rows += live[c];
+    } else {
+      cold_max = std::max(cold_max, ub[c]);
+      cold_mass += live[c] * std::exp(static_cast<long double>(ub[c]) - top);
+    }
+  }
+  REQUIRE(top == 66.0);
+  for (const std::size_t parts : {1u, 2u, 3u, 7u, 64u}) {
+    INFO(parts << " parts");
+    detail::BoundsSummary merged;
+    for (std::size_t p = 0; p < parts; ++p) {
+      detail::BoundsSummary part;
+      const std::size_t begin = count * p / parts, end = count * (p + 1) / parts;
+      for (std::size_t a = begin; a < end; a += 100) part.add(ub.data(), live.data(), a, std::min<std::size_t>(100, end - a));
+      merged.merge(part);
+    }
+    merged.finish(ub.data(), live.data());
+    std::sort(merged.hot.begin(), merged.hot.end());
+    CHECK(merged.top == top);
+    CHECK(merged.hot == hot);
+    CHECK(merged.cold_max == cold_max);
+    CHECK(merged.rows == rows);
+    CHECK(merged.hot_rows == hot_rows);
+    CHECK(merged.most == most);
+    CHECK(merged.lists == lists);
+    const double binned = binned_mass(merged.cold_bins, top);
+    CHECK(binned >= static_cast<double>(cold_mass) * (1 - 1e-12));
+    CHECK(binned <= static_cast<double>(cold_mass) * std::exp(0.125) * (1 + 1e-12));
+  }
+  // Without bins (a top_k walk's pass), nothing is binned.
+  detail::BoundsSummary plain;
+  plain.bin_cold = false;
+  plain.add(ub.data(), live.data(), 0, count);
+  plain.finish(ub.data(), live.data());
+  CHECK(plain.cold_max == cold_max);
+  CHECK(binned_mass(plain.cold_bins, top) == 0.0);
 }
 
 TEST_CASE("a peaked walk bounds its cold lists by their bins: the rest is near its exact mass without visiting them", "[pruning]") {
