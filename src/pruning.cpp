@@ -213,7 +213,7 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
                                          const ListTarget& target, std::size_t top_m, ListHead* head) {
   constexpr double kUnit = 1.0 / 16777216.0;
   ListWalk walk = target.bounds != nullptr ? ListWalk(target.bounds, target.live, lists.list_count(), target.summary)
-                                           : ListWalk(lists, query, scale, target.top_k == 0);
+                                           : ListWalk(lists, query, scale);
   std::vector<std::uint64_t> ids;
   std::vector<float> scores;
   std::vector<double> error;  // per visited row: |kernel score - true score| <= error[i] (its list's bound + u |s|)

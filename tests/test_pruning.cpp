@@ -454,13 +454,13 @@ TEST_CASE("a failed list build is not retried before the next write, and the nex
   CHECK_FALSE(index->ready());
   CHECK_FALSE(index->build_due());
   CHECK(index->start_build(all) == nullptr);
-  // Finishing with no build at all (journaling idle) records no failure of its own.
-  index->finish_build(nullptr);
-  CHECK_FALSE(index->build_due());
-  // One more key: due again, and this build serves.
+  // One more key: due again; finishing with no build at all (journaling idle) records no failure, and
+  // the next build serves.
   const detail::RowSpan more{keys.data(), nullptr, ids.data(), n + 1, d, 0};
   index->put(std::span(ids).subspan(n, 1), keys.data() + n * d, more);
   REQUIRE(index->build_due());
+  index->finish_build(nullptr);
+  CHECK(index->build_due());
   auto build = index->start_build(more);
   REQUIRE(build);
   build->run();
@@ -571,15 +571,42 @@ TEST_CASE("bound bins hold at least every row's mass, within 1/8 nat while the b
     all.clear();
     CHECK(binned_mass(all, high) == 0.0);
   }
-  // A bound too large for a key: the mass is unbounded; far below: in the lowest bin, still counted.
+  // A bound too large for a key: the mass is unbounded; far below a key's range: in the lowest key,
+  // whose edge lies above it (here, so far above that its mass overflows: still not below the truth).
   detail::BoundBins huge, deep;
   huge.add(1.0, 3);
   huge.add(1e300, 1);
   CHECK(std::isinf(binned_mass(huge, 0.0)));
   deep.add(-1e300, 5);
-  CHECK(binned_mass(deep, 0.0) >= 0.0);
-  deep.add(0.5, 2);
-  CHECK(binned_mass(deep, 0.0) >= 2 * std::exp(0.5));
+  CHECK(binned_mass(deep, -1e300) >= 5.0);
+  // Bins anchored more than 128 nats apart: merged either way, the lower ones land in the lowest bin.
+  detail::BoundBins low, high, low_then_high, high_then_low;
+  for (int i = 0; i < 100; ++i) low.add(-300.0 + 0.1 * i, 2), high.add(200.0 + 0.1 * i, 3);
+  low_then_high.merge(low), low_then_high.merge(high);
+  high_then_low.merge(high), high_then_low.merge(low);
+  long double both = 0;
+  for (int i = 0; i < 100; ++i) both += 2 * std::exp(static_cast<long double>(-300.0 + 0.1 * i - 210)) + 3 * std::exp(static_cast<long double>(0.1 * i - 10));
+  for (const detail::BoundBins* bins : {&low_then_high, &high_then_low}) {
+    std::uint64_t rows = 0;
+    const double mass = bins->mass(210.0, [](double edge, double at) { return std::exp(edge - at); }, &rows);
+    CHECK(rows == 500);
+    CHECK(mass >= static_cast<double>(both) * (1 - 1e-12));
+    CHECK(mass <= static_cast<double>(both) * std::exp(0.125) * (1 + 1e-12) + 200 * std::exp(-128.0 - 10 + 0.2));
+  }
+  // Cleared, the bins anchor afresh: bounds far below the old ones are binned within 1/8 nat again.
+  high.clear();
+  CHECK(binned_mass(high, 0.0) == 0.0);
+  for (int i = 0; i < 100; ++i) high.add(-1000.0 + 0.1 * i, 1);
+  long double fresh = 0;
+  for (int i = 0; i < 100; ++i) fresh += std::exp(static_cast<long double>(0.1 * i - 10));
+  CHECK(binned_mass(high, -990.0) >= static_cast<double>(fresh) * (1 - 1e-12));
+  CHECK(binned_mass(high, -990.0) <= static_cast<double>(fresh) * std::exp(0.125) * (1 + 1e-12));
+  // A moved-from bins is empty, and takes rows anew.
+  detail::BoundBins moved = std::move(high);
+  CHECK(binned_mass(high, 0.0) == 0.0);  // NOLINT(bugprone-use-after-move): the moved-from state is specified
+  high.add(1.0, 4);
+  CHECK(binned_mass(high, 0.0) >= 4 * std::exp(1.0));
+  CHECK(binned_mass(moved, -990.0) >= static_cast<double>(fresh) * (1 - 1e-12));
 }
 
 TEST_CASE("a walk's start gathered in parts, in any split, equals one counted list by list, with infinite bounds and cold-only parts", "[pruning]") {
@@ -674,8 +701,30 @@ TEST_CASE("a peaked walk bounds its cold lists by their bins: the rest is near i
     CHECK(ub[c] == next);
     exact -= live[c] * std::exp(static_cast<long double>(ub[c]));
   }
-  CHECK(walk.log_rest() >= std::log(static_cast<double>(exact)) - 1e-9);
+  CHECK(walk.log_rest() >= std::log(static_cast<double>(exact)) - 1e-12);
   CHECK(walk.log_rest() <= std::log(static_cast<double>(exact)) + 0.26);
+  // A walk whose summary bins nothing (a top-k search's) bounds the same cold lists at their largest bound.
+  detail::BoundsSummary plain;
+  plain.bin_cold = false;
+  plain.add(ub.data(), live.data(), 0, lists);
+  plain.finish(ub.data(), live.data());
+  detail::ListWalk coarse(ub.data(), live.data(), lists, &plain);
+  for (std::size_t expected = 0; expected < 4; ++expected) CHECK(coarse.next() == expected);
+  const double all_at_max = std::log(static_cast<double>(lists - 4) * 20) + 10.0;
+  CHECK(coarse.log_rest() >= all_at_max);
+  CHECK(coarse.log_rest() <= all_at_max + 0.126);
+  // Summaries merged from a binned part and an unbinned one: the bins miss rows, so the walk does not use them.
+  detail::BoundsSummary binned_part, mixed;
+  binned_part.add(ub.data(), live.data(), 0, lists / 2);
+  detail::BoundsSummary unbinned_part;
+  unbinned_part.bin_cold = false;
+  unbinned_part.add(ub.data(), live.data(), lists / 2, lists - lists / 2);
+  mixed.merge(binned_part);
+  mixed.merge(unbinned_part);
+  mixed.finish(ub.data(), live.data());
+  detail::ListWalk merged_walk(ub.data(), live.data(), lists, &mixed);
+  for (std::size_t expected = 0; expected < 4; ++expected) CHECK(merged_walk.next() == expected);
+  CHECK(merged_walk.log_rest() >= all_at_max);
 }
 
 TEST_CASE("a list walk's bound on the unvisited mass follows the highest unvisited bound down, however far below the first", "[pruning]") {

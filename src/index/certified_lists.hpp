@@ -14,7 +14,8 @@
 namespace softkv::detail {
 
 /// Lists whose bound lies more than this below the largest one wait cold in a walk (ListWalk): outside
-/// its heap, counted together at the largest of their bounds until the walk comes near them.
+/// its heap, their mass bounded together (at the largest of their bounds, or by their BoundBins) until
+/// the walk comes near them.
 inline constexpr double kHotNats = 16;
 
 /// Live rows of lists by their upper bound, in bins of 1/8 nat anchored at absolute bounds (no largest
@@ -27,6 +28,22 @@ class BoundBins {
   /// Bins per nat, and how many (the lowest takes everything below).
   static constexpr int kPerNat = 8;
   static constexpr std::size_t kBins = 128 * kPerNat + 1;
+  BoundBins() = default;
+  BoundBins(const BoundBins&) = default;
+  BoundBins& operator=(const BoundBins&) = default;
+  /// Moves leave the source empty (and unanchored: its inline add must not see bins it no longer has).
+  BoundBins(BoundBins&& other) noexcept { *this = std::move(other); }
+  BoundBins& operator=(BoundBins&& other) noexcept {
+    rows_ = std::move(other.rows_);
+    top_key_ = other.top_key_;
+    top_ = other.top_;
+    unbounded_ = other.unbounded_;
+    other.rows_.clear();
+    other.top_ = std::numeric_limits<double>::quiet_NaN();
+    other.unbounded_ = false;
+    return *this;
+  }
+  ~BoundBins() = default;
   /// Counts rows under the finite bound ub (inline: a bounds pass bins every cold list).
   void add(double ub, std::uint64_t rows) {
     // Bin top_key_ - ceil(8 ub) = floor(top_key_ - 8 ub): a truncation when in range (top_ is NaN before
@@ -38,15 +55,17 @@ class BoundBins {
   }
   /// Takes in another's rows (anchored anywhere).
   void merge(const BoundBins& other);
-  /// Forgets every row.
+  /// Forgets every row and the anchor (the next row anchors the bins afresh).
   void clear() noexcept;
   /// sum over the rows of e^{edge - shift} (edge: their bin's upper edge) rounded up through mass_below:
   /// a bound on the rows' mass relative to e^shift; +inf when a bound fell outside what bins can hold.
-  [[nodiscard]] double mass(double shift, double (*mass_below)(double edge, double shift)) const;
+  /// rows (if given): how many rows the bins hold (not counting those of such a bound).
+  [[nodiscard]] double mass(double shift, double (*mass_below)(double edge, double shift), std::uint64_t* rows = nullptr) const;
 
  private:
   void add_outside(double ub, std::uint64_t rows);  // the first row, a bound above the bins, or below them
-  void raise(std::int64_t key);  // re-anchors so that the bin of key is the highest
+  static constexpr std::int64_t kHeadroom = 16 * kPerNat;  // bins kept above a new anchor's row
+  void raise(std::int64_t key);  // re-anchors so that the bin of key lies kHeadroom bins below the highest
   std::vector<std::uint64_t> rows_;  // rows_[b]: the bin of ceil(8 ub) = top_key_ - b (the last: that or below)
   std::int64_t top_key_ = 0;
   double top_ = std::numeric_limits<double>::quiet_NaN();  // top_key_ as a double (NaN until the first row)
@@ -66,7 +85,7 @@ struct BoundsSummary {
   std::uint32_t most = 1;                                      ///< the largest list's live rows (at least 1)
   std::vector<std::uint32_t> hot;  ///< after finish: every list bounded within kHotNats of top, or not finitely
   BoundBins cold_bins;             ///< after finish: the rows of the lists not in hot, by bound (if bin_cold)
-  bool bin_cold = true;  ///< set before the lists are added: whether cold_bins is gathered (a top_k walk needs no mass)
+  bool bin_cold = true;  ///< set before the lists are added: whether cold_bins is gathered (a top-k search needs no mass)
 
   /// Counts lists [first, first + n) (bounds ub[c], live members live[c]). A list bounded within kHotNats
   /// of the largest bound seen so far is a candidate for hot; finish() drops those the final top leaves
@@ -115,11 +134,13 @@ class ListScorer {
 };
 
 /// The lists of a certified index in decreasing upper bound, with a bound on the mass of those not yet
-/// visited: sum over them of live_c e^{ub_c}, each term rounded up to 1/8 nat (at most 13% above it).
+/// visited: sum over them of live_c e^{ub_c}, each term rounded up to 1/8 nat (at most 13% above it; a
+/// cold list's term through its bin up to 1/4 nat, 28%).
 class ListWalk {
  public:
   /// Computes every list's bound for the query (O(lists x d)) and starts from what that pass gathered.
-  /// mass: whether the walk will ask log_rest() (false: a top_k walk; the cold lists are not binned).
+  /// mass: false when the walk needs no tight log_rest() (a top-k search, which asks next_bound() only):
+  /// the cold lists are not binned, and their mass is bounded at their largest bound.
   ListWalk(const CertifiedLists& lists, const float* query, float factor, bool mass = true);
   /// A walk over bounds computed beforehand (count lists: ub as CertifiedLists::bounds gives them, and
   /// live), read in place: both must outlive the walk. summary: what the bounds' pass gathered for them
@@ -179,11 +200,11 @@ class ListWalk {
   double cold_below_ = -std::numeric_limits<double>::infinity();
   std::size_t cold_lists_ = 0;                          // how many
   std::vector<std::int64_t> counts_;                    // unvisited hot live rows per 1/8-nat bucket below top_
-  std::uint64_t cold_rows_ = 0;                         // live rows of the cold lists (counted at cold_max_)
+  std::uint64_t cold_rows_ = 0;                         // live rows of the cold lists
   std::uint32_t most_ = 1;                              // the largest list's live rows
   double cold_max_ = -std::numeric_limits<double>::infinity();  // their largest bound
   BoundBins cold_bins_;                                 // their rows by bound (if bin_cold_)
-  bool bin_cold_ = true;                                // whether cold_bins_ counts them (BoundsSummary::bin_cold)
+  bool bin_cold_ = true;                                // whether warm() bins the lists it leaves cold
   double cold_term_ = 0;  // their mass bound relative to e^top_: the smaller of (rows at cold_max_) and cold_bins_
   double top_ = 0;      // the shift of rest_: the largest finite bound plus the log of the largest list
   double rest_ = 0;     // sum over unvisited of live_c e^{ub_c - top_}

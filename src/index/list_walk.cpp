@@ -68,7 +68,7 @@ void BoundBins::add_outside(double ub, std::uint64_t rows) {
   const auto key = static_cast<std::int64_t>(std::max(scaled, -kLimit));
   if (rows_.empty()) {
     rows_.assign(kBins, 0);
-    top_key_ = key + 16 * kPerNat;  // room above for the bounds to come, which tend to rise
+    top_key_ = key + kHeadroom;  // room above for the bounds to come, which tend to rise
     top_ = fast_top(top_key_);
   } else if (key > top_key_) {
     raise(key);
@@ -77,6 +77,7 @@ void BoundBins::add_outside(double ub, std::uint64_t rows) {
 }
 
 void BoundBins::raise(std::int64_t key) {
+  key += kHeadroom;  // (rising bounds re-anchor once per 16 nats, not once per row)
   const auto shift = static_cast<std::uint64_t>(key - top_key_);  // > 0
   if (shift >= kBins - 1) {
     std::uint64_t all = 0;
@@ -104,7 +105,7 @@ void BoundBins::merge(const BoundBins& other) {
     top_ = other.top_;
     return;
   }
-  if (other.top_key_ > top_key_) raise(other.top_key_);
+  if (other.top_key_ > top_key_) raise(other.top_key_ - kHeadroom);
   // Other's bin b holds bounds with key other.top_key_ - b (its lowest: that or below): here at that key's
   // bin, or in the lowest.
   const std::int64_t offset = top_key_ - other.top_key_;  // >= 0
@@ -113,17 +114,21 @@ void BoundBins::merge(const BoundBins& other) {
 }
 
 void BoundBins::clear() noexcept {
-  std::fill(rows_.begin(), rows_.end(), 0);
+  rows_.clear();  // (keeps its memory for the next anchor)
+  top_ = std::numeric_limits<double>::quiet_NaN();
   unbounded_ = false;
 }
 
-double BoundBins::mass(double shift, double (*mass_below)(double edge, double shift)) const {
-  if (unbounded_) return kInf;
+double BoundBins::mass(double shift, double (*mass_below)(double edge, double shift), std::uint64_t* rows) const {
   double sum = 0;
+  std::uint64_t held = 0;
   for (std::size_t b = 0; b < rows_.size(); ++b)
-    if (rows_[b] != 0)
+    if (rows_[b] != 0) {
+      held += rows_[b];
       sum += static_cast<double>(rows_[b]) * mass_below(static_cast<double>(top_key_ - static_cast<std::int64_t>(b)) / kPerNat, shift);
-  return sum;
+    }
+  if (rows != nullptr) *rows = held;
+  return unbounded_ ? kInf : sum;
 }
 
 void BoundsSummary::add(const double* ub, const std::uint32_t* live, std::size_t first, std::size_t n) {
@@ -160,6 +165,7 @@ void BoundsSummary::merge(const BoundsSummary& other) {
   most = std::max(most, other.most);
   hot.insert(hot.end(), other.hot.begin(), other.hot.end());
   cold_bins.merge(other.cold_bins);
+  bin_cold = bin_cold && other.bin_cold;  // (bins that miss some cold lists bound nothing: recount_cold checks)
 }
 
 void BoundsSummary::finish(const double* ub, const std::uint32_t* live) {
@@ -212,7 +218,7 @@ void ListWalk::start(const BoundsSummary& summary) {
   most_ = summary.most;
   top_ = summary.top + std::log(static_cast<double>(most_));
   // Only the lists near the top bound go into the heap and the buckets at once; the rest wait cold,
-  // unlisted and counted together at the largest of their bounds, until the walk reaches it (peaked
+  // unlisted, their mass bounded together (recount_cold), until the walk reaches them (peaked
   // attention never does, and a heap or a bucket count of every list costs as much as the centroid pass).
   counts_.assign(kBucketMass.size(), 0);
   for (const std::uint32_t c : summary.hot) {
@@ -224,8 +230,8 @@ void ListWalk::start(const BoundsSummary& summary) {
   cold_lists_ = summary.lists - summary.hot.size();
   cold_rows_ = summary.rows - summary.hot_rows;
   cold_max_ = summary.cold_max;
-  bin_cold_ = summary.bin_cold;
   cold_bins_ = summary.cold_bins;
+  bin_cold_ = summary.bin_cold;
   std::make_heap(heap_.begin(), heap_.end());
   recount_cold();
   rest_ = total_ = recounted();
@@ -235,9 +241,11 @@ void ListWalk::recount_cold() {
   // Two bounds on the cold lists' mass, the smaller kept: all their rows at the largest of their bounds,
   // and their rows by bound (BoundBins, within 1/8 nat of each list's own: the one that lets a peaked walk
   // stop without warming the bulk of the lists, a few nats below its top).
-  // (Without bins, a walk that asked for none: a top_k walk, whose tail bound is looser then.)
+  // The bins count only if they hold every cold row (not in a walk that asked for none, a top-k search).
   const double at_max = static_cast<double>(cold_rows_) * bucket_mass(cold_max_, top_);
-  cold_term_ = cold_rows_ == 0 ? 0.0 : bin_cold_ ? std::min(at_max, cold_bins_.mass(top_, bucket_mass)) : at_max;
+  std::uint64_t binned = 0;
+  const double by_bins = cold_rows_ == 0 ? 0.0 : cold_bins_.mass(top_, bucket_mass, &binned);
+  cold_term_ = cold_rows_ == 0 ? 0.0 : binned == cold_rows_ ? std::min(at_max, by_bins) : at_max;
 }
 
 double ListWalk::recounted() const { return counted() + cold_term_; }
@@ -255,14 +263,15 @@ ListWalk::~ListWalk() {
 }
 
 void ListWalk::warm(double limit) {
-  // The cold lists bounded at limit or above join the heap and the buckets; the others stay cold,
-  // counted together at the largest of their bounds. (A pass over every list: the cold ones are not
+  // The cold lists bounded at limit or above join the heap and the buckets; the others stay cold, binned
+  // afresh if they were binned. (A pass over every list: the cold ones are not
   // listed, and a walk warms a few times at most, 16 nats at a time.)
   const double* ub = ub_;
   const std::uint32_t* live = live_;
   double next_max = -kInf;
   std::uint64_t rows = 0;
   std::size_t still = 0;
+  const bool bin = bin_cold_;
   cold_bins_.clear();
   for (std::size_t c = 0; c < count_; ++c) {
     if (live[c] == 0 || !(ub[c] < cold_below_)) continue;  // no member, or hot or visited already
@@ -273,7 +282,7 @@ void ListWalk::warm(double limit) {
       ++still;
       rows += live[c];
       next_max = std::max(next_max, ub[c]);
-      if (bin_cold_) cold_bins_.add(ub[c], live[c]);
+      if (bin) cold_bins_.add(ub[c], live[c]);
     }
   }
   cold_below_ = limit;
@@ -320,7 +329,7 @@ void ListWalk::rebase(double highest) {
   std::fill(counts_.begin(), counts_.end(), 0);
   for (const auto& [ub, c] : heap_) counts_[static_cast<std::size_t>(bucket_of(ub, top_))] += live_[c];
   recount_cold();
-  rest_ = total_ = recounted();  // (the cold lists: their count at their largest bound, shifted anew)
+  rest_ = total_ = recounted();  // (the cold lists' term too, shifted anew)
 }
 
 bool ListWalk::can_meet(std::size_t top_k, double epsilon, std::size_t budget_rows, double known_max, double log_visited) {
