@@ -53,6 +53,47 @@ TopKReference top_k_reference(const std::vector<float>& q, const std::vector<flo
   return ref;
 }
 
+// A walk's start counted list by list (bounds ub, live members live, count lists), and a check that a
+// gathered one (BoundsSummary, finished) equals it, its cold bins within 1/8 nat above the cold mass.
+struct CountedStart {
+  double top = -std::numeric_limits<double>::infinity(), cold_max = top;
+  std::uint64_t rows = 0, hot_rows = 0;
+  std::uint32_t most = 1;
+  std::size_t lists = 0;
+  std::vector<std::uint32_t> hot;
+  long double cold_mass = 0;  // sum over the cold lists of live e^{ub - top}
+};
+
+CountedStart count_start(const double* ub, const std::uint32_t* live, std::size_t count) {
+  CountedStart s;
+  for (std::size_t c = 0; c < count; ++c)
+    if (live[c] != 0) s.top = std::max(s.top, std::isfinite(ub[c]) ? ub[c] : s.top), s.rows += live[c], s.most = std::max(s.most, live[c]), ++s.lists;
+  for (std::size_t c = 0; c < count; ++c) {
+    if (live[c] == 0) continue;
+    if (ub[c] >= s.top - detail::kHotNats) {
+      s.hot.push_back(static_cast<std::uint32_t>(c)), s.hot_rows += live[c];
+    } else {
+      s.cold_max = std::max(s.cold_max, ub[c]);
+      s.cold_mass += live[c] * std::exp(static_cast<long double>(ub[c]) - s.top);
+    }
+  }
+  return s;
+}
+
+void check_start(detail::BoundsSummary& gathered, const CountedStart& s) {
+  std::sort(gathered.hot.begin(), gathered.hot.end());
+  CHECK(gathered.top == s.top);
+  CHECK(gathered.hot == s.hot);
+  CHECK(gathered.cold_max == s.cold_max);
+  CHECK(gathered.rows == s.rows);
+  CHECK(gathered.hot_rows == s.hot_rows);
+  CHECK(gathered.most == s.most);
+  CHECK(gathered.lists == s.lists);
+  const double binned = gathered.cold_bins.mass(s.top, [](double edge, double shift) { return std::exp(edge - shift); });
+  CHECK(binned >= static_cast<double>(s.cold_mass) * (1 - 1e-12));
+  CHECK(binned <= static_cast<double>(s.cold_mass) * std::exp(0.125) * (1 + 1e-12));
+}
+
 }  // namespace
 
 TEST_CASE("the tail bound matches its formula and stays finite at extreme scores", "[pruning]") {
@@ -394,39 +435,19 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
     detail::BoundsSummary summary;
     index->lists()->bounds(qs.data() + i * d, factors[i], one, summary);
     CHECK(std::equal(one.begin(), one.end(), batch.begin() + static_cast<std::ptrdiff_t>(i * count)));
-    // What the bounds pass gathered on both scan threads for a walk's start, against every list in turn.
-    double top = -std::numeric_limits<double>::infinity(), cold_max = top;
-    std::uint64_t rows = 0, hot_rows = 0;
-    std::uint32_t most = 1;
-    std::size_t lists = 0;
-    for (std::size_t c = 0; c < count; ++c)
-      if (live[c] != 0) top = std::max(top, std::isfinite(one[c]) ? one[c] : top), rows += live[c], most = std::max(most, live[c]), ++lists;
-    std::vector<std::uint32_t> hot;
-    for (std::size_t c = 0; c < count; ++c) {
-      if (live[c] == 0) continue;
-      if (one[c] >= top - detail::kHotNats) hot.push_back(static_cast<std::uint32_t>(c)), hot_rows += live[c];
-      else cold_max = std::max(cold_max, one[c]);
-    }
-    CHECK(hot.size() < lists);  // (the check sees cold lists too)
-    // The cold lists' mass by their bins: at least their exact mass, at most 1/8 nat above it.
-    long double cold_mass = 0;
-    for (std::size_t c = 0; c < count; ++c)
-      if (live[c] != 0 && one[c] < top - detail::kHotNats) cold_mass += live[c] * std::exp(static_cast<long double>(one[c] - top));
-    REQUIRE(cold_mass > 0);
-    // What bounds() gathered for the query, and what the batch's pass gathered for each of its queries.
-    for (detail::BoundsSummary* gathered : {&summary, &summaries_batch[i]}) {
-      std::sort(gathered->hot.begin(), gathered->hot.end());
-      CHECK(gathered->top == top);
-      CHECK(gathered->hot == hot);
-      CHECK(gathered->cold_max == cold_max);
-      CHECK(gathered->rows == rows);
-      CHECK(gathered->hot_rows == hot_rows);
-      CHECK(gathered->most == most);
-      CHECK(gathered->lists == lists);
-      const double binned = gathered->cold_bins.mass(top, [](double edge, double shift) { return std::exp(edge - shift); });
-      CHECK(binned >= static_cast<double>(cold_mass) * (1 - 1e-12));
-      CHECK(binned <= static_cast<double>(cold_mass) * std::exp(0.125) * (1 + 1e-12));
-    }
+    // What the bounds pass gathered on both scan threads for a walk's start, against every list in turn:
+    // what bounds() gathered for the query, and what the batch's pass gathered for each of its queries.
+    const CountedStart counted = count_start(one.data(), live, count);
+    CHECK(counted.hot.size() < counted.lists);  // (the check sees cold lists too)
+    REQUIRE(counted.cold_mass > 0);
+    for (detail::BoundsSummary* gathered : {&summary, &summaries_batch[i]}) check_start(*gathered, counted);
+    // Asked without bins (as the top-k search asks), the pass gathers the rest and keeps the request.
+    detail::BoundsSummary unbinned;
+    unbinned.bin_cold = false;
+    index->lists()->bounds(qs.data() + i * d, factors[i], one, unbinned);
+    CHECK_FALSE(unbinned.bin_cold);
+    CHECK(unbinned.cold_max == counted.cold_max);
+    CHECK(unbinned.cold_bins.mass(counted.top, [](double edge, double shift) { return std::exp(edge - shift); }) == 0.0);
   }
   // Then the graph, which takes the hard queries over.
   REQUIRE(index->build_due());
@@ -621,25 +642,8 @@ TEST_CASE("a walk's start gathered in parts, in any split, equals one counted li
   for (std::size_t c = 2000; c < count; c += 97) ub[c] = 60.0 + static_cast<double>(c % 7);
   for (const std::size_t c : {17u, 1500u, 2999u}) ub[c] = std::numeric_limits<double>::infinity();
   for (std::size_t c = 3; c < count; c += 211) ub[c] = -std::numeric_limits<double>::infinity(), live[c] = 0;
-  // The reference, list by list.
-  double top = -std::numeric_limits<double>::infinity(), cold_max = top;
-  std::uint64_t rows = 0, hot_rows = 0;
-  std::uint32_t most = 1;
-  std::size_t lists = 0;
-  for (std::size_t c = 0; c < count; ++c)
-    if (live[c] != 0) top = std::max(top, std::isfinite(ub[c]) ? ub[c] : top), rows += live[c], most = std::max(most, live[c]), ++lists;
-  std::vector<std::uint32_t> hot;
-  long double cold_mass = 0;
-  for (std::size_t c = 0; c < count; ++c) {
-    if (live[c] == 0) continue;
-    if (ub[c] >= top - detail::kHotNats) {
-      hot.push_back(static_cast<std::uint32_t>(c)), hot_rows += live[c];
-    } else {
-      cold_max = std::max(cold_max, ub[c]);
-      cold_mass += live[c] * std::exp(static_cast<long double>(ub[c]) - top);
-    }
-  }
-  REQUIRE(top == 66.0);
+  const CountedStart counted = count_start(ub.data(), live.data(), count);
+  REQUIRE(counted.top == 66.0);
   for (const std::size_t parts : {1u, 2u, 3u, 7u, 64u}) {
     INFO(parts << " parts");
     detail::BoundsSummary merged;
@@ -650,25 +654,15 @@ TEST_CASE("a walk's start gathered in parts, in any split, equals one counted li
       merged.merge(part);
     }
     merged.finish(ub.data(), live.data());
-    std::sort(merged.hot.begin(), merged.hot.end());
-    CHECK(merged.top == top);
-    CHECK(merged.hot == hot);
-    CHECK(merged.cold_max == cold_max);
-    CHECK(merged.rows == rows);
-    CHECK(merged.hot_rows == hot_rows);
-    CHECK(merged.most == most);
-    CHECK(merged.lists == lists);
-    const double binned = binned_mass(merged.cold_bins, top);
-    CHECK(binned >= static_cast<double>(cold_mass) * (1 - 1e-12));
-    CHECK(binned <= static_cast<double>(cold_mass) * std::exp(0.125) * (1 + 1e-12));
+    check_start(merged, counted);
   }
-  // Without bins (a top_k walk's pass), nothing is binned.
+  // Without bins (a top-k search's pass), nothing is binned.
   detail::BoundsSummary plain;
   plain.bin_cold = false;
   plain.add(ub.data(), live.data(), 0, count);
   plain.finish(ub.data(), live.data());
-  CHECK(plain.cold_max == cold_max);
-  CHECK(binned_mass(plain.cold_bins, top) == 0.0);
+  CHECK(plain.cold_max == counted.cold_max);
+  CHECK(binned_mass(plain.cold_bins, counted.top) == 0.0);
 }
 
 TEST_CASE("a peaked walk bounds its cold lists by their bins: the rest is near its exact mass without visiting them", "[pruning]") {

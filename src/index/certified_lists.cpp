@@ -204,9 +204,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     });
     if (summaries == nullptr) return;
     for (std::size_t i = 0; i < n; ++i) {
-      const bool bin = summaries[i].bin_cold;
-      summaries[i] = BoundsSummary{};
-      summaries[i].bin_cold = bin;
+      summaries[i] = BoundsSummary{};  // (its bin_cold comes back from the parts, which took it: merge ANDs it)
       for (std::size_t p = 0; p < parts; ++p) summaries[i].merge(gathered[p * n + i]);
       summaries[i].finish(ub + i * count, current_.live.data());
     }
