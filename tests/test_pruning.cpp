@@ -461,6 +461,33 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
   CHECK_FALSE(index->build_due());
 }
 
+TEST_CASE("a batch's bounds equal each query's own bit for bit at widths that pair rows, fill vectors and leave tails", "[pruning]") {
+  // (The batch scores float32-widened centroids, a query alone its i8 centroids: the same products.)
+  for (const std::size_t d : {16u, 40u, 128u, 136u}) {
+    INFO("d = " << d);
+    const std::size_t n = 2500;
+    const std::vector<float> keys = make_keys(n, d, 40, 95 + d);
+    std::vector<std::uint64_t> ids(n);
+    std::iota(ids.begin(), ids.end(), std::uint64_t{0});
+    const detail::RowSpan all{keys.data(), nullptr, ids.data(), n, d, 0};
+    const auto index = detail::make_pruning_index({d, 1, Metric::dot, {}, {.kind = IndexKind::ivf}});
+    index->put(ids, keys.data(), all);
+    index->build_now(all);
+    REQUIRE(index->lists() != nullptr);
+    const std::size_t nq = 5, count = index->lists()->list_count();
+    const auto qs = test::normal_floats(nq * d, 96 + d);
+    const std::vector<float> factors{1.0f, 0.25f, 3.0f, 1e-3f, 17.0f};
+    std::vector<double> batch, one;
+    std::vector<detail::BoundsSummary> summaries;
+    index->lists()->bounds_batch(qs.data(), factors.data(), nq, d, batch, summaries);
+    for (std::size_t i = 0; i < nq; ++i) {
+      detail::BoundsSummary summary;
+      index->lists()->bounds(qs.data() + i * d, factors[i], one, summary);
+      CHECK(std::equal(one.begin(), one.end(), batch.begin() + static_cast<std::ptrdiff_t>(i * count)));
+    }
+  }
+}
+
 TEST_CASE("a failed list build is not retried before the next write, and the next write's build serves", "[pruning]") {
   const std::size_t n = 3000, d = 8;
   const std::vector<float> keys = make_keys(n + 1, d, 30, 93);
