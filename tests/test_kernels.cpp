@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -538,4 +539,26 @@ TEST_CASE("pass choice: each way is measured once per pass size, then the cheape
   for (int i = 0; i < 16; ++i) now_batch += c.choose(4) == Way::batch;
   CHECK(now_batch == 15);
   CHECK(c.choose(5) == Way::each);  // every pass size has its own measurements
+}
+
+TEST_CASE("scores_multi redoes overflowed sums in double as scores does, on every path", "[kernels][numerics]") {
+  const std::size_t d = 2;
+  const std::vector<float> keys = {1, 0, 3e38f, 3e38f, -3e38f, -3e38f, 2, 0, 3e38f, -3e38f};
+  const std::vector<std::uint64_t> ids = {0, 1, 2, 3, 4};
+  const RowSpan span{keys.data(), nullptr, ids.data(), 5, d, 0};
+  const float queries[] = {10, 10, 10, -10, -10, -10, 1, 0, 1e-30f, 1e-30f};  // +inf, NaN redone to 0, -inf, finite, tiny
+  const float scales[] = {1.0f, 1.0f, 1.0f, 0.5f, 1e30f};
+  for (const KernelTable* k : all_paths()) {
+    INFO("path " << k->name);
+    std::vector<float> multi(5 * 5), own(5 * 5);
+    k->scores_multi(queries, 5, scales, span, multi.data(), 5);
+    for (std::size_t i = 0; i < 5; ++i) k->scores(queries + i * d, scales[i], span, own.data() + i * 5);
+    for (std::size_t j = 0; j < multi.size(); ++j) {
+      INFO("score " << j << ": " << multi[j] << " against " << own[j]);
+      CHECK(std::memcmp(&multi[j], &own[j], 4) == 0);
+    }
+    CHECK(std::isinf(multi[1]));    // query 0, row 1: beyond FLT_MAX
+    CHECK(multi[5 + 1] == 0.0f);    // query 1, row 1: 3e39 - 3e39 is NaN in float, 0 in double
+    CHECK(multi[5 + 2] == 0.0f);
+  }
 }

@@ -493,3 +493,29 @@ TEST_CASE("wire: create and describe carry the precisions in protocol version 2 
     CHECK(r1.stats.key_precision == Precision::f32);
   }
 }
+
+TEST_CASE("scores_multi: each query's scores are its own scores call's, bit for bit, on every path, precision and shape", "[precision][kernels]") {
+  const std::vector<std::size_t> dims = {1, 3, 8, 15, 16, 17, 31, 33, 48, 64, 127, 128, 129, 136, 300};
+  const std::vector<std::size_t> counts = {1, 2, 3, 4, 5, 7, 9, 17};  // tiles of 4 x 4 / 3 x 3 and their leftovers
+  for (const KernelTable* k : all_paths()) {
+    for (const Case& c : kCases) {
+      for (std::size_t d : dims) {
+        const std::size_t n = 23;
+        const Slice s(c, n, d, 1, 300 + d, d % 3 == 0 ? 40.0f : 1.0f);  // (large keys too: sums far from 1)
+        const std::vector<float> qs = test::normal_floats(17 * d, 17 + d);
+        std::vector<float> scales(17);
+        for (std::size_t i = 0; i < scales.size(); ++i) scales[i] = std::ldexp(0.3f + 0.05f * static_cast<float>(i), static_cast<int>(i % 5) - 2);
+        for (std::size_t nq : counts)
+          for (std::size_t rows : counts) {
+            INFO(k->name << " " << name_of(c) << " d=" << d << " queries=" << nq << " rows=" << rows);
+            const RowSpan span = s.compact().sub(n - rows, rows);  // (a span that starts mid-slice)
+            const std::size_t stride = rows + 3;
+            std::vector<float> multi(nq * stride, -1.0f), own(nq * stride, -1.0f);
+            k->scores_multi(qs.data(), nq, scales.data(), span, multi.data(), stride);
+            for (std::size_t i = 0; i < nq; ++i) k->scores(qs.data() + i * d, scales[i], span, own.data() + i * stride);
+            REQUIRE(same_bits(multi, own));  // (the padding between queries' rows untouched too)
+          }
+      }
+    }
+  }
+}

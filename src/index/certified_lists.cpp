@@ -53,9 +53,9 @@ class ListsBuild final : public IndexBuild {
 // "CIVF" and format 1: certified lists (the FAISS IVF bytes of older snapshots fail it and are rebuilt).
 constexpr std::uint64_t kHeader = std::uint64_t{0x46564943} << 32 | 1;
 
-// Centroids a batch's bounds pass widens to float32 at a time (32 KiB at d = 128: in L1 while every
-// query of the group scores them).
-constexpr std::size_t kWideRows = 64;
+// Centroids a batch's bounds pass scores for all its queries at a time (their scores, 64 a query, stay
+// in L1 until they are bounds).
+constexpr std::size_t kTileRows = 64;
 
 class CertifiedIndex final : public PruningIndex, public CertifiedLists {
  public:
@@ -155,10 +155,10 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   // scored as a scan is split over the scan threads (about 1 MiB of centroids a part); each part takes
   // its centroids chunk by chunk (256 KiB, within L2), scores the chunk for every query in turn and turns
   // each query's scores into bounds at once, while they are in L1: a batch reads the centroids from
-  // memory once, and the bounds' arithmetic runs on every scan thread. With several queries and compact
-  // centroids, each kWideRows of a chunk are widened to float32 once (exactly: an i8 row's scale is a power
-  // of two) and scored for every query from L1, the same bits as scoring the compact rows (the kernels
-  // widen them so in registers), without widening them once per query. With summaries (n of them), each
+  // memory once, and the bounds' arithmetic runs on every scan thread. With several queries, each
+  // kTileRows of a chunk are scored for every query at once by the kernels' register tiles (scores_multi:
+  // each compact centroid read and widened once for several queries), the same bits as each query's own
+  // pass. With summaries (n of them), each
   // part also gathers each query's walk start over its lists while their bounds are in L1 (BoundsSummary),
   // merged here.
   void bounds_into(const float* queries, const float* factors, std::size_t n, double* ub, BoundsSummary* summaries = nullptr) const {
@@ -171,32 +171,21 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     for (std::size_t i = 0; i < n; ++i) fq[i] = static_cast<double>(factors[i]) * norm_up(queries + i * d, d) * (1 + 4 * kUnit);
     std::vector<BoundsSummary> gathered(summaries != nullptr ? parts * n : 0);  // part p, query i: [p * n + i]
     for (std::size_t j = 0; j < gathered.size(); ++j) gathered[j].bin_cold = summaries[j % n].bin_cold;
-    const bool widen = n > 1 && current_.centroid_precision != Precision::f32;
     ThreadPool::shared().run(parts, [&](std::size_t p) {
-      thread_local std::vector<float> scores;  // one chunk's scores (reused: no page faults per query)
-      thread_local std::vector<float> wide;    // kWideRows centroids widened to float32
-      scores.resize(chunk);
-      if (widen) wide.resize(kWideRows * d);
+      thread_local std::vector<float> scores;  // one chunk's scores, or kTileRows rows' for every query (reused)
+      scores.resize(n > 1 ? n * kTileRows : chunk);
       const std::size_t begin = count * p / parts, end = count * (p + 1) / parts;
       for (std::size_t a = begin; a < end; a += chunk) {
         const std::size_t m = std::min(chunk, end - a);
-        if (widen) {
-          for (std::size_t w = a; w < a + m; w += kWideRows) {
-            const std::size_t rows = std::min(kWideRows, a + m - w);
-            for (std::size_t r = 0; r < rows; ++r)
-              decode_row(centroids.key_precision, static_cast<const std::byte*>(centroids.keys) + (w + r) * centroids.key_row_bytes(), d,
-                         centroids.key_scales != nullptr ? centroids.key_scales[w + r] : 1.0f, wide.data() + r * d);
-            const RowSpan widened{wide.data(), nullptr, nullptr, rows, d, 0};
-            for (std::size_t i = 0; i < n; ++i) {
-              kernels().scores(queries + i * d, factors[i], widened, scores.data());
-              bounds_from(factors[i], fq[i], scores.data(), w, rows, ub + i * count + w);
-            }
+        if (n > 1) {
+          for (std::size_t w = a; w < a + m; w += kTileRows) {
+            const std::size_t rows = std::min(kTileRows, a + m - w);
+            kernels().scores_multi(queries, n, factors, centroids.sub(w, rows), scores.data(), rows);
+            for (std::size_t i = 0; i < n; ++i) bounds_from(factors[i], fq[i], scores.data() + i * rows, w, rows, ub + i * count + w);
           }
         } else {
-          for (std::size_t i = 0; i < n; ++i) {
-            kernels().scores(queries + i * d, factors[i], centroids.sub(a, m), scores.data());
-            bounds_from(factors[i], fq[i], scores.data(), a, m, ub + i * count + a);
-          }
+          kernels().scores(queries, factors[0], centroids.sub(a, m), scores.data());
+          bounds_from(factors[0], fq[0], scores.data(), a, m, ub + a);
         }
         if (summaries != nullptr)
           for (std::size_t i = 0; i < n; ++i) gathered[p * n + i].add(ub + i * count, current_.live.data(), a, m);

@@ -104,6 +104,11 @@ struct KernelTable {
   /// scores[r] = scale * dot(query, key r) for the span's rows (keys only), as every scan scores them.
   void (*scores)(const float* query, float scale, const RowSpan& span, float* scores);
 
+  /// scores(queries + i * dim, scales[i], span, out + i * stride) for i < nq, the same bits, each row
+  /// read and widened once for several queries (register tiles of queries x rows): batched bounds.
+  void (*scores_multi)(const float* queries, std::size_t nq, const float* scales, const RowSpan& span, float* out,
+                       std::size_t stride);
+
   /// One streaming pass with an online softmax over span; updates the partial state
   /// (max, sum, acc[value_dim]) in place. sink may be null.
   void (*soft_scan)(const float* query, float scale, const RowSpan& span, float& max, float& sum,

@@ -13,7 +13,7 @@ namespace softkv::detail::scan {
 // The table for one primitives policy; each kernels_*.cpp calls this once with its own P.
 template <class P>
 KernelTable make_table(std::string_view name) {
-  return KernelTable{name,         &P::dot,           &score_span<P>,       &soft_scan<P>,
+  return KernelTable{name,         &P::dot,           &score_span<P>,       &score_span_multi<P>, &soft_scan<P>,
                      &soft_scan_batch<P>, &hard_scan<P>, &hard_scan_batch<P>, &top_scan<P>,
                      &soft_scan_heads<P>, &hard_scan_heads<P>, TileProducts{&P::scores_block, &P::blend_block}};
 }

@@ -25,6 +25,7 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
   static_assert(kBatchLanes % W == 0, "batched kernels step through the lanes a whole vector at a time");
 
   static V load(const float* p) { return V::load_unaligned(p); }
+  static V fma(V a, V b, V c) { return xsimd::fma(a, b, c); }
 
   // Compact rows to float32, exactly, in registers: each TU compiles the widest form its flags allow
   // (AVX-512F vcvtph2ps / vpmovzxwd / vpmovsxbd; F16C and AVX2 on the avx2 path; SSE2 unpacks, with

@@ -207,6 +207,98 @@ template <class P, Precision KP>
   }
 }
 
+// Register tiles of score_rows_multi: Q queries x R rows of accumulators, one chain each at a time, with
+// R widened row vectors, their scales and one query vector beside them: 16 + 9 of avx512's 32 vector
+// registers, 8 + 5 of avx2's 16. Q x R is a multiple of 8 (reduce8).
+template <class P>
+inline constexpr std::size_t kMultiQueries = 4;
+template <class P>
+inline constexpr std::size_t kMultiRows = P::W == 16 ? 4 : 2;
+
+// score_rows for nq queries at once (query i split with scales[i], its scores at out + i * stride): the
+// same bits as nq calls. Each (query, row) pair keeps score_rows' chains (chains_as: chain c sums blocks
+// c, c + 4, ... of W elements, chain 0 also the blocks after the last group of four; then (s0 + s1) +
+// (s2 + s3), reduce, the scalar tail, the scale), but the tile runs them chain by chain for Q x R pairs,
+// so that each block of a row is loaded and widened once for Q queries and each query block once for R
+// rows. The rows are read from memory once (rows outer, the queries stay in L1); a tile past the last
+// query or row repeats it and drops what it computed.
+template <class P, Precision KP>
+[[gnu::noinline]] void score_rows_multi(const float* queries, std::size_t nq, const float* scales, const RowSpan& span,
+                                        float* out, std::size_t stride) {
+  using V = typename P::V;
+  constexpr std::size_t W = P::W, Q = kMultiQueries<P>, R = kMultiRows<P>;
+  const std::size_t d = span.dim, row_bytes = span.key_row_bytes(), rows = span.rows;
+  const std::size_t blocks = d / W, grouped = blocks / 4 * 4;
+  const char* keys = static_cast<const char*>(span.keys);
+  Prefetcher pf = key_prefetcher(span, 0);
+  alignas(64) float pair01[Q * R * W];  // s0 + s1 of each pair, then (s0 + s1) + (s2 + s3)
+  alignas(64) float pair2[Q * R * W];   // s2 of each pair
+  for (std::size_t r0 = 0; r0 < rows; r0 += R) {
+    const char* row[R];
+    float row_scale[R];
+    for (std::size_t j = 0; j < R; ++j) {
+      const std::size_t r = std::min(r0 + j, rows - 1);
+      row[j] = keys + r * row_bytes;
+      row_scale[j] = KP == Precision::i8 ? span.key_scales[r] : 1.0f;
+    }
+    pf.upto(keys + std::min(r0 + R, rows) * row_bytes);
+    for (std::size_t q0 = 0; q0 < nq; q0 += Q) {
+      const float* q[Q];
+      for (std::size_t i = 0; i < Q; ++i) q[i] = queries + std::min(q0 + i, nq - 1) * d;
+      for (std::size_t c = 0; c < 4; ++c) {
+        V acc[Q][R];
+#pragma GCC unroll 16
+        for (std::size_t i = 0; i < Q; ++i)
+#pragma GCC unroll 16
+          for (std::size_t j = 0; j < R; ++j) acc[i][j] = V(0.0f);
+        const auto step = [&](std::size_t b) {
+          V k[R];
+#pragma GCC unroll 16
+          for (std::size_t j = 0; j < R; ++j) k[j] = P::template load_as<KP>(row[j], b * W, row_scale[j]);
+#pragma GCC unroll 16
+          for (std::size_t i = 0; i < Q; ++i) {
+            const V a = P::load(q[i] + b * W);
+#pragma GCC unroll 16
+            for (std::size_t j = 0; j < R; ++j) acc[i][j] = P::fma(a, k[j], acc[i][j]);
+          }
+        };
+        for (std::size_t b = c; b < grouped; b += 4) step(b);
+        if (c == 0)
+          for (std::size_t b = grouped; b < blocks; ++b) step(b);
+#pragma GCC unroll 16
+        for (std::size_t i = 0; i < Q; ++i)
+#pragma GCC unroll 16
+          for (std::size_t j = 0; j < R; ++j) {
+            float* s01 = pair01 + (i * R + j) * W;
+            float* s2 = pair2 + (i * R + j) * W;
+            if (c == 0) acc[i][j].store_aligned(s01);
+            else if (c == 1) (V::load_aligned(s01) + acc[i][j]).store_aligned(s01);
+            else if (c == 2) acc[i][j].store_aligned(s2);
+            else (V::load_aligned(s01) + (V::load_aligned(s2) + acc[i][j])).store_aligned(s01);
+          }
+      }
+      if (blocks * W == d) {  // no tail: eight pairs reduced and scaled together (reduce8, the same bits)
+        V sum[Q * R];
+        alignas(32) float pair_scale[Q * R], score[Q * R];
+        for (std::size_t t = 0; t < Q * R; ++t) {
+          sum[t] = V::load_aligned(pair01 + t * W);
+          pair_scale[t] = scales[std::min(q0 + t / R, nq - 1)];
+        }
+        for (std::size_t t = 0; t < Q * R; t += 8) P::reduce8(sum + t, pair_scale + t, score + t);
+        for (std::size_t i = 0; i < Q && q0 + i < nq; ++i)
+          for (std::size_t j = 0; j < R && r0 + j < rows; ++j) out[(q0 + i) * stride + r0 + j] = score[i * R + j];
+      } else {
+        for (std::size_t i = 0; i < Q && q0 + i < nq; ++i)
+          for (std::size_t j = 0; j < R && r0 + j < rows; ++j) {
+            float s = P::reduce(V::load_aligned(pair01 + (i * R + j) * W));
+            for (std::size_t e = blocks * W; e < d; ++e) s = P::madd(q[i][e], element_as_float<KP>(row[j], e, row_scale[j]), s);
+            out[(q0 + i) * stride + r0 + j] = scales[q0 + i] * s;
+          }
+      }
+    }
+  }
+}
+
 // Puts score_in_double in place of every non-finite score of rows [start, start + rows) (scores[r]),
 // over key elements [first, first + count): a float sum that left the float range (or two
 // overflows that cancelled into NaN) becomes the score summed in double, +-inf only where the score
@@ -257,6 +349,22 @@ void score_span(const float* q, float scale, const RowSpan& span, float* out) {
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
     score_block<P>(q, scale, span, start, rows, out + start);
+  }
+}
+
+// scores(queries + i * dim, scales[i], span, out + i * stride) for i < nq, bit for bit (score_rows_multi
+// where the path has its tiles, one query at a time otherwise).
+template <class P>
+void score_span_multi(const float* queries, std::size_t nq, const float* scales, const RowSpan& span, float* out,
+                      std::size_t stride) {
+  const std::size_t d = span.dim;
+  if constexpr (P::kJointHeads) {
+    if (span.rows == 0 || nq == 0) return;
+    with_precision(span.key_precision,
+                   [&](auto kp) { score_rows_multi<P, decltype(kp)::value>(queries, nq, scales, span, out, stride); });
+    for (std::size_t i = 0; i < nq; ++i) repair_scores<P>(queries + i * d, scales[i], span, 0, span.rows, out + i * stride, 0, d);
+  } else {
+    for (std::size_t i = 0; i < nq; ++i) score_span<P>(queries + i * d, scales[i], span, out + i * stride);
   }
 }
 
