@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <tuple>
 
 #include "errors.hpp"
 #include "precision.hpp"
@@ -495,8 +496,10 @@ TEST_CASE("wire: create and describe carry the precisions in protocol version 2 
 }
 
 TEST_CASE("scores_multi: each query's scores are its own scores call's, bit for bit, on every path, precision and shape", "[precision][kernels]") {
-  const std::vector<std::size_t> dims = {1, 3, 8, 15, 16, 17, 31, 33, 48, 64, 127, 128, 129, 136, 300};
-  const std::vector<std::size_t> counts = {1, 2, 3, 4, 5, 7, 9, 17};  // tiles of 4 x 4 / 3 x 3 and their leftovers
+  // d: below a vector, odd tails, groups of four blocks with and without leftover blocks (80, 144: on avx512
+  // too), one block short of a group.
+  const std::vector<std::size_t> dims = {1, 3, 8, 15, 16, 17, 31, 33, 48, 64, 80, 96, 127, 128, 129, 136, 144, 300};
+  const std::vector<std::size_t> counts = {0, 1, 2, 3, 4, 5, 7, 9, 17};  // tiles of 4 x 4 / 4 x 2 and their leftovers
   for (const KernelTable* k : all_paths()) {
     for (const Case& c : kCases) {
       for (std::size_t d : dims) {
@@ -516,6 +519,18 @@ TEST_CASE("scores_multi: each query's scores are its own scores call's, bit for 
             REQUIRE(same_bits(multi, own));  // (the padding between queries' rows untouched too)
           }
       }
+    }
+    // A batch's shape (32 queries x 64 rows), and a span large enough that scores takes one row at a time
+    // (rows of more than 256 bytes in a span of more than 512 KiB) rather than two.
+    for (const auto& [d, n, nq] : {std::tuple<std::size_t, std::size_t, std::size_t>{128, 64, 32}, {320, 450, 5}}) {
+      INFO(k->name << " d=" << d << " rows=" << n << " queries=" << nq);
+      const Slice s(kCases[0], n, d, 1, 900 + d);
+      const std::vector<float> qs = test::normal_floats(nq * d, 31 + d);
+      const std::vector<float> scales(nq, 0.125f);
+      std::vector<float> multi(nq * n), own(nq * n);
+      k->scores_multi(qs.data(), nq, scales.data(), s.compact(), multi.data(), n);
+      for (std::size_t i = 0; i < nq; ++i) k->scores(qs.data() + i * d, scales[i], s.compact(), own.data() + i * n);
+      REQUIRE(same_bits(multi, own));
     }
   }
 }

@@ -163,6 +163,7 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
   // merged here.
   void bounds_into(const float* queries, const float* factors, std::size_t n, double* ub, BoundsSummary* summaries = nullptr) const {
     const std::size_t count = current_.lists.size(), d = current_.dim;
+    if (n == 0) return;
     const RowSpan centroids{current_.centroid_bytes.data(), nullptr, nullptr, count, d, 0, current_.centroid_precision,
                             Precision::f32, current_.centroid_precision == Precision::i8 ? current_.centroid_scales.data() : nullptr};
     const std::size_t chunk = std::max<std::size_t>(64, (std::size_t{256} << 10) / std::max<std::size_t>(1, centroids.key_row_bytes()));
