@@ -47,7 +47,8 @@ double simultaneous_z(std::size_t dv) {
 
 std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& kernels, const float* queries, const float* scales,
                                                             std::size_t n, const RowSpan& span, const EstimateTarget& target,
-                                                            const EligibleRows* eligible) {
+                                                            const EligibleRows* eligible,
+                                                            const std::vector<std::vector<std::size_t>>* strata) {
   std::vector<std::optional<PrunedSoft>> out(n);
   // The rows the sample draws from, as runs in storage order (every row of span without a mask), and
   // where each run starts in the sequence of eligible rows: block b holds eligible rows [32 b, 32 b + 32).
@@ -70,28 +71,62 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
   std::size_t read = 0;  // rows read, shared by the queries (the budget's measure)
   double miss = 1;       // prod over the rounds of (1 - pi_r)
   // Each query's scan state per drawn block (max, sum, acc), its contributors and whether it still estimates.
+  // With a stratum (rows scored exactly, left out of the blocks), its totals at its own shift.
   struct Query {
     std::vector<float> maxes, sums, accs;
+    std::vector<std::uint8_t> empty;  // per drawn block: every row of it in the stratum (nothing scanned)
     TopScores top;
     bool active = true;
     double grow = 1;
+    std::vector<std::size_t> stratum;  // ascending
+    double stratum_max = -kInfinity, stratum_sum = 0;
+    std::vector<double> stratum_acc;
   };
   std::vector<Query> state;
   state.reserve(n);
-  for (std::size_t j = 0; j < n; ++j) state.push_back({{}, {}, {}, TopScores(target.top_m, nullptr), true, 1});
+  for (std::size_t j = 0; j < n; ++j) state.push_back({{}, {}, {}, {}, TopScores(target.top_m, nullptr), true, 1, {}, -kInfinity, 0, {}});
+  for (std::size_t j = 0; strata != nullptr && j < n && j < strata->size(); ++j) {
+    Query& s = state[j];
+    s.stratum = (*strata)[j];
+    if (s.stratum.empty()) continue;
+    std::sort(s.stratum.begin(), s.stratum.end());
+    s.stratum.erase(std::unique(s.stratum.begin(), s.stratum.end()), s.stratum.end());
+    const PrunedSoft exact = soft_over_rows(kernels, queries + j * d, scales[j], span, s.stratum, target.top_m);
+    const SoftmaxState& h = exact.scan.state;
+    if (!std::isfinite(h.max) || !std::isfinite(h.sum) || !std::all_of(h.acc.begin(), h.acc.end(), [](float a) { return std::isfinite(a); })) {
+      s.active = false;  // (the exact path reports what left the float range)
+      continue;
+    }
+    s.stratum_max = h.max;
+    s.stratum_sum = h.sum;
+    s.stratum_acc.assign(h.acc.begin(), h.acc.end());
+    for (const TopScores::Item& item : exact.scan.top) s.top.offer_ids(&item.score, &item.id, 1);
+  }
   std::vector<double> y(dv), t(dv), shift;  // shift[i] = e^{max_i - best}, block i's factor to the common shift
   // Scans block b for query j into its slot (max, sum, acc at slot), folding the block's eligible rows,
   // piece by piece over the runs they fall in, into one state; sink (if any) gets their scores.
+  // A query's stratum rows are left out (the pieces between them scanned).
   const auto scan_block = [&](std::size_t b, std::size_t j, std::size_t slot, BlockSink* sink) {
     Query& s = state[j];
+    s.empty[slot] = 1;
+    const auto scan_rows = [&](std::size_t first, std::size_t count) {
+      if (count == 0) return;
+      s.empty[slot] = 0;
+      if (sink != nullptr) sink->ids = span.ids + first;
+      kernels.soft_scan(queries + j * d, scales[j], span.sub(first, count), s.maxes[slot], s.sums[slot], s.accs.data() + slot * dv, sink);
+    };
     std::size_t row = b * kEstimateBlockRows;
     const std::size_t end = std::min(row + kEstimateBlockRows, total);
     std::size_t run = static_cast<std::size_t>(std::upper_bound(run_start.begin(), run_start.end(), row) - run_start.begin()) - 1;
     while (row < end) {
       const std::size_t offset = row - run_start[run], count = std::min(end, run_start[run + 1]) - row;
-      const std::size_t first = rows_in.runs[run].begin + offset;
-      if (sink != nullptr) sink->ids = span.ids + first;
-      kernels.soft_scan(queries + j * d, scales[j], span.sub(first, count), s.maxes[slot], s.sums[slot], s.accs.data() + slot * dv, sink);
+      std::size_t first = rows_in.runs[run].begin + offset;
+      const std::size_t stop = first + count;
+      for (auto h = std::lower_bound(s.stratum.begin(), s.stratum.end(), first); h != s.stratum.end() && *h < stop; ++h) {
+        scan_rows(first, *h - first);
+        first = *h + 1;
+      }
+      scan_rows(first, stop - first);
       row += count;
       ++run;
     }
@@ -109,6 +144,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       if (!s.active) continue;
       base[j] = s.maxes.size();
       s.maxes.resize(base[j] + fresh.size(), -std::numeric_limits<float>::infinity());
+      s.empty.resize(base[j] + fresh.size(), 0);
       s.sums.resize(base[j] + fresh.size(), 0.0f);
       s.accs.resize((base[j] + fresh.size()) * dv, 0.0f);
     }
@@ -134,8 +170,8 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       if (!s.active) continue;
       if (target.top_m > 0)
         for (std::size_t part = 0; part < parts; ++part) s.top.absorb(tops[part][j]);
-      for (std::size_t i = base[j]; i < s.maxes.size(); ++i)
-        if (!std::isfinite(s.maxes[i]) || !std::isfinite(s.sums[i])) s.active = false;
+      for (std::size_t i = base[j]; i < s.maxes.size(); ++i)  // (a block all in the stratum weighs 0: max -inf, sum 0)
+        if (s.empty[i] == 0 && (!std::isfinite(s.maxes[i]) || !std::isfinite(s.sums[i]))) s.active = false;
     }
   };
   // Rounds: the first draws 32 to 64 blocks; each later one as many as the neediest query's last error
@@ -170,42 +206,54 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         grow = std::max(grow, 2.0);
         continue;
       }
-      const float best = *std::max_element(s.maxes.begin(), s.maxes.end());
-      // The totals shifted to the largest score: W_b = sum_b e^{m_b - best}, T_b = acc_b e^{m_b - best}.
+      const double best = std::max(static_cast<double>(*std::max_element(s.maxes.begin(), s.maxes.end())), s.stratum_max);
+      // The totals shifted to the largest score: W_b = sum_b e^{m_b - best}, T_b = acc_b e^{m_b - best};
+      // with a stratum (Z_S, Y_S, exact), Z^ = Z_S + zsum / pi and Y^ = Y_S + y / pi. All below are pi Z^
+      // and pi Y^ (zall, yall), so that without a stratum they are the sample's sums.
       double zsum = 0;
       std::fill(y.begin(), y.end(), 0.0);
       shift.resize(drawn);
       for (std::size_t i = 0; i < drawn; ++i) {
-        const double f = shift[i] = std::exp(static_cast<double>(s.maxes[i]) - static_cast<double>(best));
+        const double f = shift[i] = std::exp(static_cast<double>(s.maxes[i]) - best);
         zsum += static_cast<double>(s.sums[i]) * f;
         for (std::size_t k = 0; k < dv; ++k) y[k] += static_cast<double>(s.accs[i * dv + k]) * f;
       }
-      // Var_k = (1 - pi) sum_b (T_bk - v^_k W_b)^2 / (Z^ pi)^2 with Z^ = zsum / pi: the pi cancel.
+      const double stratum_f = s.stratum.empty() ? 0.0 : std::exp(s.stratum_max - best);
+      const double zall = zsum + pi * s.stratum_sum * stratum_f;
+      for (std::size_t k = 0; k < dv && !s.stratum.empty(); ++k) y[k] += pi * s.stratum_acc[k] * stratum_f;
+      // Var_k = (1 - pi) sum_b (T_bk - v^_k W_b)^2 / (Z^ pi)^2 over the sampled blocks (the stratum has none).
       std::fill(t.begin(), t.end(), 0.0);
       double w2 = 0;
       for (std::size_t i = 0; i < drawn; ++i) {
         const double w = static_cast<double>(s.sums[i]) * shift[i];
         w2 += w * w;
         for (std::size_t k = 0; k < dv; ++k) {
-          const double u = static_cast<double>(s.accs[i * dv + k]) * shift[i] - y[k] / zsum * w;
+          const double u = static_cast<double>(s.accs[i * dv + k]) * shift[i] - y[k] / zall * w;
           t[k] += u * u;
         }
       }
       double worst_var = 0;
-      for (std::size_t k = 0; k < dv; ++k) worst_var = std::max(worst_var, (1 - pi) * t[k] / (zsum * zsum));
+      for (std::size_t k = 0; k < dv; ++k) worst_var = std::max(worst_var, (1 - pi) * t[k] / (zall * zall));
       const double error = target.value_max > 0 ? z * std::sqrt(worst_var) / target.value_max : 0.0;
       // The effective number of blocks, (sum W)^2 / sum W^2: when a few blocks hold most of the sampled
       // weight (peaked attention: a handful of rows outweigh the rest), the sample's variance says nothing
       // of the rows it missed, and a larger sample (or the scan) must answer.
-      const bool spread = zsum * zsum >= kMinEffectiveBlocks * w2;
+      const bool spread = zsum > 0 && zsum * zsum >= kMinEffectiveBlocks * w2;  // (zsum 0: every drawn block in the stratum)
       if ((error <= target.error_target && spread) || pi >= 1) {
         PrunedSoft result{SoftScan{SoftmaxState(dv), {}}, {}, 0, 0.0};
-        result.scan.state.max = best;
-        result.scan.state.sum = static_cast<float>(zsum / pi);
+        result.scan.state.max = static_cast<float>(best);
+        result.scan.state.sum = static_cast<float>(zall / pi);
         result.value.resize(dv);
-        for (std::size_t k = 0; k < dv; ++k) result.value[k] = static_cast<float>(y[k] / zsum);
-        std::size_t scored = 0;  // this query's rows: every block drawn while it estimated
+        for (std::size_t k = 0; k < dv; ++k) result.value[k] = static_cast<float>(y[k] / zall);
+        std::size_t scored = s.stratum.size();  // this query's rows: its stratum, and every block drawn while it estimated
         for (std::size_t b = 0; b < blocks; ++b) scored += taken[b] != 0 ? std::min(kEstimateBlockRows, total - b * kEstimateBlockRows) : 0;
+        for (const std::size_t row : s.stratum) {  // (less the stratum's rows inside drawn blocks: left out of their scans)
+          const auto at = std::upper_bound(rows_in.runs.begin(), rows_in.runs.end(), row, [](std::size_t r, const RowRun& run) { return r < run.begin; });
+          if (at == rows_in.runs.begin()) continue;
+          const std::size_t run = static_cast<std::size_t>(at - rows_in.runs.begin()) - 1;
+          if (row >= rows_in.runs[run].begin + rows_in.runs[run].count) continue;
+          if (taken[(run_start[run] + row - rows_in.runs[run].begin) / kEstimateBlockRows] != 0) --scored;
+        }
         result.k = scored;
         result.rows_scored = scored;
         result.error_estimate = pi >= 1 ? 0.0 : error;
@@ -235,8 +283,11 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
 }
 
 std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                                         const EstimateTarget& target, const EligibleRows* eligible) {
-  return std::move(estimated_soft_batch(kernels, query, &scale, 1, span, target, eligible).front());
+                                         const EstimateTarget& target, const EligibleRows* eligible,
+                                         const std::vector<std::size_t>* stratum) {
+  if (stratum == nullptr) return std::move(estimated_soft_batch(kernels, query, &scale, 1, span, target, eligible).front());
+  const std::vector<std::vector<std::size_t>> strata{*stratum};
+  return std::move(estimated_soft_batch(kernels, query, &scale, 1, span, target, eligible, &strata).front());
 }
 
 }  // namespace softkv::detail

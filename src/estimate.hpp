@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "mask.hpp"
 #include "pruning.hpp"
@@ -49,9 +50,14 @@ inline constexpr std::size_t kGiveUpBlocks = 256;
 /// the estimate; its top rows are the top_m sampled rows with the largest scores. A sample that came
 /// to hold every block is the exact answer (error_estimate 0).
 /// With eligible (a mask), only its rows are sampled: blocks are 32 consecutive eligible rows, which may
-/// lie in several runs.
+/// lie in several runs. With a stratum (rows of span, eligible ones, e.g. a walk's rows of the lists of
+/// largest bound), those rows are scored exactly and left out of the blocks: Z^ = Z_S + sum W_b / pi and
+/// Y^ likewise, the variance the blocks' alone. Rows that may hold much of the mass then cannot be missed
+/// by a sample in storage order that follows the keys (rows stored cluster by cluster); rows_scored
+/// counts the stratum once.
 std::optional<PrunedSoft> estimated_soft(const KernelTable& kernels, const float* query, float scale, const RowSpan& span,
-                                         const EstimateTarget& target, const EligibleRows* eligible = nullptr);
+                                         const EstimateTarget& target, const EligibleRows* eligible = nullptr,
+                                         const std::vector<std::size_t>* stratum = nullptr);
 
 /// An estimated answer over certified lists after a walk that left a head (pruning.hpp, ListHead with
 /// rows; src/list_estimate.cpp): the head's rows scored exactly, every other list drawn whole with a
@@ -72,8 +78,10 @@ std::optional<PrunedSoft> estimate_over_lists(const KernelTable& kernels, const 
 /// target is met (or it gives up), and the rounds grow as the neediest query asks. The budget counts the
 /// rows read, once for the batch. nullopt for a query the exact scan must answer. A query's answer is what
 /// estimated_soft gives it alone when the batch draws the same blocks (the same seed, one query).
+/// strata: null, or each query's stratum (as estimated_soft's; empty: none).
 std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& kernels, const float* queries, const float* scales,
                                                             std::size_t n, const RowSpan& span, const EstimateTarget& target,
-                                                            const EligibleRows* eligible = nullptr);
+                                                            const EligibleRows* eligible = nullptr,
+                                                            const std::vector<std::vector<std::size_t>>* strata = nullptr);
 
 }  // namespace softkv::detail

@@ -247,11 +247,13 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
     }
     return later.log() >= all.log() + std::log(0.25);
   };
-  // A head walk that ends short of epsilon: its rows, unless the mass looked spread (then none).
-  const auto leave_head = [&]() -> std::optional<PrunedSoft> {
-    if (!spread()) {
-      head->rows.resize(ids.size());
-      std::transform(ids.begin(), ids.end(), head->rows.begin(), row_of);
+  // A head walk that ends short of epsilon: its rows, and the lists not visited unless the mass looked
+  // spread (then the rows alone, for a block sample to leave out and add exactly).
+  const auto leave_head = [&](bool spread_seen) -> std::optional<PrunedSoft> {
+    head->rows.resize(ids.size());
+    std::transform(ids.begin(), ids.end(), head->rows.begin(), row_of);
+    head->spread = spread_seen;
+    if (!spread_seen) {
       std::vector<std::pair<double, std::uint32_t>> rest;
       walk.unvisited(rest);
       for (const auto& [ub, c] : rest) head->rest.push_back({ub, c, walk.live(c)});
@@ -260,8 +262,8 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
   };
   std::size_t scored = 0;  // rows scored: the visited rows, and with a mask the ineligible ones among them
   while (!walk.done() && !finished()) {
-    if (scored > target.budget_rows) return head != nullptr ? leave_head() : std::nullopt;  // the exact scan is cheaper from here
-    if (head != nullptr && list_mass.size() >= 8 && (list_mass.size() & (list_mass.size() - 1)) == 0 && spread()) return std::nullopt;
+    if (scored > target.budget_rows) return head != nullptr ? leave_head(spread()) : std::nullopt;  // the exact scan is cheaper from here
+    if (head != nullptr && list_mass.size() >= 8 && (list_mass.size() & (list_mass.size() - 1)) == 0 && spread()) return leave_head(true);
     if (head == nullptr && !judged && scored > target.budget_rows / 8) {
       judged = true;
       if (!walk.can_meet(target.top_k, target.epsilon, target.budget_rows - scored, known_max, low_log(visited, ids.size())))

@@ -231,8 +231,11 @@ struct ListHead {
     std::uint32_t list;
     std::uint32_t live;
   };
-  std::vector<std::size_t> rows;  ///< the visited rows of span; empty when the mass looked spread over the lists
-  std::vector<Rest> rest;         ///< with rows: every list not visited that has a live member
+  std::vector<std::size_t> rows;  ///< the visited rows of span
+  std::vector<Rest> rest;         ///< every list not visited that has a live member (empty when spread)
+  /// The mass looked spread over the lists: rows are no head to estimate the other lists around, only the
+  /// rows of the lists of largest bound, which a block sample leaves out and adds exactly (estimated_soft).
+  bool spread = false;
 };
 
 /// Pruned soft retrieval over certified lists (docs/PRUNING.md): visits lists by decreasing upper bound
@@ -242,8 +245,9 @@ struct ListHead {
 /// budget_rows rows would be scored: the caller runs the exact scan.
 /// With head (epsilon only: an estimated answer's walk), a walk that does not meet epsilon within the
 /// budget stops there (it does not ask the bounds whether it could), and leaves its visited rows in head
-/// unless the second half of the lists it visited holds a quarter or more of their mass (spread attention:
-/// a head would not hold it); it also stops so, empty-handed, as soon as that is seen at 8, 16, 32, ... lists.
+/// with the lists not visited, unless the second half of the lists it visited holds a quarter or more of
+/// their mass (spread attention: a head would not hold it; head->spread, the rows alone); it also stops so
+/// as soon as that is seen at 8, 16, 32, ... lists.
 std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const CertifiedLists& lists, const float* query, float scale,
                                          const RowSpan& span, const std::function<std::size_t(std::uint64_t)>& row_of,
                                          const ListTarget& target, std::size_t top_m, ListHead* head = nullptr);

@@ -32,8 +32,8 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   std::vector<std::optional<PrunedSoft>> answers(n);
   std::vector<std::uint8_t> walked(n, 0);
   // 1. Certified lists: each query's walk, and the estimate over its head where it left one, as a query
-  // alone takes them (soft_one); a query whose head's estimate fails goes to the fused pass (3.).
-  std::vector<std::uint8_t> to_scan(n, 0);
+  // alone takes them (soft_one); a walk that does not answer leaves its rows to the sample (2.).
+  std::vector<std::vector<std::size_t>> strata(n);  // each query's walk rows: the sample's exact stratum
   // The planner's memory of attempts that handed their queries on (PlannerCalibration::skip), as for a
   // query alone: a group of walks or the batch's sample is skipped when such attempts keep missing.
   using Attempt = PlannerCalibration::Attempt;
@@ -63,13 +63,12 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
       }
       if (!walk_group) continue;
       try {
-        bool scan = false;
-        answers[b] = estimate_through_lists(impl, q + b * d, factors[b], target, options.top_m, scan,
+        answers[b] = estimate_through_lists(impl, q + b * d, factors[b], target, options.top_m, strata[b],
                                             bounds.data() + (b % kBoundsQueries) * count, lists.live_counts(),
                                             &shared->for_query(b % kBoundsQueries), &summaries[b % kBoundsQueries]);
         walked[b] = answers[b] ? 1 : 0;
-        to_scan[b] = scan ? 1 : 0;
-        if (remembered) memory.note(Attempt::estimate_walk, answers[b].has_value(), 0.0, span.rows);  // (counted, not timed)
+        // (counted, not timed; a walk that leaves its rows to the sample is useful, as for a query alone)
+        if (remembered) memory.note(Attempt::estimate_walk, answers[b].has_value() || !strata[b].empty(), 0.0, span.rows);
       } catch (...) {
         errors[b] = std::current_exception();
       }
@@ -78,7 +77,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   // 2. One sample for the rest, seeded by the first of them: its blocks are read once for all of them.
   std::vector<std::size_t> rest;
   for (std::size_t b = 0; b < n; ++b)
-    if (!answers[b] && !errors[b] && to_scan[b] == 0) rest.push_back(b);
+    if (!answers[b] && !errors[b]) rest.push_back(b);
   // The queries at the given positions side by side, with their factors.
   const auto gather = [&](const std::vector<std::size_t>& which, std::vector<float>& qs, std::vector<float>& fs) {
     qs.resize(which.size() * d);
@@ -91,9 +90,11 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   if (!rest.empty() && !(remembered && memory.skip(Attempt::sample))) {
     std::vector<float> rq, rf;
     gather(rest, rq, rf);
+    std::vector<std::vector<std::size_t>> rest_strata(rest.size());
+    for (std::size_t i = 0; i < rest.size(); ++i) rest_strata[i] = std::move(strata[rest[i]]);
     const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(rq.data(), d, rows), std::min(options.top_m, rows)};
     std::vector<std::optional<PrunedSoft>> sampled = estimated_soft_batch(kernels, rq.data(), rf.data(), rest.size(), span, sample,
-                                                                          mask ? &*mask : nullptr);
+                                                                          mask ? &*mask : nullptr, &rest_strata);
     for (std::size_t i = 0; i < rest.size(); ++i) {
       if (remembered) memory.note(Attempt::sample, sampled[i].has_value(), 0.0, span.rows);
       answers[rest[i]] = std::move(sampled[i]);

@@ -54,15 +54,16 @@ void check_best(const ArgMax& best);
 // ---- one query on its own (single.cpp) ----
 /// An error_target query's answer from the collection's certified lists (soft_one and soft_estimated; the
 /// caller holds the read lock and checked that the lists exist and no mask applies): the walk's answer
-/// within target for sure, or its head's estimate over the lists (estimate_over_lists). nullopt otherwise,
-/// with scan true when a head's estimate failed (the exact scan must answer) and false when the walk saw
-/// the mass spread over the lists (the block sample may answer). bounds and live: the lists' bounds for this
+/// within target for sure, or its head's estimate over the lists (estimate_over_lists). nullopt otherwise
+/// (the walk saw the mass spread over the lists, or its head's estimate could not meet the target), with
+/// the rows the walk visited — the lists of largest bound — in stratum: the block sample scores them
+/// exactly and leaves them out of its blocks (estimated_soft). bounds and live: the lists' bounds for this
 /// query computed beforehand (a batch's, CertifiedLists::bounds_batch, with what their pass gathered in
 /// summary), or null; scorer: where lists are scored (a batch's shared reads), or null.
 [[nodiscard]] std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, const float* q, float f, double target,
-                                                               std::size_t top_m, bool& scan, const double* bounds = nullptr,
-                                                               const std::uint32_t* live = nullptr, ListScorer* scorer = nullptr,
-                                                               const BoundsSummary* summary = nullptr);
+                                                               std::size_t top_m, std::vector<std::size_t>& stratum,
+                                                               const double* bounds = nullptr, const std::uint32_t* live = nullptr,
+                                                               ListScorer* scorer = nullptr, const BoundsSummary* summary = nullptr);
 
 /// Soft: the exact scan, or pruned (top_k, epsilon) or estimated (error_target) as `path` says, within
 /// the planner's budget (an index not built yet: the exact scan).

@@ -77,8 +77,8 @@ std::vector<float> head_queries(const CollectionImpl& impl, std::span<const floa
 }
 
 std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, const float* q, float f, double target, std::size_t top_m,
-                                                 bool& scan, const double* bounds, const std::uint32_t* live, ListScorer* scorer,
-                                                 const BoundsSummary* summary) {
+                                                 std::vector<std::size_t>& stratum, const double* bounds,
+                                                 const std::uint32_t* live, ListScorer* scorer, const BoundsSummary* summary) {
   const RowSpan span = impl.span();
   const KernelTable& kernels = detail::kernels();
   const CertifiedLists& lists = *impl.index()->lists();
@@ -94,10 +94,10 @@ std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, con
   walk.scorer = scorer;
   std::optional<PrunedSoft> answer = certified_soft(kernels, lists, q, f, span, row_of, walk, top_m, small ? nullptr : &head);
   if (answer) answer->error_estimate = std::min(2.0, 2 * answer->tail_bound);  // (no blend is further than 2 max|v| from another)
-  else if (!head.rows.empty())
+  else if (!head.spread && !head.rows.empty())
     answer = estimate_over_lists(kernels, lists, q, f, span, row_of, head,
                                  {target, impl.value_max(), budget, seed_of(q, impl.dim(), span.rows), std::min(top_m, span.rows), scorer});
-  scan = !answer && !head.rows.empty();
+  if (!answer) stratum = std::move(head.rows);  // (the lists of largest bound: the block sample's exact stratum)
   return answer;
 }
 
@@ -203,16 +203,23 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // Both attempts are remembered (attempt): a stream of spread queries stops paying for walks that
       // find no head, a stream the sample cannot estimate (peaked attention without lists, collections
       // this small) stops paying for its first round.
+      std::vector<std::size_t> stratum;  // a walk's rows that did not answer: the sample's exact stratum
       if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (step 1b draws whole lists: no mask)
-        bool scan = false;
-        std::optional<PrunedSoft> walked = attempt(PlannerCalibration::Attempt::estimate_walk, [&] {
-          return estimate_through_lists(impl, q, f, target, options.top_m, scan);
-        });
+        // (A walk that leaves its rows to the sample counts as useful: without them a sample of blocks in
+        // a storage order that follows the keys may miss the rows that hold the mass. Only walks that
+        // leave nothing are skipped.)
+        std::optional<PrunedSoft> walked;
+        if (!remembered || !impl.calibration().skip(PlannerCalibration::Attempt::estimate_walk)) {
+          const auto t0 = std::chrono::steady_clock::now();
+          walked = estimate_through_lists(impl, q, f, target, options.top_m, stratum);
+          if (remembered)
+            impl.calibration().note(PlannerCalibration::Attempt::estimate_walk, walked.has_value() || !stratum.empty(), elapsed_ns(t0),
+                                    span.rows);
+        }
         if (walked) {
           walked_lists = true;
           return std::move(*walked);
         }
-        if (scan) return exact();  // the head's estimate could not meet the target: the scan answers
       }
       // Then a sample of blocks of rows (spread attention), up to an eighth of the rows over all rounds; the
       // rounds give up as soon as their error says the target needs more, and the exact scan answers.
@@ -222,7 +229,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // top_m clamped to the rows it could list (a TopScores reserves room for all of them).
       const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), std::min(options.top_m, rows)};
       std::optional<PrunedSoft> estimated = attempt(PlannerCalibration::Attempt::sample, [&] {
-        return estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr);
+        return estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr, stratum.empty() ? nullptr : &stratum);
       });
       if (!estimated) {
         PrunedSoft all = mask ? scope.exact() : exact();
