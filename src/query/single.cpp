@@ -199,10 +199,10 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // reading only the lists that hold the mass (peaked attention), within 1/256 of the rows. A walk
       // that falls short leaves its rows as the head of an estimate when they hold the mass
       // (estimate_over_lists: the head exact, the other lists sampled); where the visited lists show the
-      // mass spread over the lists, it stops at once and the sample below draws from every row.
-      // Both attempts are remembered (attempt): a stream of spread queries stops paying for walks that
-      // find no head, a stream the sample cannot estimate (peaked attention without lists, collections
-      // this small) stops paying for its first round.
+      // mass spread over the lists (or the head's estimate fails), the sample below draws the rows with
+      // the walk's rows as its exact stratum. Both attempts are remembered: walks that leave nothing
+      // (rare) and a stream the sample cannot estimate (peaked attention without lists, collections
+      // this small) stop being paid for.
       std::vector<std::size_t> stratum;  // a walk's rows that did not answer: the sample's exact stratum
       if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (step 1b draws whole lists: no mask)
         // (A walk that leaves its rows to the sample counts as useful: without them a sample of blocks in
