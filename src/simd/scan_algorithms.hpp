@@ -189,21 +189,6 @@ template <class P, Precision KP>
   std::size_t r = 0;
   if constexpr (P::kJointHeads) {
     if (d % P::W == 0 && (row_bytes <= kPairedKeyRowBytes || span.rows * row_bytes <= kPairedSpanBytes)) {
-      // Eight rows' chains, then their eight horizontal sums together (reduce8, the same bits as reduce
-      // row by row): a sum's shuffles and adds serve eight rows instead of one, where one row's would be
-      // a chain of dependent steps longer than its products.
-      typename P::V v[8];
-      alignas(32) float scale8[8];
-      for (float& s : scale8) s = scale;
-      for (; r + 8 <= rows; r += 8) {
-        for (std::size_t k = 0; k < 8; k += 2) {
-          const float s0 = KP == Precision::i8 ? span.key_scales[start + r + k] : 1.0f;
-          const float s1 = KP == Precision::i8 ? span.key_scales[start + r + k + 1] : 1.0f;
-          pf.upto(keys + (r + k + 2) * row_bytes);
-          P::template chains2_as<KP>(q, keys + (r + k) * row_bytes, keys + (r + k + 1) * row_bytes, d, s0, s1, v[k], v[k + 1]);
-        }
-        P::reduce8(v, scale8, scores + r);
-      }
       for (; r + 2 <= rows; r += 2) {
         const float s0 = KP == Precision::i8 ? span.key_scales[start + r] : 1.0f;
         const float s1 = KP == Precision::i8 ? span.key_scales[start + r + 1] : 1.0f;
