@@ -777,3 +777,56 @@ TEST_CASE("a list walk's bound on the unvisited mass follows the highest unvisit
   CHECK(walk.can_meet(0, 1e-3, 10 * 20, 130.0, 130.0));
   CHECK(walk.rows_left() == 49999 * 20);
 }
+
+TEST_CASE("a walk over many hot lists heaps a few first and still visits every list in decreasing bound", "[pruning]") {
+  // 20,000 lists within 16 nats of the top (spread attention: all hot), ties among them, one unbounded,
+  // one emptied, and 500 cold ones far below. The walk heaps the highest few hundred at once and the rest
+  // when it reaches them: the order is that of the pairs (bound, list) sorted down, every bound on the way
+  // as next_bound() said, the rest's mass bounded as before, and unvisited() lists exactly the others.
+  const std::size_t hot = 20000, lists = hot + 500;
+  std::vector<double> ub(lists);
+  std::vector<std::uint32_t> live(lists);
+  std::mt19937_64 gen(5);
+  std::uniform_real_distribution<double> within(-15.9, 0.0);
+  std::uniform_int_distribution<std::uint32_t> members(1, 40);
+  for (std::size_t c = 0; c < lists; ++c) {
+    ub[c] = c < hot ? std::round(within(gen) * 64) / 64 : -60.0 - static_cast<double>(c % 7);  // (ties: bounds on a 1/64 grid)
+    live[c] = members(gen);
+  }
+  ub[3] = std::numeric_limits<double>::infinity();
+  live[17] = 0;
+  std::vector<std::pair<double, std::uint32_t>> order;
+  for (std::size_t c = 0; c < lists; ++c)
+    if (live[c] != 0) order.emplace_back(ub[c], static_cast<std::uint32_t>(c));
+  std::sort(order.rbegin(), order.rend());
+  detail::ListWalk walk(ub.data(), live.data(), lists);
+  std::size_t left_rows = 0;
+  for (const auto& entry : order) left_rows += live[entry.second];
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    REQUIRE_FALSE(walk.done());
+    if (i % 997 == 1 || i == 300) {  // the rest's bound against its exact mass (finite once list 3 is visited)
+      long double exact = 0;
+      for (std::size_t j = i; j < order.size(); ++j) exact += live[order[j].second] * std::exp(static_cast<long double>(order[j].first));
+      const double log_exact = std::log(static_cast<double>(exact));
+      CHECK(walk.log_rest() >= log_exact - 1e-12);
+      CHECK(walk.log_rest() <= log_exact + 0.26);
+      std::vector<std::pair<double, std::uint32_t>> rest;
+      walk.unvisited(rest);
+      std::sort(rest.rbegin(), rest.rend());
+      CHECK(rest.size() == order.size() - i);
+      CHECK(std::equal(rest.begin(), rest.end(), order.begin() + static_cast<std::ptrdiff_t>(i), order.end()));
+      CHECK(walk.rows_left() == left_rows);
+    }
+    CHECK(walk.next_bound() == order[i].first);
+    const std::size_t c = walk.next();
+    REQUIRE(c == order[i].second);
+    left_rows -= live[c];
+  }
+  CHECK(walk.done());
+  // A verdict asked early heaps every list first and agrees with the walk that had them all at once: the
+  // 100 lists in reach of 100 x 40 rows leave far more than 1e-6 of the rest.
+  detail::ListWalk early(ub.data(), live.data(), lists);
+  for (int i = 0; i < 5; ++i) CHECK(early.next() == order[static_cast<std::size_t>(i)].second);
+  CHECK_FALSE(early.can_meet(0, 1e-6, 100 * 40, 1.0, 1.0));
+  for (std::size_t i = 5; i < 1000; ++i) REQUIRE(early.next() == order[i].second);
+}

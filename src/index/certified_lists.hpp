@@ -152,7 +152,7 @@ class ListWalk {
   ListWalk(const ListWalk&) = delete;
   ListWalk& operator=(const ListWalk&) = delete;
   /// Whether every list with a live member was visited.
-  [[nodiscard]] bool done() const noexcept { return heap_.empty() && cold_lists_ == 0; }
+  [[nodiscard]] bool done() const noexcept { return heap_.empty() && !pending_ && cold_lists_ == 0; }
   /// The list with the largest bound among the unvisited ones; marks it visited. Requires !done().
   std::size_t next();
   /// The largest bound among the unvisited lists (-inf when done).
@@ -182,6 +182,7 @@ class ListWalk {
   void warm(double limit);  // moves the cold lists bounded at limit or above into the heap and the buckets
   void rebase(double highest);  // the shift moved down to the highest unvisited bound, the buckets afresh
   void recount_cold();  // cold_term_ afresh (after the shift or the cold lists changed)
+  void release();       // moves the pending hot lists into the heap
   [[nodiscard]] double recounted() const;  // counted() plus cold_term_: the unvisited mass afresh
 
   /// Once every unvisited bound lies this far below the shift, the buckets are counted afresh from the
@@ -192,6 +193,12 @@ class ListWalk {
 
   std::vector<double> ub_buffer_;  // the bounds when the walk computed them
   std::vector<std::pair<double, std::uint32_t>> heap_;  // max-heap of (ub, list) over unvisited hot lists
+  // When the hot lists are many (spread attention), those bounded below eager_floor_ are pending: counted
+  // in the buckets but heaped only once the walk reaches them (most walks stop within a few lists).
+  std::vector<std::uint32_t> waiting_;  // every hot list at the start (when pending_)
+  double eager_floor_ = 0;              // the lowest bound heaped at the start
+  bool pending_ = false;                // whether lists below eager_floor_ wait to be heaped
+  double pending_max_ = -std::numeric_limits<double>::infinity();  // their largest bound (-inf: none)
   const double* ub_ = nullptr;                          // every list's bound
   const std::uint32_t* live_ = nullptr;                 // every list's live members
   std::size_t count_ = 0;                               // lists
