@@ -25,6 +25,13 @@ namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
+// A round grows the sample to (error / target)^2 times the blocks drawn, aimed at the target itself, and
+// by at least a tenth. Measured (1M Gaussian rows, d = 128, T = 1, error_target 1e-2, 40 queries, Zen 5):
+// the median query scored 1.73% of the rows, against 1.95% with a 5% margin and growth of at least 1.25
+// (more rounds that just miss, each overshooting less); the time a query the same (~1.2 ms).
+constexpr double kAimedGrowth = 1.0;
+constexpr double kLeastGrowth = 1.1;
+
 // Offers a block's scores to one TopScores over every sampled block (its rows' ids from the block's start).
 struct BlockSink final : ScoreSink {
   TopScores* top = nullptr;
@@ -175,7 +182,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     }
   };
   // Rounds: the first draws 32 to 64 blocks; each later one as many as the neediest query's last error
-  // says it needs (1.05 x (error / target)^2 times the blocks drawn, at least 1.25 and at most 16 times the last
+  // says it needs ((error / target)^2 times the blocks drawn, at least 1.1 and at most 16 times the last
   // round's expected count), until every
   // query's target is met by a sample whose weight is spread over enough blocks for the normal approximation.
   double m = std::min(static_cast<double>(blocks), std::clamp(static_cast<double>(blocks) / 32, 32.0, 64.0));
@@ -274,7 +281,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       }
       // (Projected from the blocks drawn, not the expected count: a Poisson round may draw a fifth fewer.)
       grow = std::max(grow, spread ? std::clamp(static_cast<double>(drawn) * error * error / (target.error_target * target.error_target) *
-                                                    1.05 / m, 1.25, 16.0)
+                                                    kAimedGrowth / m, kLeastGrowth, 16.0)
                                    : std::clamp(needed / static_cast<double>(drawn) * 1.1, 1.5, 16.0));
     }
     if (grow == 0) return out;  // no query still estimating
