@@ -11,6 +11,7 @@
 
 #include "reference.hpp"
 #include "scan.hpp"
+#include "simd/int_dots.hpp"
 #include "simd/kernel_table.hpp"
 #include "query/pass_choice.hpp"
 #include "simd/tile_gemm.hpp"
@@ -561,4 +562,45 @@ TEST_CASE("scores_multi redoes overflowed sums in double as scores does, on ever
     CHECK(multi[5 + 1] == 0.0f);    // query 1, row 1: 3e39 - 3e39 is NaN in float, 0 in double
     CHECK(multi[5 + 2] == 0.0f);
   }
+}
+
+TEST_CASE("integer dot products: every path this CPU runs gives the exact sums at every width, count and extreme", "[kernels]") {
+  // int16 queries up to int_query_limit(d) against int8 rows down to -128, exactly as an int64 sum gives
+  // them: widths that fill vectors, leave tails of every length and hold none, 0 to 17 rows.
+  std::mt19937_64 gen(31);
+  std::size_t paths = 0;
+  for (const detail::IntDotPath& path : detail::int_dot_paths()) {
+    if (!path.supported) continue;
+    ++paths;
+    for (const std::size_t d : {1u, 2u, 15u, 16u, 17u, 31u, 32u, 33u, 47u, 63u, 64u, 65u, 127u, 128u, 129u, 300u, 1000u}) {
+      const std::int32_t limit = detail::int_query_limit(d);
+      REQUIRE(limit >= 256);
+      CHECK(static_cast<std::int64_t>(d) * limit * 128 < (std::int64_t{1} << 31));
+      std::uniform_int_distribution<int> q_of(-limit, limit), k_of(-128, 127);
+      for (const std::size_t n : {0u, 1u, 2u, 3u, 4u, 5u, 7u, 8u, 17u}) {
+        for (int form = 0; form < 3; ++form) {  // random; every product at its largest; alternating signs at the extremes
+          std::vector<std::int16_t> q(d);
+          std::vector<std::int8_t> rows(n * d);
+          for (std::size_t j = 0; j < d; ++j) q[j] = static_cast<std::int16_t>(form == 0 ? q_of(gen) : form == 1 ? -limit : (j % 2 == 0 ? limit : -limit));
+          for (std::size_t i = 0; i < n * d; ++i) rows[i] = static_cast<std::int8_t>(form == 0 ? k_of(gen) : form == 1 ? -128 : (i % 2 == 0 ? 127 : -128));
+          std::vector<std::int32_t> out(n + 1, 12345);
+          path.dots(q.data(), rows.data(), n, d, out.data());
+          INFO(path.name << ", d = " << d << ", n = " << n << ", form " << form);
+          for (std::size_t r = 0; r < n; ++r) {
+            std::int64_t exact = 0;
+            for (std::size_t j = 0; j < d; ++j) exact += static_cast<std::int64_t>(q[j]) * rows[r * d + j];
+            REQUIRE(out[r] == exact);
+          }
+          CHECK(out[n] == 12345);  // nothing written past the rows
+        }
+      }
+    }
+  }
+  CHECK(paths >= 1);
+  // The limit: the largest |q| whose sums cannot overflow, capped at int16's range.
+  CHECK(detail::int_query_limit(1) == 32767);
+  CHECK(detail::int_query_limit(512) == 32767);
+  CHECK(detail::int_query_limit(1000) == 16777);
+  CHECK(detail::int_query_limit(std::size_t{1} << 17) == 127);
+  CHECK(detail::int_query_limit(std::size_t{1} << 24) == 0);
 }

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <numeric>
 
@@ -27,6 +28,24 @@ std::vector<float> make_keys(std::size_t n, std::size_t d, std::size_t clusters,
     for (std::size_t j = 0; j < d; ++j) keys[i * d + j] += centres[(i % clusters) * d + j];
   return keys;
 }
+
+// An ivf index built at once over n keys of width d (make_keys' clusters, ids 0 to n - 1), with its rows.
+struct BuiltLists {
+  std::vector<float> keys;
+  std::vector<std::uint64_t> ids;
+  detail::RowSpan all;
+  std::unique_ptr<detail::PruningIndex> index;
+  BuiltLists(std::size_t n, std::size_t d, std::size_t clusters, std::uint64_t seed)
+      : keys(make_keys(n, d, clusters, seed)), ids(n), all{keys.data(), nullptr, ids.data(), n, d, 0} {
+    std::iota(ids.begin(), ids.end(), std::uint64_t{0});
+    index = detail::make_pruning_index({d, 1, Metric::dot, {}, {.kind = IndexKind::ivf}});
+    index->put(ids, keys.data(), all);
+    index->build_now(all);
+    REQUIRE(index->lists() != nullptr);
+  }
+  BuiltLists(const BuiltLists&) = delete;  // (all points into keys and ids)
+  BuiltLists& operator=(const BuiltLists&) = delete;
+};
 
 // Exact softmax restricted to the k best keys, and the true mass outside them, in double.
 struct TopKReference {
@@ -462,18 +481,11 @@ TEST_CASE("hnsw's certified lists are built first and serve, hard queries includ
 }
 
 TEST_CASE("a batch's bounds equal each query's own bit for bit at widths that pair rows, fill vectors and leave tails", "[pruning]") {
-  // (The batch scores float32-widened centroids, a query alone its i8 centroids: the same products.)
+  // (i8 centroids: each query's exact integer products, taken a tile of rows at a time for the batch.)
   for (const std::size_t d : {16u, 40u, 128u, 136u}) {
     INFO("d = " << d);
-    const std::size_t n = 2500;
-    const std::vector<float> keys = make_keys(n, d, 40, 95 + d);
-    std::vector<std::uint64_t> ids(n);
-    std::iota(ids.begin(), ids.end(), std::uint64_t{0});
-    const detail::RowSpan all{keys.data(), nullptr, ids.data(), n, d, 0};
-    const auto index = detail::make_pruning_index({d, 1, Metric::dot, {}, {.kind = IndexKind::ivf}});
-    index->put(ids, keys.data(), all);
-    index->build_now(all);
-    REQUIRE(index->lists() != nullptr);
+    const BuiltLists built(2500, d, 40, 95 + d);
+    const auto& index = built.index;
     const std::size_t nq = 5, count = index->lists()->list_count();
     const auto qs = test::normal_floats(nq * d, 96 + d);
     const std::vector<float> factors{1.0f, 0.25f, 3.0f, 1e-3f, 17.0f};
@@ -485,6 +497,50 @@ TEST_CASE("a batch's bounds equal each query's own bit for bit at widths that pa
       index->lists()->bounds(qs.data() + i * d, factors[i], one, summary);
       CHECK(std::equal(one.begin(), one.end(), batch.begin() + static_cast<std::ptrdiff_t>(i * count)));
     }
+  }
+}
+
+TEST_CASE("list bounds from the integer centroid pass hold every member's score for queries of any dynamic range", "[pruning]") {
+  // The pass quantises each query to int16 and adds the error to the bounds: queries whose coordinates
+  // span 40 orders of magnitude (most quantise to 0), subnormal ones, a zero query, negative factors
+  // excluded (split_scale gives positive ones) but tiny and huge factors in; every live member's kernel
+  // score and its exact score (double) must lie at or below its list's bound. (How tight the bounds are
+  // shows in how far the walks go: the certified tests' and the pruning bench's.)
+  for (const std::size_t d : {1u, 7u, 128u, 600u}) {
+    const BuiltLists built(3000, d, 30, 120 + d);
+    const std::vector<float>& keys = built.keys;
+    const detail::CertifiedLists& lists = *built.index->lists();
+    std::vector<std::vector<float>> queries;
+    queries.push_back(test::normal_floats(d, 121));
+    std::vector<float> wide = test::normal_floats(d, 122);
+    for (std::size_t j = 0; j < d; ++j) wide[j] *= std::pow(10.0f, -static_cast<float>(j % 40));
+    wide[0] = 3e4f;
+    queries.push_back(wide);
+    std::vector<float> tiny(d);
+    for (std::size_t j = 0; j < d; ++j) tiny[j] = (j % 3 == 0 ? -1.0f : 1.0f) * 1e-40f * static_cast<float>(j + 1);
+    queries.push_back(tiny);
+    queries.emplace_back(d, 0.0f);
+    for (const auto& q : queries)
+      for (const float factor : {1.0f, 1e-3f, 40.0f}) {
+        std::vector<double> ub;
+        detail::BoundsSummary summary;
+        lists.bounds(q.data(), factor, ub, summary);
+        REQUIRE(ub.size() == lists.list_count());
+        for (std::size_t c = 0; c < lists.list_count(); ++c) {
+          std::vector<std::uint64_t> members;
+          std::vector<float> scores;
+          lists.score_list(c, q.data(), factor, members, scores);
+          if (members.empty()) continue;
+          INFO("d = " << d << ", factor " << factor << ", list " << c);
+          for (std::size_t i = 0; i < members.size(); ++i) {
+            double exact = 0;
+            for (std::size_t j = 0; j < d; ++j) exact += static_cast<double>(q[j]) * keys[members[i] * d + j];
+            exact *= factor;
+            REQUIRE(static_cast<double>(scores[i]) <= ub[c]);
+            REQUIRE(exact <= ub[c]);
+          }
+        }
+      }
   }
 }
 
@@ -519,16 +575,10 @@ TEST_CASE("a failed list build is not retried before the next write, and the nex
 }
 
 TEST_CASE("a batch's shared list reads hand each query the scores its own read gives, and read a list once for similar queries", "[pruning]") {
-  const std::size_t n = 6000, d = 16;
-  const std::vector<float> keys = make_keys(n, d, 30, 91);
-  std::vector<std::uint64_t> ids(n);
-  std::iota(ids.begin(), ids.end(), std::uint64_t{0});
-  const detail::RowSpan all{keys.data(), nullptr, ids.data(), n, d, 0};
-  const auto index = detail::make_pruning_index({d, 1, Metric::dot, {}, {.kind = IndexKind::ivf}});
-  index->put(ids, keys.data(), all);
-  index->build_now(all);
-  REQUIRE(index->lists() != nullptr);
-  const detail::CertifiedLists& lists = *index->lists();
+  const std::size_t d = 16;
+  const BuiltLists built(6000, d, 30, 91);
+  const std::vector<float>& keys = built.keys;
+  const detail::CertifiedLists& lists = *built.index->lists();
   const std::size_t count = lists.list_count();
   REQUIRE(count > 20);
   // Six queries near one key (cosine ~0.99 to each other), then three unrelated ones, then one near the first again.

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 
 #include "codec/bytes.hpp"
@@ -21,6 +22,7 @@
 #include "index/list_store.hpp"
 #include "precision.hpp"
 #include "scan.hpp"
+#include "simd/int_dots.hpp"
 #include "thread_pool.hpp"
 #include "top_scores.hpp"
 #include "softkv/error.hpp"
@@ -151,16 +153,54 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     bounds_into(queries, factors, n, ub.data(), summaries.data());
   }
 
+  // A query quantised for the integer centroid pass: q = scale * q16 + delta exactly, |q16[j]| within
+  // int_query_limit(d), scale a power of two; delta_norm >= ||delta||.
+  struct IntQuery {
+    std::vector<std::int16_t> q16;
+    double scale = 1;
+    double delta_norm = 0;
+  };
+
+  // q quantised (IntQuery), or nullopt where the integer pass cannot serve: float centroids (an i8
+  // scale would leave the float range), or d too large for int32 sums of int16 x int8 products at a
+  // useful resolution (d > 2^31 / (128 * 256), about 65,000).
+  [[nodiscard]] std::optional<IntQuery> quantised(const float* q) const {
+    const std::size_t d = current_.dim;
+    const std::int32_t limit = int_query_limit(d);
+    if (current_.centroid_precision != Precision::i8 || limit < 256) return std::nullopt;
+    float largest = 0;
+    for (std::size_t j = 0; j < d; ++j) largest = std::max(largest, std::fabs(q[j]));
+    IntQuery iq;
+    iq.q16.assign(d, 0);
+    if (!(largest > 0)) return iq;  // (a zero query: every product 0)
+    // The smallest power of two with largest / scale <= limit (then every |q[j] / scale| rounds to at most limit).
+    int e = 0;
+    std::frexp(static_cast<double>(largest) / limit, &e);  // largest / limit < 2^e
+    iq.scale = std::ldexp(1.0, e);
+    double sum = 0;
+    for (std::size_t j = 0; j < d; ++j) {
+      const double x = static_cast<double>(q[j]) / iq.scale;  // exact: a power of two
+      const double k = std::nearbyint(x);
+      iq.q16[j] = static_cast<std::int16_t>(k);
+      const double delta = static_cast<double>(q[j]) - k * iq.scale;  // exact in double (a float and a 15-bit multiple of scale)
+      sum += delta * delta;
+    }
+    // The sum of d squares and the root, each within (d + 2) 2^-53 relatively: rounded up past both.
+    iq.delta_norm = std::sqrt(sum) * (1 + static_cast<double>(d + 8) * 0x1p-52);
+    return iq;
+  }
+
   // Every list's bound for n queries (query i split with factors[i]): ub[i * count + c]. The centroids are
   // scored as a scan is split over the scan threads (about 1 MiB of centroids a part); each part takes
   // its centroids chunk by chunk (256 KiB, within L2), scores the chunk for every query in turn and turns
   // each query's scores into bounds at once, while they are in L1: a batch reads the centroids from
-  // memory once, and the bounds' arithmetic runs on every scan thread. With several queries, each
-  // kTileRows of a chunk are scored for every query at once by the kernels' register tiles (scores_multi:
-  // each compact centroid read and widened once for several queries), the same bits as each query's own
-  // pass. With summaries (n of them), each
-  // part also gathers each query's walk start over its lists while their bounds are in L1 (BoundsSummary),
-  // merged here.
+  // memory once, and the bounds' arithmetic runs on every scan thread. i8 centroids (the rule) are scored
+  // exactly in integers against each query quantised to int16 (int_dots: a third of the float pass's
+  // instructions), the quantisation's error added to the bounds (bounds_from_ints); a batch takes each
+  // kTileRows of a chunk for every query while they are in L1, the same integers as each query's own
+  // pass. Float centroids go through the kernels' float scores (scores_multi's register tiles for a batch,
+  // the same bits as each query's own). With summaries (n of them), each part also gathers each query's
+  // walk start over its lists while their bounds are in L1 (BoundsSummary), merged here.
   void bounds_into(const float* queries, const float* factors, std::size_t n, double* ub, BoundsSummary* summaries = nullptr) const {
     const std::size_t count = current_.lists.size(), d = current_.dim;
     if (n == 0) return;
@@ -170,19 +210,41 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     const std::size_t parts = choose_parts(count, d / 2, 0, ThreadPool::shared().concurrency());
     std::vector<double> fq(n);  // each query's f ||q|| rounded up (bounds_from)
     for (std::size_t i = 0; i < n; ++i) fq[i] = static_cast<double>(factors[i]) * norm_up(queries + i * d, d) * (1 + 4 * kUnit);
+    std::vector<IntQuery> ints;  // each query quantised, when the pass is in integers
+    for (std::size_t i = 0; i < n; ++i) {
+      std::optional<IntQuery> iq = quantised(queries + i * d);
+      if (!iq) break;
+      ints.push_back(std::move(*iq));
+    }
+    if (ints.size() < n) ints.clear();
+    const IntDots dots = int_dots();
     std::vector<BoundsSummary> gathered(summaries != nullptr ? parts * n : 0);  // part p, query i: [p * n + i]
     for (std::size_t j = 0; j < gathered.size(); ++j) gathered[j].bin_cold = summaries[j % n].bin_cold;
     ThreadPool::shared().run(parts, [&](std::size_t p) {
       thread_local std::vector<float> scores;  // one chunk's scores, or kTileRows rows' for every query (reused)
-      scores.resize(n > 1 ? n * kTileRows : chunk);
+      thread_local std::vector<std::int32_t> products;  // one chunk's (or kTileRows rows') integer products
       const std::size_t begin = count * p / parts, end = count * (p + 1) / parts;
+      const auto* rows = reinterpret_cast<const std::int8_t*>(current_.centroid_bytes.data());
+      if (!ints.empty()) products.resize(chunk);
+      else scores.resize(n > 1 ? n * kTileRows : chunk);
       for (std::size_t a = begin; a < end; a += chunk) {
         const std::size_t m = std::min(chunk, end - a);
-        if (n > 1) {
+        if (!ints.empty() && n > 1) {
           for (std::size_t w = a; w < a + m; w += kTileRows) {
-            const std::size_t rows = std::min(kTileRows, a + m - w);
-            kernels().scores_multi(queries, n, factors, centroids.sub(w, rows), scores.data(), rows);
-            for (std::size_t i = 0; i < n; ++i) bounds_from(factors[i], fq[i], scores.data() + i * rows, w, rows, ub + i * count + w);
+            const std::size_t tile = std::min(kTileRows, a + m - w);
+            for (std::size_t i = 0; i < n; ++i) {
+              dots(ints[i].q16.data(), rows + w * d, tile, d, products.data());
+              bounds_from_ints(factors[i], fq[i], ints[i], products.data(), w, tile, ub + i * count + w);
+            }
+          }
+        } else if (!ints.empty()) {
+          dots(ints[0].q16.data(), rows + a * d, m, d, products.data());
+          bounds_from_ints(factors[0], fq[0], ints[0], products.data(), a, m, ub + a);
+        } else if (n > 1) {
+          for (std::size_t w = a; w < a + m; w += kTileRows) {
+            const std::size_t tile = std::min(kTileRows, a + m - w);
+            kernels().scores_multi(queries, n, factors, centroids.sub(w, tile), scores.data(), tile);
+            for (std::size_t i = 0; i < n; ++i) bounds_from(factors[i], fq[i], scores.data() + i * tile, w, tile, ub + i * count + w);
           }
         } else {
           kernels().scores(queries, factors[0], centroids.sub(a, m), scores.data());
@@ -212,6 +274,26 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     for (std::size_t j = 0; j < m; ++j) {
       const double s = score[j];  // f * fl(q.mu), rounded: within 2u |s| of it
       const double b = s + 2 * kUnit * std::fabs(s) + fq * spread[j] + tiny;
+      ub[j] = live[j] == 0 ? -kInf : std::isfinite(b) ? b + 2 * kUnit * std::fabs(b) : kInf;
+    }
+  }
+
+  // The same from exact integer products (dot[j] = q16 . c8 of centroid c = first + j, whose decoded
+  // centroid is mu_c = s_c c8 exactly: s_c is a power of two). q.mu = scale s_c dot + delta.mu, and
+  // |delta.mu| <= ||delta|| ||mu||: f q.mu lies within f ||delta|| ||mu_c|| (plus 2^-52 of itself for
+  // the one rounding of f times the exact rest) of f scale s_c dot. The rest as bounds_from, whose
+  // spread already holds a gamma ||mu|| for the centroid score's own rounding, here none.
+  void bounds_from_ints(float factor, double fq, const IntQuery& q, const std::int32_t* dot, std::size_t first, std::size_t m,
+                        double* ub) const {
+    const double f = factor, tiny = (f * 2 * static_cast<double>(current_.dim) + 2) * kTiny;
+    const double f_delta = f * q.delta_norm * (1 + 4 * kUnit);
+    const std::uint32_t* live = current_.live.data() + first;
+    const double* spread = current_.spread.data() + first;
+    const double* norm = current_.centroid_norm.data() + first;
+    const float* scale = current_.centroid_scales.data() + first;
+    for (std::size_t j = 0; j < m; ++j) {
+      const double s = f * (q.scale * static_cast<double>(scale[j]) * static_cast<double>(dot[j]));  // (the inner product exact)
+      const double b = s + 0x1p-51 * std::fabs(s) + f_delta * norm[j] + fq * spread[j] + tiny;
       ub[j] = live[j] == 0 ? -kInf : std::isfinite(b) ? b + 2 * kUnit * std::fabs(b) : kInf;
     }
   }
