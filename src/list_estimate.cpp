@@ -124,6 +124,7 @@ std::optional<PrunedSoft> estimate_over_lists(const KernelTable& kernels, const 
   std::vector<DrawnList> drawn;
   std::size_t read = head.rows.size();
   std::vector<std::uint64_t> ids;
+  std::vector<std::size_t> rows;
   std::vector<float> scores, value(dv);
   std::vector<double> y(dv), t(dv), vhat(dv);
   // Rounds: 32 lists expected in the first, then as many more as the error says it needs; none once the
@@ -147,10 +148,16 @@ std::optional<PrunedSoft> estimate_over_lists(const KernelTable& kernels, const 
         DrawnList d;
         d.acc.assign(dv, 0.0);
         for (const float s : scores) d.max = std::max(d.max, static_cast<double>(s));
+        // The members' rows first, their values asked for at once (a list's rows lie anywhere in storage).
+        rows.resize(ids.size());
+        for (std::size_t j = 0; j < ids.size(); ++j) {
+          rows[j] = row_of(ids[j]);
+          prefetch_row(span, rows[j], false, true);
+        }
         for (std::size_t j = 0; j < ids.size(); ++j) {
           const double w = std::exp(static_cast<double>(scores[j]) - d.max);
           d.sum += w;
-          value_row(span, row_of(ids[j]), value.data());
+          value_row(span, rows[j], value.data());
           for (std::size_t k = 0; k < dv; ++k) d.acc[k] += w * static_cast<double>(value[k]);
         }
         if (!ids.empty() && (!std::isfinite(d.max) || !std::isfinite(d.sum))) return std::nullopt;

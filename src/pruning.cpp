@@ -124,7 +124,9 @@ PrunedSoft soft_over_rows(const KernelTable& kernels, const float* query, float 
   const std::size_t d = span.dim, dv = span.value_dim;
   std::vector<float> keys(rows.size() * d), values(rows.size() * dv);
   std::vector<std::uint64_t> ids(rows.size());
+  for (std::size_t i = 0; i < std::min(kGatherAhead, rows.size()); ++i) prefetch_row(span, rows[i], true, true);
   for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (i + kGatherAhead < rows.size()) prefetch_row(span, rows[i + kGatherAhead], true, true);
     key_row(span, rows[i], keys.data() + i * d);
     value_row(span, rows[i], values.data() + i * dv);
     ids[i] = span.ids[rows[i]];

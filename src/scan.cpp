@@ -44,6 +44,14 @@ void key_row(const RowSpan& span, std::size_t r, float* out) {
              span.key_scales != nullptr ? span.key_scales[r] : 1.0f, out);
 }
 
+void prefetch_row(const RowSpan& span, std::size_t r, bool keys, bool values) {
+  const auto lines = [](const void* base, std::size_t bytes) {
+    for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(base) + o, 0, 3);
+  };
+  if (keys) lines(static_cast<const std::byte*>(span.keys) + r * span.key_row_bytes(), span.key_row_bytes());
+  if (values && span.values != nullptr) lines(static_cast<const std::byte*>(span.values) + r * span.value_row_bytes(), span.value_row_bytes());
+}
+
 void value_row(const RowSpan& span, std::size_t r, float* out) {
   decode_row(span.value_precision, static_cast<const std::byte*>(span.values) + r * span.value_row_bytes(), span.value_dim,
              1.0f, out);

@@ -16,6 +16,11 @@ namespace softkv::detail {
 void key_row(const RowSpan& span, std::size_t r, float* out);
 /// Value row r of span as float32.
 void value_row(const RowSpan& span, std::size_t r, float* out);
+/// Asks for key row r of span (keys: true) and value row r (values: true) ahead of a gather: rows read
+/// out of storage order each miss the caches, and a gather that asks a few rows ahead overlaps the misses.
+void prefetch_row(const RowSpan& span, std::size_t r, bool keys, bool values);
+/// Rows a gather asks for ahead of the one it reads (prefetch_row).
+inline constexpr std::size_t kGatherAhead = 8;
 /// Value row r of span as a vector of value_dim floats.
 std::vector<float> value_vector(const RowSpan& span, std::size_t r);
 
