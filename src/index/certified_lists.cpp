@@ -222,14 +222,14 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
     for (std::size_t j = 0; j < gathered.size(); ++j) gathered[j].bin_cold = summaries[j % n].bin_cold;
     ThreadPool::shared().run(parts, [&](std::size_t p) {
       thread_local std::vector<float> scores;  // one chunk's scores, or kTileRows rows' for every query (reused)
-      thread_local std::vector<std::int32_t> products;  // one chunk's (or kTileRows rows') integer products
+      thread_local std::vector<std::int32_t> products;  // kTileRows rows' integer products for one query
       const std::size_t begin = count * p / parts, end = count * (p + 1) / parts;
       const auto* rows = reinterpret_cast<const std::int8_t*>(current_.centroid_bytes.data());
-      if (!ints.empty()) products.resize(chunk);
+      if (!ints.empty()) products.resize(kTileRows);
       else scores.resize(n > 1 ? n * kTileRows : chunk);
       for (std::size_t a = begin; a < end; a += chunk) {
         const std::size_t m = std::min(chunk, end - a);
-        if (!ints.empty() && n > 1) {
+        if (!ints.empty()) {
           for (std::size_t w = a; w < a + m; w += kTileRows) {
             const std::size_t tile = std::min(kTileRows, a + m - w);
             for (std::size_t i = 0; i < n; ++i) {
@@ -237,9 +237,6 @@ class CertifiedIndex final : public PruningIndex, public CertifiedLists {
               bounds_from_ints(factors[i], fq[i], ints[i], products.data(), w, tile, ub + i * count + w);
             }
           }
-        } else if (!ints.empty()) {
-          dots(ints[0].q16.data(), rows + a * d, m, d, products.data());
-          bounds_from_ints(factors[0], fq[0], ints[0], products.data(), a, m, ub + a);
         } else if (n > 1) {
           for (std::size_t w = a; w < a + m; w += kTileRows) {
             const std::size_t tile = std::min(kTileRows, a + m - w);

@@ -1,9 +1,12 @@
-// The integer dot products (int_dots.hpp), per instruction set, chosen at run time: each is compiled
-// for its own target (function attributes), so the file builds without ISA flags and a CPU only ever
-// runs what it has.
+// The integer dot products (int_dots.hpp), per instruction set, chosen at run time: AVX2 here through a
+// function attribute (the file builds without ISA flags), AVX-512 in its own translation units
+// (int_dots_avx512.hpp); a CPU only ever runs what it has.
 #include "int_dots.hpp"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <array>
 #include <limits>
 
 #include "int_dots_avx512.hpp"
@@ -20,15 +23,6 @@ void dots_generic(const std::int16_t* q, const std::int8_t* rows, std::size_t n,
     out[r] = sum;
   }
 }
-
-#if defined(__x86_64__) || defined(__i386__)
-}  // namespace
-}  // namespace softkv::detail
-
-#include <immintrin.h>
-
-namespace softkv::detail {
-namespace {
 
 // The horizontal sum of eight int32 lanes.
 __attribute__((target("avx2"))) inline std::int32_t sum_lanes(__m256i v) {
@@ -61,25 +55,24 @@ __attribute__((target("avx2"))) void dots_avx2(const std::int16_t* q, const std:
   if (r < n) dots_generic(q, rows + r * d, n - r, d, out + r);
 }
 
-bool has_avx512bw() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"); }
-
-const IntDotPath kPaths[] = {
-    {"avx512vnni", &int_dots_avx512vnni, has_avx512bw() && __builtin_cpu_supports("avx512vnni")},
-    {"avx512bw", &int_dots_avx512bw, has_avx512bw()},
-    {"avx2", &dots_avx2, static_cast<bool>(__builtin_cpu_supports("avx2"))},
-    {"generic", &dots_generic, true},
-};
-
-#else
-
-const IntDotPath kPaths[] = {{"generic", &dots_generic, true}};
-
-#endif
+// The paths, widest first, with what this CPU runs read at first use (not during static
+// initialisation, which may run before the compiler's CPU detection).
+std::span<const IntDotPath> paths() {
+  static const auto table = [] {
+    __builtin_cpu_init();
+    const bool bw = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    return std::array<IntDotPath, 4>{IntDotPath{"avx512vnni", &int_dots_avx512vnni, bw && __builtin_cpu_supports("avx512vnni")},
+                                     IntDotPath{"avx512bw", &int_dots_avx512bw, bw},
+                                     IntDotPath{"avx2", &dots_avx2, __builtin_cpu_supports("avx2") != 0},
+                                     IntDotPath{"generic", &dots_generic, true}};
+  }();
+  return table;
+}
 
 IntDots widest_within(std::string_view kernel_path) {
   // The integer paths each kernel path may take (its own instruction sets and narrower).
   const bool avx512 = kernel_path == "avx512", avx2 = avx512 || kernel_path == "avx2";
-  for (const IntDotPath& p : kPaths) {
+  for (const IntDotPath& p : paths()) {
     if (!p.supported) continue;
     if (p.name.starts_with("avx512") && !avx512) continue;
     if (p.name == "avx2" && !avx2) continue;
@@ -90,7 +83,7 @@ IntDots widest_within(std::string_view kernel_path) {
 
 }  // namespace
 
-std::span<const IntDotPath> int_dot_paths() { return kPaths; }
+std::span<const IntDotPath> int_dot_paths() { return paths(); }
 
 IntDots int_dots() { return widest_within(kernels().name); }
 
