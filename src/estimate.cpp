@@ -79,19 +79,51 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
   double miss = 1;       // prod over the rounds of (1 - pi_r)
   // Each query's scan state per drawn block (max, sum, acc), its contributors and whether it still estimates.
   // With a stratum (rows scored exactly, left out of the blocks), its totals at its own shift.
+  // The drawn blocks' totals are folded, as they come, into running sums at the shift ref (the largest
+  // block score so far): sum W_b, sum W_b^2, and per coordinate sum T_b, sum T_b^2, sum T_b W_b, from which
+  // each round's estimate and variance take O(dv) instead of a pass over every block drawn.
   struct Query {
     std::vector<float> maxes, sums, accs;
     std::vector<std::uint8_t> empty;  // per drawn block: every row of it in the stratum (nothing scanned)
     TopScores top;
     bool active = true;
-    double grow = 1;
     std::vector<std::size_t> stratum;  // ascending
     double stratum_max = -kInfinity, stratum_sum = 0;
     std::vector<double> stratum_acc;
+    std::size_t folded = 0;  // the drawn blocks in the sums below
+    double ref = -kInfinity, w = 0, w2 = 0;
+    std::vector<double> t, t2, tw;
   };
   std::vector<Query> state;
   state.reserve(n);
-  for (std::size_t j = 0; j < n; ++j) state.push_back({{}, {}, {}, {}, TopScores(target.top_m, nullptr), true, 1, {}, -kInfinity, 0, {}});
+  for (std::size_t j = 0; j < n; ++j) {
+    state.push_back({{}, {}, {}, {}, TopScores(target.top_m, nullptr), true, {}, -kInfinity, 0, {}, 0, -kInfinity, 0, 0, {}, {}, {}});
+    state.back().t.assign(dv, 0.0), state.back().t2.assign(dv, 0.0), state.back().tw.assign(dv, 0.0);
+  }
+  // Folds query s's blocks drawn since the last call into its running sums.
+  const auto fold = [dv](Query& s) {
+    for (std::size_t i = s.folded; i < s.maxes.size(); ++i) {
+      if (s.sums[i] == 0) continue;  // (a block all in the stratum, or its weight underflowed: adds nothing)
+      const double m = s.maxes[i];
+      if (m > s.ref) {  // a new largest score: the sums so far move to it (their terms only shrink)
+        const double f = s.ref == -kInfinity ? 0.0 : std::exp(s.ref - m), f2 = f * f;
+        s.w *= f, s.w2 *= f2;
+        for (std::size_t k = 0; k < dv; ++k) s.t[k] *= f, s.t2[k] *= f2, s.tw[k] *= f2;
+        s.ref = m;
+      }
+      const double f = std::exp(m - s.ref), w = static_cast<double>(s.sums[i]) * f;
+      s.w += w, s.w2 += w * w;
+      const float* acc = s.accs.data() + i * dv;
+      double* t = s.t.data();
+      double* t2 = s.t2.data();
+      double* tw = s.tw.data();
+      for (std::size_t k = 0; k < dv; ++k) {
+        const double a = static_cast<double>(acc[k]) * f;
+        t[k] += a, t2[k] += a * a, tw[k] += a * w;
+      }
+    }
+    s.folded = s.maxes.size();
+  };
   for (std::size_t j = 0; strata != nullptr && j < n && j < strata->size(); ++j) {
     Query& s = state[j];
     s.stratum = (*strata)[j];
@@ -109,7 +141,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     s.stratum_acc.assign(h.acc.begin(), h.acc.end());
     for (const TopScores::Item& item : exact.scan.top) s.top.offer_ids(&item.score, &item.id, 1);
   }
-  std::vector<double> y(dv), t(dv), shift;  // shift[i] = e^{max_i - best}, block i's factor to the common shift
+  std::vector<double> y(dv);
   // Scans block b for query j into its slot (max, sum, acc at slot), folding the block's eligible rows,
   // piece by piece over the runs they fall in, into one state; sink (if any) gets their scores.
   // A query's stratum rows are left out (the pieces between them scanned).
@@ -213,34 +245,28 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         grow = std::max(grow, 2.0);
         continue;
       }
-      const double best = std::max(static_cast<double>(*std::max_element(s.maxes.begin(), s.maxes.end())), s.stratum_max);
+      fold(s);
+      const double best = std::max(s.ref, s.stratum_max);
       // The totals shifted to the largest score: W_b = sum_b e^{m_b - best}, T_b = acc_b e^{m_b - best};
       // with a stratum (Z_S, Y_S, exact), Z^ = Z_S + zsum / pi and Y^ = Y_S + y / pi. All below are pi Z^
       // and pi Y^ (zall, yall), so that without a stratum they are the sample's sums.
-      double zsum = 0;
-      std::fill(y.begin(), y.end(), 0.0);
-      shift.resize(drawn);
-      for (std::size_t i = 0; i < drawn; ++i) {
-        const double f = shift[i] = std::exp(static_cast<double>(s.maxes[i]) - best);
-        zsum += static_cast<double>(s.sums[i]) * f;
-        for (std::size_t k = 0; k < dv; ++k) y[k] += static_cast<double>(s.accs[i * dv + k]) * f;
-      }
+      const double g = s.ref == -kInfinity ? 0.0 : std::exp(s.ref - best), g2 = g * g;
+      const double zsum = s.w * g, w2 = s.w2 * g2;
       const double stratum_f = s.stratum.empty() ? 0.0 : std::exp(s.stratum_max - best);
       const double zall = zsum + pi * s.stratum_sum * stratum_f;
-      for (std::size_t k = 0; k < dv && !s.stratum.empty(); ++k) y[k] += pi * s.stratum_acc[k] * stratum_f;
-      // Var_k = (1 - pi) sum_b (T_bk - v^_k W_b)^2 / (Z^ pi)^2 over the sampled blocks (the stratum has none).
-      std::fill(t.begin(), t.end(), 0.0);
-      double w2 = 0;
-      for (std::size_t i = 0; i < drawn; ++i) {
-        const double w = static_cast<double>(s.sums[i]) * shift[i];
-        w2 += w * w;
-        for (std::size_t k = 0; k < dv; ++k) {
-          const double u = static_cast<double>(s.accs[i * dv + k]) * shift[i] - y[k] / zall * w;
-          t[k] += u * u;
-        }
-      }
+      for (std::size_t k = 0; k < dv; ++k) y[k] = s.t[k] * g + (s.stratum.empty() ? 0.0 : pi * s.stratum_acc[k] * stratum_f);
+      // Var_k = (1 - pi) sum_b (T_bk - r_k W_b)^2 / (Z^ pi)^2 over the sampled blocks (the stratum has none),
+      // r_k = v^_k, expanded as sum T^2 - 2 r sum T W + r^2 sum W^2. The expansion's rounding, at most about
+      // (blocks + 4) 2^-52 (sqrt(sum T^2) + |r| sqrt(sum W^2))^2 (sum |T W| <= sqrt(sum T^2 sum W^2)), is
+      // added to it: the variance is never understated by cancellation (values almost equal everywhere).
+      const double rounding = static_cast<double>(drawn + 4) * 0x1p-52;
       double worst_var = 0;
-      for (std::size_t k = 0; k < dv; ++k) worst_var = std::max(worst_var, (1 - pi) * t[k] / (zall * zall));
+      for (std::size_t k = 0; k < dv; ++k) {
+        const double r = y[k] / zall, a2 = s.t2[k] * g2, aw = s.tw[k] * g2;
+        const double spread_k = std::sqrt(a2) + std::fabs(r) * std::sqrt(w2);
+        const double tk = std::max(0.0, a2 - 2 * r * aw + r * r * w2) + rounding * spread_k * spread_k;
+        worst_var = std::max(worst_var, (1 - pi) * tk / (zall * zall));
+      }
       const double error = target.value_max > 0 ? z * std::sqrt(worst_var) / target.value_max : 0.0;
       // The effective number of blocks, (sum W)^2 / sum W^2: when a few blocks hold most of the sampled
       // weight (peaked attention: a handful of rows outweigh the rest), the sample's variance says nothing
@@ -252,8 +278,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         result.scan.state.sum = static_cast<float>(zall / pi);
         result.value.resize(dv);
         for (std::size_t k = 0; k < dv; ++k) result.value[k] = static_cast<float>(y[k] / zall);
-        std::size_t scored = s.stratum.size();  // this query's rows: its stratum, and every block drawn while it estimated
-        for (std::size_t b = 0; b < blocks; ++b) scored += taken[b] != 0 ? std::min(kEstimateBlockRows, total - b * kEstimateBlockRows) : 0;
+        std::size_t scored = s.stratum.size() + read;  // this query's rows: its stratum, and every block drawn while it estimated
         for (const std::size_t row : s.stratum) {  // (less the stratum's rows inside drawn blocks: left out of their scans)
           const auto at = std::upper_bound(rows_in.runs.begin(), rows_in.runs.end(), row, [](std::size_t r, const RowRun& run) { return r < run.begin; });
           if (at == rows_in.runs.begin()) continue;

@@ -805,3 +805,38 @@ TEST_CASE("error_target over certified lists with rows stored cluster by cluster
     CHECK(over * 10 <= nq);
   }
 }
+
+TEST_CASE("a sample's error estimate does not move when a constant is added to every value", "[estimate]") {
+  // The estimate's variance is of T_b - v^ W_b, which a constant c added to every value leaves as it is;
+  // computed from running sums (sum T^2 - 2 v^ sum T W + v^2 sum W^2) it must not lose that to
+  // cancellation when c dwarfs the values' spread. The same sample (seed, absolute target) both times.
+  const std::size_t n = 100000, d = 16, dv = 16;
+  const auto keys = test::normal_floats(n * d, 91), values = test::normal_floats(n * dv, 92), qs = test::normal_floats(4 * d, 93);
+  std::vector<std::uint64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = i;
+  for (const float c : {1000.0f, 30000.0f}) {
+    std::vector<float> shifted(values);
+    for (float& v : shifted) v += c;
+    const double base_max = largest_abs(values), shifted_max = largest_abs(shifted);
+    const detail::RowSpan base{keys.data(), values.data(), ids.data(), n, d, dv}, moved{keys.data(), shifted.data(), ids.data(), n, d, dv};
+    for (std::size_t b = 0; b < 4; ++b) {
+      const double absolute = 0.02 * base_max;
+      const detail::EstimateTarget t0{absolute / base_max, base_max, n / 8, 4000 + b, 0}, t1{absolute / shifted_max, shifted_max, n / 8, 4000 + b, 0};
+      const auto r0 = detail::estimated_soft(detail::kernels(), qs.data() + b * d, 0.25f, base, t0, nullptr, nullptr);
+      const auto r1 = detail::estimated_soft(detail::kernels(), qs.data() + b * d, 0.25f, moved, t1, nullptr, nullptr);
+      REQUIRE(r0.has_value());
+      REQUIRE(r1.has_value());
+      const double e0 = r0->error_estimate.value_or(-1) * base_max, e1 = r1->error_estimate.value_or(-1) * shifted_max;
+      INFO("c = " << c << ", query " << b << ": absolute estimates " << e0 << " and " << e1 << ", rows " << r0->rows_scored << " and "
+                  << r1->rows_scored);
+      // (Float values near c round to its spacing: a round may then draw a block more or fewer.)
+      CHECK(std::fabs(static_cast<double>(r0->rows_scored) - static_cast<double>(r1->rows_scored)) <= 0.05 * static_cast<double>(r0->rows_scored));
+      CHECK(e1 == Approx(e0).epsilon(0.05));
+      const test::SoftReference ref = test::soft_reference(qs.data() + b * d, keys.data(), values.data(), n, d, dv, 0.25f);
+      std::vector<double> moved_ref(ref.value);
+      for (double& v : moved_ref) v += c;
+      CHECK(relative_error(r0->value, ref.value, base_max) <= t0.error_target);
+      CHECK(relative_error(r1->value, moved_ref, shifted_max) <= t1.error_target + 1e-6);
+    }
+  }
+}
