@@ -38,9 +38,9 @@ detail::CollectionImpl::~CollectionImpl() {
 }
 
 std::optional<std::size_t> detail::CollectionImpl::row_of(std::uint64_t id) const {
-  const auto it = slot_of_.find(id);
-  if (it == slot_of_.end()) return std::nullopt;
-  return it->second;
+  const std::uint64_t* row = slot_of_.find(id);
+  if (row == nullptr) return std::nullopt;
+  return static_cast<std::size_t>(*row);
 }
 
 std::span<const float> detail::CollectionImpl::prepare_keys(std::span<const float> keys, std::vector<float>& buffer,
@@ -81,8 +81,8 @@ Rows detail::CollectionImpl::prepare(std::span<const std::uint64_t> ids, std::sp
 
 void detail::CollectionImpl::put(std::uint64_t id, const float* key, const float* value, std::uint64_t tag) {
   std::size_t slot;
-  if (auto it = slot_of_.find(id); it != slot_of_.end()) {
-    slot = it->second;
+  if (const std::uint64_t* row = slot_of_.find(id); row != nullptr) {
+    slot = static_cast<std::size_t>(*row);
   } else {
     slot = ids_.size();
     ids_.push_back(id);
@@ -152,8 +152,7 @@ void detail::CollectionImpl::remove(std::span<const std::uint64_t> ids) {
   for (std::uint64_t id : ids)
     if (!slot_of_.contains(id)) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
   for (std::uint64_t id : ids) {
-    const auto it = slot_of_.find(id);
-    const std::size_t slot = it->second;
+    const auto slot = static_cast<std::size_t>(*slot_of_.find(id));
     const std::size_t last = ids_.size() - 1;
     if (slot != last) {
       keys_.copy_row(last, slot);
@@ -161,14 +160,14 @@ void detail::CollectionImpl::remove(std::span<const std::uint64_t> ids) {
       ids_[slot] = ids_[last];
       tags_[slot] = tags_[last];
       zones_.set(slot, tags_[last]);
-      slot_of_[ids_[slot]] = slot;
+      slot_of_.set(ids_[slot], slot);
     }
     ids_.pop_back();
     tags_.pop_back();
     zones_.shrink(tags_.size());
     keys_.resize(last);
     values_.resize(last);
-    slot_of_.erase(it);
+    slot_of_.erase(id);
     if (index_) index_->erase(id, span());
   }
   size_hint_.store(ids_.size(), std::memory_order_relaxed);
@@ -209,7 +208,7 @@ std::string detail::CollectionImpl::restore(CollectionImage image) {
     if (rows.ids[i] >= image.next_id)
       throw Error(ErrorCode::corrupt_file, "id " + std::to_string(rows.ids[i]) + " is at or above the id counter " +
                                                std::to_string(image.next_id));
-    if (!slot_of_.emplace(rows.ids[i], i).second)
+    if (!slot_of_.emplace(rows.ids[i], i))
       throw Error(ErrorCode::corrupt_file, "id " + std::to_string(rows.ids[i]) + " appears twice");
   }
   // Images hold rows as stored, which encode back to the same bits; anything else must still fit the range.
@@ -316,7 +315,7 @@ detail::EligibleRows detail::CollectionImpl::eligible_or_none(const QueryOptions
   std::vector<std::size_t> excluded;
   excluded.reserve(options.exclude_ids.size());
   for (std::uint64_t id : options.exclude_ids)
-    if (const auto it = slot_of_.find(id); it != slot_of_.end()) excluded.push_back(it->second);
+    if (const std::uint64_t* row = slot_of_.find(id); row != nullptr) excluded.push_back(static_cast<std::size_t>(*row));
   std::sort(excluded.begin(), excluded.end());
   return detail::eligible_rows(tags_, &zones_, options, excluded);
 }
@@ -340,9 +339,9 @@ std::vector<std::size_t> detail::CollectionImpl::index_rows(const float* query, 
   std::vector<std::size_t> rows;
   rows.reserve(ids.size());
   for (std::uint64_t id : ids) {
-    const auto it = slot_of_.find(id);
-    SOFTKV_ASSERT(it != slot_of_.end(), "the pruning index returns only ids the collection holds");
-    rows.push_back(it->second);
+    const std::uint64_t* row = slot_of_.find(id);
+    SOFTKV_ASSERT(row != nullptr, "the pruning index returns only ids the collection holds");
+    rows.push_back(static_cast<std::size_t>(*row));
   }
   return rows;
 }

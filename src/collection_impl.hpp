@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "id_map.hpp"
 #include "query/pass_choice.hpp"
 #include "stored_rows.hpp"
 #include "coalescer.hpp"
@@ -183,7 +184,7 @@ class CollectionImpl {
   std::vector<std::uint64_t> ids_;
   std::vector<std::uint64_t> tags_;  // tags_[i] is row i's tag; moved with the row like ids_
   detail::TagZones zones_;           // the min-max zone map of tags_, kept with every write
-  std::unordered_map<std::uint64_t, std::size_t> slot_of_;
+  IdMap slot_of_;  // id -> row
   std::uint64_t next_id_ = 0;
   // >= max_i ||v_i||_inf over the rows stored since the last restore (removes do not lower it): the
   // scale of error_target (an upper bound, so the error allowed is never below what was asked).

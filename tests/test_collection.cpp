@@ -6,8 +6,11 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <random>
 #include <string>
+#include <unordered_map>
 
+#include "id_map.hpp"
 #include "reference.hpp"
 #include "kernel_paths.hpp"
 #include "softkv/softkv.hpp"
@@ -269,4 +272,57 @@ TEST_CASE("tune_scans keeps one of its candidate prefetch settings and changes n
   CHECK(soft_after.value == soft_before.value);  // bit for bit: prefetching moves no arithmetic
   CHECK(soft_after.lse == soft_before.lse);
   CHECK(c.query_hard(q).id == hard_before.id);
+}
+
+TEST_CASE("the id map agrees with a reference map through inserts, overwrites and erases of every id pattern", "[collection][ids]") {
+  // Consecutive ids, ids that share their low bits (multiples of 2^20), ids near 2^64 - 2 and random ids,
+  // mixed: runs of colliding homes are where a backward-shift erase can lose an id.
+  std::mt19937_64 rng(77);
+  for (int pattern = 0; pattern < 4; ++pattern) {
+    detail::IdMap map;
+    std::unordered_map<std::uint64_t, std::uint64_t> reference;
+    const auto id_at = [&](std::uint64_t i) -> std::uint64_t {
+      switch (pattern) {
+        case 0: return i;
+        case 1: return i << 20;
+        case 2: return kReservedId - 1 - i;
+        default: return rng() % 3 == 0 ? i : rng() >> (rng() % 64);
+      }
+    };
+    std::size_t wrong = 0;  // emplace / erase results unlike the reference's
+    for (std::size_t step = 0; step < 60000; ++step) {
+      const std::uint64_t id = id_at(rng() % 5000);
+      if (id == kReservedId) continue;
+      const std::uint64_t row = rng();
+      switch (rng() % 4) {
+        case 0: wrong += map.emplace(id, row) != reference.emplace(id, row).second; break;
+        case 1: map.set(id, row), reference[id] = row; break;
+        default: wrong += map.erase(id) != (reference.erase(id) == 1); break;
+      }
+      if (step % 997 == 0) map.reserve(map.size() + rng() % 3000);  // rehashes at times, mid-stream
+    }
+    INFO("pattern " << pattern << ", " << reference.size() << " ids");
+    CHECK(wrong == 0);
+    REQUIRE(map.size() == reference.size());
+    std::size_t mismatched = 0;
+    for (const auto& [id, row] : reference) {
+      const std::uint64_t* got = map.find(id);
+      if (got == nullptr || *got != row) ++mismatched;
+    }
+    CHECK(mismatched == 0);
+    std::size_t extra = 0;  // ids the map holds and the reference does not
+    for (std::uint64_t i = 0; i < 5000; ++i) {
+      const std::uint64_t id = id_at(i);
+      if (id != kReservedId && map.contains(id) != reference.contains(id)) ++extra;
+    }
+    CHECK(extra == 0);
+    // kReservedId (the empty slots' mark) is never held, found or erased.
+    CHECK_FALSE(map.contains(kReservedId));
+    CHECK_FALSE(map.erase(kReservedId));
+    CHECK_FALSE(map.emplace(kReservedId, 1));
+    CHECK(map.size() == reference.size());
+    map.clear();
+    CHECK(map.size() == 0);
+    CHECK_FALSE(map.contains(id_at(1)));
+  }
 }

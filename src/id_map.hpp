@@ -1,0 +1,82 @@
+// IdMap: a collection's id -> row map, flat (open addressing with linear probing, Fibonacci hashing) so
+// that a lookup is one or two cache lines instead of a chain of nodes: the pruned paths map every id a
+// list or a top-k search returns to its row, thousands a query (docs/PERFORMANCE.md, "Id lookups").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "softkv/types.hpp"  // kReservedId: no entry has it, so it marks an empty slot
+
+namespace softkv::detail {
+
+/// Ids (any but kReservedId) to rows. Not thread safe for writes; lookups are const and may run together.
+class IdMap {
+ public:
+  /// The row of id, or null when absent (valid until the next write).
+  [[nodiscard]] const std::uint64_t* find(std::uint64_t id) const noexcept {
+    if (size_ == 0 || id == kReservedId) return nullptr;  // (kReservedId marks the empty slots)
+    for (std::size_t i = home(id);; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.id == id) return &s.row;
+      if (s.id == kReservedId) return nullptr;
+    }
+  }
+  /// Whether id has a row.
+  [[nodiscard]] bool contains(std::uint64_t id) const noexcept { return find(id) != nullptr; }
+  /// Adds id -> row unless id is present or is kReservedId (then false, nothing changed).
+  bool emplace(std::uint64_t id, std::uint64_t row) {
+    if (id == kReservedId) return false;
+    grow_for(size_ + 1);
+    Slot& s = slots_[slot_for(id)];
+    if (s.id == id) return false;
+    s = {id, row};
+    ++size_;
+    return true;
+  }
+  /// Sets id's row, adding id if absent (kReservedId: nothing).
+  void set(std::uint64_t id, std::uint64_t row) {
+    if (id == kReservedId) return;
+    grow_for(size_ + 1);
+    Slot& s = slots_[slot_for(id)];
+    if (s.id != id) ++size_;
+    s = {id, row};
+  }
+  /// Removes id; false when absent.
+  bool erase(std::uint64_t id) noexcept;
+  /// Room for n ids without rehashing.
+  void reserve(std::size_t n) { grow_for(n); }
+  /// Ids held.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// Removes every id (the slots kept).
+  void clear() noexcept;
+  /// Asks for id's home slot ahead of a find.
+  void prefetch(std::uint64_t id) const noexcept {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[home(id)]);
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t id = kReservedId;
+    std::uint64_t row = 0;
+  };
+  // Fibonacci hashing: the top bits of id times 2^64 / phi (consecutive ids land far apart).
+  [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
+    return static_cast<std::size_t>((id * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  // id's slot, or the empty slot where it would go.
+  [[nodiscard]] std::size_t slot_for(std::uint64_t id) const noexcept {
+    std::size_t i = home(id);
+    while (slots_[i].id != id && slots_[i].id != kReservedId) i = (i + 1) & mask_;
+    return i;
+  }
+  // Rehashes into enough slots for n ids at a load of at most 7/10.
+  void grow_for(std::size_t n);
+
+  std::vector<Slot> slots_;
+  std::size_t size_ = 0, mask_ = 0;
+  unsigned shift_ = 64;
+};
+
+}  // namespace softkv::detail
