@@ -1,6 +1,6 @@
 // IdMap: a collection's id -> row map, flat (open addressing with linear probing, Fibonacci hashing) so
 // that a lookup is one or two cache lines instead of a chain of nodes: the pruned paths map every id a
-// list or a top-k search returns to its row, thousands a query (docs/PERFORMANCE.md, "Id lookups").
+// list or a top-k search returns to its row, thousands a query (docs/DESIGN.md, "Layout").
 #pragma once
 
 #include <cstddef>

@@ -151,6 +151,10 @@ class PlannerCalibration {
     const bool failing = misses >= kMisses || (misses >= 2 && m.wasted.load(std::memory_order_relaxed) >= kWastedScans);
     return failing && m.skipped.fetch_add(1, std::memory_order_relaxed) % 16 != 15;
   }
+  /// Misses in a row of attempts of kind a so far (at most kMisses; 0 after an answer).
+  [[nodiscard]] std::uint32_t misses(Attempt a) const noexcept {
+    return memory_[static_cast<std::size_t>(a)].misses.load(std::memory_order_relaxed);
+  }
   /// Scans' worth of time that misses in a row may waste before attempts of their kind are skipped (skip):
   /// where a failed attempt costs a tenth of the scan, 8 misses; where it costs a quarter, 2.
   static constexpr double kWastedScans = 0.5;

@@ -513,13 +513,14 @@ TEST_CASE("error_target: the planner stops sampling after 8 samples in a row fel
   check_skipped_then_resumed(scored, [&](std::size_t rows) { return rows < n / 4; });  // sampled
 }
 
-TEST_CASE("error_target: a walk that leaves its rows to the sample is not a miss: spread queries keep walking, peaked ones walk at once",
+TEST_CASE("error_target: a walk whose rows the sample used is not a miss: spread queries keep walking, peaked ones walk at once",
           "[certified][planner][estimate]") {
   // Spread queries (Gaussian, T = 1): the walk finds no list that holds the mass and leaves the rows it
-  // visited to the sample (scored exactly, left out of its blocks); the planner must not stop walking for
-  // that, or a later sample would go without them. Then peaked queries (near stored keys, T = 0.05) are
-  // answered by their walks from the first one on.
-  const std::size_t n = 20000, d = 16, dv = 16;
+  // visited to the sample (scored exactly, left out of its blocks), which answers: the planner must not
+  // stop walking for that, or a later sample would go without them. Then peaked queries (near stored
+  // keys, T = 0.05) are answered by their walks from the first one on. (A walk whose sample then fails
+  // is a miss: tests/test_estimate.cpp, "a walk that hands its rows to a sample ...".)
+  const std::size_t n = 40000, d = 16, dv = 16;
   const test::Regime regime = test::make_regime(1, n, d, 4, 75);
   Collection c(ivf_config(d, dv));
   c.add_batch(regime.keys, test::normal_floats(n * dv, 76));
@@ -527,6 +528,7 @@ TEST_CASE("error_target: a walk that leaves its rows to the sample is not a miss
   for (int i = 0; i < 12; ++i) {
     const SoftResult r = c.query_soft(test::normal_floats(d, 77 + static_cast<std::uint64_t>(i)), {.error_target = 0.1f});
     REQUIRE(r.searched_with == IndexKind::exact);  // not from the lists alone
+    CHECK(r.rows_scored < n);                       // but from the sample
     CHECK(r.error_estimate <= 0.1);
   }
   for (int i = 0; i < 8; ++i) {

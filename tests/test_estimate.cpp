@@ -10,8 +10,11 @@
 #include <limits>
 #include <string>
 
+#include "collection_impl.hpp"
 #include "errors.hpp"
 #include "estimate.hpp"
+#include "pruning.hpp"
+#include "query/paths.hpp"
 #include "reference.hpp"
 #include "regimes.hpp"
 #include "simd/kernel_table.hpp"
@@ -838,5 +841,63 @@ TEST_CASE("a sample's error estimate does not move when a constant is added to e
       CHECK(relative_error(r0->value, ref.value, base_max) <= t0.error_target);
       CHECK(relative_error(r1->value, moved_ref, shifted_max) <= t1.error_target + 1e-6);
     }
+  }
+}
+
+TEST_CASE("a walk that hands its rows to a sample counts as useful only when the sample answers", "[estimate][plan]") {
+  // error_target on ivf: a walk that does not answer hands its rows to the block sample as its stratum.
+  // Where the sample then answers (spread attention, T = 1) the walk was of use; where it fails too
+  // (T = 0.1 on Gaussian keys: too peaked for a sample, bounds too loose for a walk) both are misses,
+  // and once the walks are skipped the scan answers (not a sample without the walk's rows).
+  using Attempt = detail::PlannerCalibration::Attempt;
+  const std::size_t n = 40000, d = 32, dv = 32, nq = 24;
+  const auto keys = test::normal_floats(n * d, 95), values = test::normal_floats(n * dv, 96), qs = test::normal_floats(nq * d, 97);
+  for (const float temperature : {1.0f, 0.1f}) {
+    detail::CollectionImpl impl({d, dv, Metric::dot, {}, {.kind = IndexKind::ivf}});
+    impl.add(impl.prepare({}, keys, values, {}));
+    impl.wait_until_indexed();
+    const float f = 1.0f / (std::sqrt(static_cast<float>(d)) * temperature);
+    std::size_t sampled = 0, scanned = 0, wrong = 0;
+    std::uint32_t most_walk_misses = 0;
+    for (std::size_t b = 0; b < nq; ++b) {
+      const SoftResult r = detail::soft_one(impl, qs.data() + b * d, f, {.temperature = temperature, .error_target = 0.05f},
+                                            detail::SinglePath::estimated);
+      (r.rows_scored < n ? sampled : scanned) += 1;
+      most_walk_misses = std::max(most_walk_misses, impl.calibration().misses(Attempt::estimate_walk));
+      const test::SoftReference ref = test::soft_reference(qs.data() + b * d, keys.data(), values.data(), n, d, dv, f);
+      if (relative_error(r.value, ref.value, largest_abs(values)) > 0.05) ++wrong;
+    }
+    INFO("T = " << temperature << ": " << sampled << " estimated, " << scanned << " scanned, walk misses up to " << most_walk_misses);
+    CHECK(wrong == 0);
+    if (temperature == 1.0f) {
+      CHECK(sampled == nq);  // every query from the sample, with the walk's rows as its stratum
+      CHECK(most_walk_misses == 0);
+    } else {
+      CHECK(scanned == nq);
+      CHECK(most_walk_misses >= 2);  // the walks judged by the samples' failures, then skipped
+    }
+    // A batch judges its walks the same way (the queries in groups of 8, on a fresh collection's memory).
+    detail::CollectionImpl batch_impl({d, dv, Metric::dot, {}, {.kind = IndexKind::ivf}});
+    batch_impl.add(batch_impl.prepare({}, keys, values, {}));
+    batch_impl.wait_until_indexed();
+    const std::vector<float> factors(8, f);
+    std::size_t batch_sampled = 0, batch_wrong = 0;
+    std::uint32_t batch_misses = 0;
+    for (std::size_t b = 0; b < nq; b += 8) {
+      std::vector<std::exception_ptr> errors;
+      const std::vector<SoftResult> rs = detail::soft_estimated(batch_impl, qs.data() + b * d, factors.data(), 8,
+                                                                {.temperature = temperature, .error_target = 0.05f}, errors);
+      batch_misses = std::max(batch_misses, batch_impl.calibration().misses(Attempt::estimate_walk));
+      for (std::size_t i = 0; i < 8; ++i) {
+        REQUIRE(errors[i] == nullptr);
+        batch_sampled += rs[i].rows_scored < n;
+        const test::SoftReference ref = test::soft_reference(qs.data() + (b + i) * d, keys.data(), values.data(), n, d, dv, f);
+        if (relative_error(rs[i].value, ref.value, largest_abs(values)) > 0.05) ++batch_wrong;
+      }
+    }
+    INFO("batches: " << batch_sampled << " estimated, walk misses up to " << batch_misses);
+    CHECK(batch_wrong == 0);
+    CHECK(batch_sampled == (temperature == 1.0f ? nq : 0));
+    CHECK((temperature == 1.0f ? batch_misses == 0 : batch_misses >= 2));
   }
 }

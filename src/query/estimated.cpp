@@ -31,6 +31,10 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   errors.assign(n, nullptr);
   std::vector<std::optional<PrunedSoft>> answers(n);
   std::vector<std::uint8_t> walked(n, 0);
+  // Per query: 1 its walk handed its rows to the sample (judged by the sample's answer), 2 its group's
+  // walks were skipped (the exact pass answers it: a sample without the walk's stratum is not trusted
+  // on lists whose walks keep failing, as for a query alone).
+  std::vector<std::uint8_t> handed(n, 0);
   // 1. Certified lists: each query's walk, and the estimate over its head where it left one, as a query
   // alone takes them (soft_one); a walk that does not answer leaves its rows to the sample (2.).
   std::vector<std::vector<std::size_t>> strata(n);  // each query's walk rows: the sample's exact stratum
@@ -57,7 +61,10 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
         const std::size_t group = std::min(kBoundsQueries, n - b);
         shared.reset();
         walk_group = !(remembered && memory.skip(Attempt::estimate_walk));
-        if (!walk_group) continue;
+        if (!walk_group) {
+          std::fill(handed.begin() + static_cast<std::ptrdiff_t>(b), handed.begin() + static_cast<std::ptrdiff_t>(b + group), 2);
+          continue;
+        }
         lists.bounds_batch(q + b * d, factors + b, group, d, bounds, summaries);
         shared.emplace(lists, q + b * d, factors + b, group, d, bounds.data(), summaries.data());
       }
@@ -67,8 +74,9 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
                                             bounds.data() + (b % kBoundsQueries) * count, lists.live_counts(),
                                             &shared->for_query(b % kBoundsQueries), &summaries[b % kBoundsQueries]);
         walked[b] = answers[b] ? 1 : 0;
-        // (counted, not timed; a walk that leaves its rows to the sample is useful, as for a query alone)
-        if (remembered) memory.note(Attempt::estimate_walk, answers[b].has_value() || !strata[b].empty(), 0.0, span.rows);
+        // (counted, not timed; a walk that leaves its rows to the sample is judged by the sample's answer)
+        if (remembered && !answers[b] && !strata[b].empty()) handed[b] = 1;
+        else if (remembered) memory.note(Attempt::estimate_walk, answers[b].has_value(), 0.0, span.rows);
       } catch (...) {
         errors[b] = std::current_exception();
       }
@@ -77,7 +85,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   // 2. One sample for the rest, seeded by the first of them: its blocks are read once for all of them.
   std::vector<std::size_t> rest;
   for (std::size_t b = 0; b < n; ++b)
-    if (!answers[b] && !errors[b]) rest.push_back(b);
+    if (!answers[b] && !errors[b] && handed[b] != 2) rest.push_back(b);
   // The queries at the given positions side by side, with their factors.
   const auto gather = [&](const std::vector<std::size_t>& which, std::vector<float>& qs, std::vector<float>& fs) {
     qs.resize(which.size() * d);
@@ -100,6 +108,8 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
       answers[rest[i]] = std::move(sampled[i]);
     }
   }
+  for (std::size_t b = 0; b < n; ++b)  // (a sample skipped or failed: the walk's rows were of no use)
+    if (handed[b] == 1) memory.note(Attempt::estimate_walk, answers[b].has_value(), 0.0, span.rows);
   // 3. One fused pass over every eligible row for the queries no estimate answered: their exact answers.
   std::vector<std::size_t> exact;
   for (std::size_t b = 0; b < n; ++b)

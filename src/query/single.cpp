@@ -204,17 +204,28 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // (rare) and a stream the sample cannot estimate (peaked attention without lists, collections
       // this small) stop being paid for.
       std::vector<std::size_t> stratum;  // a walk's rows that did not answer: the sample's exact stratum
+      double handed_ns = -1;            // a walk that handed its rows to the sample: its time, judged by the sample's answer
       if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (step 1b draws whole lists: no mask)
-        // (A walk that leaves its rows to the sample counts as useful: without them a sample of blocks in
-        // a storage order that follows the keys may miss the rows that hold the mass. Only walks that
-        // leave nothing are skipped.)
+        // A walk that leaves its rows to the sample counts as useful when the sample then answers: without
+        // them a sample of blocks in a storage order that follows the keys may miss the rows that hold the
+        // mass. Where the sample then fails too (attention too peaked for a sample, bounds too loose for a
+        // walk), both are misses and both come to be skipped.
         std::optional<PrunedSoft> walked;
         if (!remembered || !impl.calibration().skip(PlannerCalibration::Attempt::estimate_walk)) {
           const auto t0 = std::chrono::steady_clock::now();
           walked = estimate_through_lists(impl, q, f, target, options.top_m, stratum);
-          if (remembered)
-            impl.calibration().note(PlannerCalibration::Attempt::estimate_walk, walked.has_value() || !stratum.empty(), elapsed_ns(t0),
-                                    span.rows);
+          if (remembered) {
+            if (walked.has_value() || stratum.empty())
+              impl.calibration().note(PlannerCalibration::Attempt::estimate_walk, walked.has_value(), elapsed_ns(t0), span.rows);
+            else
+              handed_ns = elapsed_ns(t0);
+          }
+        } else {
+          // The walk skipped: the sample would run without its stratum, and on lists whose walks keep
+          // failing a sample that answers without it cannot be trusted (rows stored by similarity): the scan.
+          PrunedSoft all = exact();
+          all.error_estimate = 0.0;
+          return all;
         }
         if (walked) {
           walked_lists = true;
@@ -231,6 +242,8 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       std::optional<PrunedSoft> estimated = attempt(PlannerCalibration::Attempt::sample, [&] {
         return estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr, stratum.empty() ? nullptr : &stratum);
       });
+      if (handed_ns >= 0)
+        impl.calibration().note(PlannerCalibration::Attempt::estimate_walk, estimated.has_value(), handed_ns, span.rows);
       if (!estimated) {
         PrunedSoft all = mask ? scope.exact() : exact();
         all.error_estimate = 0.0;
