@@ -80,6 +80,7 @@ Rows detail::CollectionImpl::prepare(std::span<const std::uint64_t> ids, std::sp
 }
 
 void detail::CollectionImpl::put(std::uint64_t id, const float* key, const float* value, std::uint64_t tag) {
+  SOFTKV_ASSERT(id != kReservedId, "rows reach put prepared: id 2^64-1 is refused there");  // (the id map's empty mark)
   std::size_t slot;
   if (const std::uint64_t* row = slot_of_.find(id); row != nullptr) {
     slot = static_cast<std::size_t>(*row);

@@ -16,12 +16,8 @@ class IdMap {
  public:
   /// The row of id, or null when absent (valid until the next write).
   [[nodiscard]] const std::uint64_t* find(std::uint64_t id) const noexcept {
-    if (size_ == 0 || id == kReservedId) return nullptr;  // (kReservedId marks the empty slots)
-    for (std::size_t i = home(id);; i = (i + 1) & mask_) {
-      const Slot& s = slots_[i];
-      if (s.id == id) return &s.row;
-      if (s.id == kReservedId) return nullptr;
-    }
+    const std::size_t i = locate(id);
+    return i == kAbsent ? nullptr : &slots_[i].row;
   }
   /// Whether id has a row.
   [[nodiscard]] bool contains(std::uint64_t id) const noexcept { return find(id) != nullptr; }
@@ -35,13 +31,17 @@ class IdMap {
     ++size_;
     return true;
   }
-  /// Sets id's row, adding id if absent (kReservedId: nothing).
+  /// Sets id's row, adding id if absent (kReservedId: nothing). Allocates only to add: re-pointing a
+  /// present id (remove() moving the last row into a hole) cannot throw.
   void set(std::uint64_t id, std::uint64_t row) {
     if (id == kReservedId) return;
+    if (const std::size_t i = locate(id); i != kAbsent) {
+      slots_[i].row = row;
+      return;
+    }
     grow_for(size_ + 1);
-    Slot& s = slots_[slot_for(id)];
-    if (s.id != id) ++size_;
-    s = {id, row};
+    slots_[slot_for(id)] = {id, row};
+    ++size_;
   }
   /// Removes id; false when absent.
   bool erase(std::uint64_t id) noexcept;
@@ -51,19 +51,25 @@ class IdMap {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   /// Removes every id (the slots kept).
   void clear() noexcept;
-  /// Asks for id's home slot ahead of a find.
-  void prefetch(std::uint64_t id) const noexcept {
-    if (!slots_.empty()) __builtin_prefetch(&slots_[home(id)]);
-  }
 
  private:
   struct Slot {
     std::uint64_t id = kReservedId;
     std::uint64_t row = 0;
   };
-  // Fibonacci hashing: the top bits of id times 2^64 / phi (consecutive ids land far apart).
+  // Fibonacci hashing: the top bits of id times 2^64 / phi (consecutive ids land far apart), the high
+  // half folded in first (ids differing only in their top bits would otherwise share a few homes).
   [[nodiscard]] std::size_t home(std::uint64_t id) const noexcept {
-    return static_cast<std::size_t>((id * 0x9E3779B97F4A7C15ull) >> shift_);
+    return static_cast<std::size_t>(((id ^ (id >> 32)) * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  static constexpr std::size_t kAbsent = ~std::size_t{0};
+  // id's slot, or kAbsent (kReservedId marks the empty slots: never found).
+  [[nodiscard]] std::size_t locate(std::uint64_t id) const noexcept {
+    if (size_ == 0 || id == kReservedId) return kAbsent;
+    for (std::size_t i = home(id);; i = (i + 1) & mask_) {
+      if (slots_[i].id == id) return i;
+      if (slots_[i].id == kReservedId) return kAbsent;
+    }
   }
   // id's slot, or the empty slot where it would go.
   [[nodiscard]] std::size_t slot_for(std::uint64_t id) const noexcept {

@@ -875,6 +875,18 @@ TEST_CASE("a walk that hands its rows to a sample counts as useful only when the
     } else {
       CHECK(scanned == nq);
       CHECK(most_walk_misses >= 2);  // the walks judged by the samples' failures, then skipped
+      // The stream turns spread: the walks' one try in 16 runs the sample too (whatever the sample's own
+      // memory says), which answers, and both memories reset within a few dozen queries.
+      std::size_t recovered = 0;
+      for (std::size_t i = 0; i < 48; ++i) {
+        const float spread_f = 1.0f / std::sqrt(static_cast<float>(d));
+        const SoftResult r = detail::soft_one(impl, qs.data() + (i % nq) * d, spread_f, {.temperature = 1.0f, .error_target = 0.05f},
+                                              detail::SinglePath::estimated);
+        recovered += r.rows_scored < n;
+      }
+      INFO(recovered << " of 48 spread queries sampled after the skipping");
+      CHECK(recovered >= 24);
+      CHECK(impl.calibration().misses(Attempt::estimate_walk) == 0);
     }
     // A batch judges its walks the same way (the queries in groups of 8, on a fresh collection's memory).
     detail::CollectionImpl batch_impl({d, dv, Metric::dot, {}, {.kind = IndexKind::ivf}});

@@ -1,6 +1,7 @@
 // Estimated answers for a batch (paths.hpp, soft_estimated): the certified walk per query, one shared
 // sample of row blocks for the rest, one fused pass for what the sample could not answer
 // (docs/PRUNING.md, "Estimated answers").
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -95,7 +96,9 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
       fs[i] = factors[which[i]];
     }
   };
-  if (!rest.empty() && !(remembered && memory.skip(Attempt::sample))) {
+  // (A walk that handed its rows on is judged by the sample, which then runs whatever its own memory says.)
+  const bool judging = std::any_of(rest.begin(), rest.end(), [&](std::size_t b) { return handed[b] == 1; });
+  if (!rest.empty() && (judging || !(remembered && memory.skip(Attempt::sample)))) {
     std::vector<float> rq, rf;
     gather(rest, rq, rf);
     std::vector<std::vector<std::size_t>> rest_strata(rest.size());

@@ -182,9 +182,10 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
   // One attempt the planner remembers (PlannerCalibration::skip) on unmasked queries under its budget:
   // nullopt when the planner skips it, else run's answer (nullopt: a miss), its outcome and time recorded.
   const bool remembered = !mask && budget != std::numeric_limits<std::size_t>::max();
-  const auto attempt = [&](PlannerCalibration::Attempt kind, auto&& run) -> std::optional<PrunedSoft> {
+  // (always: made whatever the memory says, its outcome still recorded.)
+  const auto attempt = [&](PlannerCalibration::Attempt kind, auto&& run, bool always = false) -> std::optional<PrunedSoft> {
     if (!remembered) return run();
-    if (impl.calibration().skip(kind)) return std::nullopt;
+    if (!always && impl.calibration().skip(kind)) return std::nullopt;
     const auto t0 = std::chrono::steady_clock::now();
     std::optional<PrunedSoft> answer = run();
     impl.calibration().note(kind, answer.has_value(), elapsed_ns(t0), span.rows);
@@ -239,9 +240,12 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       const std::size_t rows = mask ? mask->count : span.rows;
       // top_m clamped to the rows it could list (a TopScores reserves room for all of them).
       const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), std::min(options.top_m, rows)};
-      std::optional<PrunedSoft> estimated = attempt(PlannerCalibration::Attempt::sample, [&] {
-        return estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr, stratum.empty() ? nullptr : &stratum);
-      });
+      // A walk that handed its rows on is judged by this sample, which then runs whatever the sample's own
+      // memory says (else the walk's one try in 16 would meet the sample's one in 16 once in 256 queries).
+      std::optional<PrunedSoft> estimated = attempt(
+          PlannerCalibration::Attempt::sample,
+          [&] { return estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr, stratum.empty() ? nullptr : &stratum); },
+          handed_ns >= 0);
       if (handed_ns >= 0)
         impl.calibration().note(PlannerCalibration::Attempt::estimate_walk, estimated.has_value(), handed_ns, span.rows);
       if (!estimated) {
