@@ -832,9 +832,11 @@ TEST_CASE("a sample's error estimate does not move when a constant is added to e
       const double e0 = r0->error_estimate.value_or(-1) * base_max, e1 = r1->error_estimate.value_or(-1) * shifted_max;
       INFO("c = " << c << ", query " << b << ": absolute estimates " << e0 << " and " << e1 << ", rows " << r0->rows_scored << " and "
                   << r1->rows_scored);
-      // (Float values near c round to its spacing: a round may then draw a block more or fewer.)
-      CHECK(std::fabs(static_cast<double>(r0->rows_scored) - static_cast<double>(r1->rows_scored)) <= 0.05 * static_cast<double>(r0->rows_scored));
-      CHECK(e1 == Approx(e0).epsilon(0.05));
+      // (Float values near c round to its spacing, and builds sum in their own order: a round's size may
+      // then differ and draw other blocks; the estimates stay close, a cancelled variance would not:
+      // a mis-scaled running sum puts them 30 to 1,000 times apart.)
+      CHECK(std::fabs(static_cast<double>(r0->rows_scored) - static_cast<double>(r1->rows_scored)) <= 0.25 * static_cast<double>(r0->rows_scored));
+      CHECK(e1 == Approx(e0).epsilon(0.25));
       const test::SoftReference ref = test::soft_reference(qs.data() + b * d, keys.data(), values.data(), n, d, dv, 0.25f);
       std::vector<double> moved_ref(ref.value);
       for (double& v : moved_ref) v += c;
