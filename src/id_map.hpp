@@ -49,8 +49,6 @@ class IdMap {
   void reserve(std::size_t n) { grow_for(n); }
   /// Ids held.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  /// Removes every id (the slots kept).
-  void clear() noexcept;
 
  private:
   struct Slot {

@@ -28,9 +28,8 @@ void check_distinct(std::span<const std::uint64_t> ids) {
 }
 
 bool IdMap::erase(std::uint64_t id) noexcept {
-  if (size_ == 0 || id == kReservedId) return false;
-  std::size_t i = slot_for(id);
-  if (slots_[i].id != id) return false;
+  std::size_t i = locate(id);
+  if (i == kAbsent) return false;
   // Backward shift: each later id of the run moves into the hole unless its home lies cyclically in
   // (hole, its slot], where a lookup from its home would not pass the hole. No tombstones.
   for (std::size_t j = (i + 1) & mask_; slots_[j].id != kReservedId; j = (j + 1) & mask_) {
@@ -44,11 +43,6 @@ bool IdMap::erase(std::uint64_t id) noexcept {
   slots_[i] = Slot{};
   --size_;
   return true;
-}
-
-void IdMap::clear() noexcept {
-  for (Slot& s : slots_) s = Slot{};
-  size_ = 0;
 }
 
 void IdMap::grow_for(std::size_t n) {

@@ -32,9 +32,10 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   errors.assign(n, nullptr);
   std::vector<std::optional<PrunedSoft>> answers(n);
   std::vector<std::uint8_t> walked(n, 0);
-  // Per query: 1 its walk handed its rows to the sample (judged by the sample's answer), 2 its group's
-  // walks were skipped (the exact pass answers it: a sample without the walk's stratum is not trusted
-  // on lists whose walks keep failing, as for a query alone).
+  // Per query: kHanded, its walk handed its rows to the sample (judged by the sample's answer); kSkipped,
+  // its group's walks were skipped (the exact pass answers it: a sample without the walk's stratum is
+  // not trusted on lists whose walks keep failing, as for a query alone).
+  constexpr std::uint8_t kHanded = 1, kSkipped = 2;
   std::vector<std::uint8_t> handed(n, 0);
   // 1. Certified lists: each query's walk, and the estimate over its head where it left one, as a query
   // alone takes them (soft_one); a walk that does not answer leaves its rows to the sample (2.).
@@ -63,7 +64,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
         shared.reset();
         walk_group = !(remembered && memory.skip(Attempt::estimate_walk));
         if (!walk_group) {
-          std::fill(handed.begin() + static_cast<std::ptrdiff_t>(b), handed.begin() + static_cast<std::ptrdiff_t>(b + group), 2);
+          std::fill(handed.begin() + static_cast<std::ptrdiff_t>(b), handed.begin() + static_cast<std::ptrdiff_t>(b + group), kSkipped);
           continue;
         }
         lists.bounds_batch(q + b * d, factors + b, group, d, bounds, summaries);
@@ -76,7 +77,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
                                             &shared->for_query(b % kBoundsQueries), &summaries[b % kBoundsQueries]);
         walked[b] = answers[b] ? 1 : 0;
         // (counted, not timed; a walk that leaves its rows to the sample is judged by the sample's answer)
-        if (remembered && !answers[b] && !strata[b].empty()) handed[b] = 1;
+        if (remembered && !answers[b] && !strata[b].empty()) handed[b] = kHanded;
         else if (remembered) memory.note(Attempt::estimate_walk, answers[b].has_value(), 0.0, span.rows);
       } catch (...) {
         errors[b] = std::current_exception();
@@ -86,7 +87,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   // 2. One sample for the rest, seeded by the first of them: its blocks are read once for all of them.
   std::vector<std::size_t> rest;
   for (std::size_t b = 0; b < n; ++b)
-    if (!answers[b] && !errors[b] && handed[b] != 2) rest.push_back(b);
+    if (!answers[b] && !errors[b] && handed[b] != kSkipped) rest.push_back(b);
   // The queries at the given positions side by side, with their factors.
   const auto gather = [&](const std::vector<std::size_t>& which, std::vector<float>& qs, std::vector<float>& fs) {
     qs.resize(which.size() * d);
@@ -97,7 +98,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     }
   };
   // (A walk that handed its rows on is judged by the sample, which then runs whatever its own memory says.)
-  const bool judging = std::any_of(rest.begin(), rest.end(), [&](std::size_t b) { return handed[b] == 1; });
+  const bool judging = std::any_of(rest.begin(), rest.end(), [&](std::size_t b) { return handed[b] == kHanded; });
   if (!rest.empty() && (judging || !(remembered && memory.skip(Attempt::sample)))) {
     std::vector<float> rq, rf;
     gather(rest, rq, rf);
@@ -112,7 +113,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     }
   }
   for (std::size_t b = 0; b < n; ++b)  // (a sample skipped or failed: the walk's rows were of no use)
-    if (handed[b] == 1) memory.note(Attempt::estimate_walk, answers[b].has_value(), 0.0, span.rows);
+    if (handed[b] == kHanded) memory.note(Attempt::estimate_walk, answers[b].has_value(), 0.0, span.rows);
   // 3. One fused pass over every eligible row for the queries no estimate answered: their exact answers.
   std::vector<std::size_t> exact;
   for (std::size_t b = 0; b < n; ++b)

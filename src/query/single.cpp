@@ -201,9 +201,15 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // that falls short leaves its rows as the head of an estimate when they hold the mass
       // (estimate_over_lists: the head exact, the other lists sampled); where the visited lists show the
       // mass spread over the lists (or the head's estimate fails), the sample below draws the rows with
-      // the walk's rows as its exact stratum. Both attempts are remembered: walks that leave nothing
-      // (rare) and a stream the sample cannot estimate (peaked attention without lists, collections
-      // this small) stop being paid for.
+      // the walk's rows as its exact stratum. Both attempts are remembered: walks that answer nothing,
+      // themselves or through the sample they hand their rows to, and a stream the sample cannot
+      // estimate (peaked attention without lists, collections this small) stop being paid for.
+      // The exact scan's answer, whose error is 0.
+      const auto scanned = [&] {
+        PrunedSoft all = mask ? scope.exact() : exact();
+        all.error_estimate = 0.0;
+        return all;
+      };
       std::vector<std::size_t> stratum;  // a walk's rows that did not answer: the sample's exact stratum
       double handed_ns = -1;            // a walk that handed its rows to the sample: its time, judged by the sample's answer
       if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (step 1b draws whole lists: no mask)
@@ -224,9 +230,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
         } else {
           // The walk skipped: the sample would run without its stratum, and on lists whose walks keep
           // failing a sample that answers without it cannot be trusted (rows stored by similarity): the scan.
-          PrunedSoft all = exact();
-          all.error_estimate = 0.0;
-          return all;
+          return scanned();
         }
         if (walked) {
           walked_lists = true;
@@ -248,11 +252,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
           handed_ns >= 0);
       if (handed_ns >= 0)
         impl.calibration().note(PlannerCalibration::Attempt::estimate_walk, estimated.has_value(), handed_ns, span.rows);
-      if (!estimated) {
-        PrunedSoft all = mask ? scope.exact() : exact();
-        all.error_estimate = 0.0;
-        return all;
-      }
+      if (!estimated) return scanned();
       return std::move(*estimated);
     }
     if (!prune) return mask ? scope.exact() : exact();
