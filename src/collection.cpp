@@ -101,6 +101,42 @@ void detail::CollectionImpl::put(std::uint64_t id, const float* key, const float
   next_id_ = std::max(next_id_, id + 1);
 }
 
+// Rows as stored, gathered for ValueMoments::update with one sign and handed over a few thousand at a time
+// (and at the end of the write).
+class detail::CollectionImpl::MomentRows {
+ public:
+  MomentRows(const CollectionImpl& impl, float sign) : impl_(impl), sign_(sign) {}
+  ~MomentRows() { flush(); }
+  MomentRows(const MomentRows&) = delete;
+  MomentRows& operator=(const MomentRows&) = delete;
+  // Row `row` as stored now.
+  void add(std::size_t row) {
+    const std::size_t d = impl_.dim(), dv = impl_.value_dim();
+    keys_.resize((count_ + 1) * d);
+    values_.resize((count_ + 1) * dv);
+    impl_.keys_.get(row, keys_.data() + count_ * d);
+    impl_.values_.get(row, values_.data() + count_ * dv);
+    if (++count_ == kRows) flush();
+  }
+
+ private:
+  static constexpr std::size_t kRows = 4096;
+  void flush() noexcept {
+    try {
+      impl_.moments_.update(detail::kernels(), keys_.data(), values_.data(), count_, impl_.dim(), impl_.value_dim(), sign_);
+    } catch (...) {  // (out of memory: the totals are summed afresh by the next query that needs them)
+      impl_.moments_.clear();
+    }
+    count_ = 0;
+    keys_.clear();
+    values_.clear();
+  }
+  const CollectionImpl& impl_;
+  float sign_;
+  std::size_t count_ = 0;
+  std::vector<float> keys_, values_;
+};
+
 void detail::CollectionImpl::store(std::span<const std::uint64_t> ids, const float* keys, const float* values,
                              std::span<const std::uint64_t> tags) {
   const std::size_t n = ids.size();
@@ -115,7 +151,16 @@ void detail::CollectionImpl::store(std::span<const std::uint64_t> ids, const flo
     values_.reserve(room);
     slot_of_.reserve(room);
   }
-  for (std::size_t r = 0; r < n; ++r) put(ids[r], keys + r * dim(), values + r * value_dim(), tags.empty() ? 0 : tags[r]);
+  if (!moments_.kept()) {
+    for (std::size_t r = 0; r < n; ++r) put(ids[r], keys + r * dim(), values + r * value_dim(), tags.empty() ? 0 : tags[r]);
+  } else {  // the totals of error_target's control variates: the rows replaced go out, the rows stored come in
+    MomentRows out(*this, -1.0f), in(*this, 1.0f);
+    for (std::size_t r = 0; r < n; ++r) {
+      if (const std::uint64_t* row = slot_of_.find(ids[r]); row != nullptr) out.add(static_cast<std::size_t>(*row));
+      put(ids[r], keys + r * dim(), values + r * value_dim(), tags.empty() ? 0 : tags[r]);
+      in.add(static_cast<std::size_t>(*slot_of_.find(ids[r])));
+    }
+  }
   size_hint_.store(ids_.size(), std::memory_order_relaxed);
   if (!index_) return;
   if (config_.key_precision == Precision::f32) {
@@ -152,8 +197,11 @@ void detail::CollectionImpl::remove(std::span<const std::uint64_t> ids) {
   detail::check_distinct(ids);  // all or nothing: every id present, once
   for (std::uint64_t id : ids)
     if (!slot_of_.contains(id)) throw Error(ErrorCode::unknown_id, "no entry has id " + std::to_string(id));
+  std::optional<MomentRows> out;
+  if (moments_.kept()) out.emplace(*this, -1.0f);
   for (std::uint64_t id : ids) {
     const auto slot = static_cast<std::size_t>(*slot_of_.find(id));
+    if (out) out->add(slot);
     const std::size_t last = ids_.size() - 1;
     if (slot != last) {
       keys_.copy_row(last, slot);
@@ -171,6 +219,7 @@ void detail::CollectionImpl::remove(std::span<const std::uint64_t> ids) {
     slot_of_.erase(id);
     if (index_) index_->erase(id, span());
   }
+  out.reset();  // (its rows go out of the totals)
   size_hint_.store(ids_.size(), std::memory_order_relaxed);
   start_build_if_due();
 }
@@ -225,6 +274,7 @@ std::string detail::CollectionImpl::restore(CollectionImage image) {
   keys_.resize(n);
   values_.resize(n);
   value_max_ = 0;
+  moments_.clear();
   for (std::size_t r = 0; r < n; ++r) {
     keys_.set(r, rows.keys.data() + r * dim());
     values_.set(r, rows.values.data() + r * value_dim());

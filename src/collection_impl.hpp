@@ -22,6 +22,7 @@
 #include "id_map.hpp"
 #include "query/pass_choice.hpp"
 #include "stored_rows.hpp"
+#include "value_moments.hpp"
 #include "coalescer.hpp"
 #include "index/pruning_index.hpp"
 #include "mask.hpp"
@@ -102,6 +103,10 @@ class CollectionImpl {
   [[nodiscard]] std::size_t row_bytes() const noexcept { return keys_.row_bytes() + values_.row_bytes(); }
   /// >= max_i ||v_i||_inf over the live rows (error_target's scale). Under the read lock.
   [[nodiscard]] double value_max() const noexcept { return value_max_; }
+  /// The rows' totals for the block sample's control variates (summed at the first call). Under the read lock.
+  [[nodiscard]] detail::MomentTotals moment_totals() const { return moments_.totals(detail::kernels(), span()); }
+  /// Whether writes keep the totals (a query summed them and nothing made them be forgotten since).
+  [[nodiscard]] bool moments_kept() const noexcept { return moments_.kept(); }
 
   // ---- writes (each takes the exclusive lock itself) ----
   /// Validates rows (ids empty: an add) and returns them as stored; throws the caller's typed errors.
@@ -166,6 +171,7 @@ class CollectionImpl {
   std::span<const float> prepare_keys(std::span<const float> keys, std::vector<float>& buffer, std::string_view what) const;
   // Inserts or replaces one prepared row. Caller holds the exclusive lock.
   void put(std::uint64_t id, const float* key, const float* value, std::uint64_t tag);
+  class MomentRows;  // rows a write takes out of or puts into moments_ (collection.cpp)
   // Raises value_max_ to cover a value row as stored.
   void note_value(const float* value);
   // Stores prepared rows with their ids and tags (empty: all 0) and tells the index. Caller holds the exclusive lock.
@@ -189,6 +195,8 @@ class CollectionImpl {
   // >= max_i ||v_i||_inf over the rows stored since the last restore (removes do not lower it): the
   // scale of error_target (an upper bound, so the error allowed is never below what was asked).
   double value_max_ = 0;
+  // sum v and sum k v^T over the rows, kept by writes once a query summed them (error_target's control variates)
+  mutable detail::ValueMoments moments_;
   std::unique_ptr<detail::PruningIndex> index_;  // null for IndexKind::exact; updated under the write lock
   std::atomic<std::size_t> size_hint_{0};        // ids_.size(), published after each write (read without the lock)
   // Coalescing is query-side machinery, not collection state: usable through a const collection.

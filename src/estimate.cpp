@@ -8,9 +8,21 @@
 // Poisson sampling is estimated without bias by sum_sample (1 - pi) ((T_b - v^ W_b) / pi)^2 / Z^2, per
 // coordinate. The rows of a block are in storage order, which the data do not rank: a block is a small
 // random sample of its own, and whatever correlation its rows have is in the block totals the variance uses.
+//
+// Control variates (with the collection's totals, value_moments.hpp, and no mask): each drawn block also
+// gives U_b = sum v_j and S_b = sum s_j v_j over its rows, whose totals over every row are known (sum v and
+// q^T (sum k v^T) scale, less the stratum's). Centred by their known means per row (u_b = U_b - n_b U / N,
+// likewise s_b), they have known total 0 and move with the block's residual e_b = T_b - v^ W_b: to first
+// order e^s is linear in s. Per coordinate, the residuals are regressed on (u_b, s_b) over the sample and
+// the answer is the regression estimate v^ - beta . (sum u_b, sum s_b) / Z^, whose variance is that of the
+// regression's residuals: on spread attention (s ~ N(0, 1)) about a third of the plain estimate's, so the
+// sample needs about a third of the rows. What the known totals may be off by (the totals' rounding, the
+// kernel's float scores against exact ones, the blocks' float sums) is bounded and added to the error,
+// times |beta| / Z^.
 #include "estimate.hpp"
 
 #include "mask.hpp"
+#include "scan.hpp"
 #include "thread_pool.hpp"
 #include "top_scores.hpp"
 
@@ -25,6 +37,10 @@ namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
+// Rounds a block's float sums U_b, S_b of at most kEstimateBlockRows rows (a multiply and an add a row,
+// each rounding once) by at most this share of their terms' magnitudes.
+constexpr double kBlockSumGamma = (2 * kEstimateBlockRows + 2) * 0x1p-24 * 1.01;
+
 // A round grows the sample to (error / target)^2 times the blocks drawn, aimed at the target itself, and
 // by at least a tenth. Measured (1M Gaussian rows, d = 128, T = 1, error_target 1e-2, 40 queries, Zen 5):
 // the median query scored 1.73% of the rows, against 1.95% with a 5% margin and growth of at least 1.25
@@ -32,11 +48,43 @@ constexpr double kInfinity = std::numeric_limits<double>::infinity();
 constexpr double kAimedGrowth = 1.0;
 constexpr double kLeastGrowth = 1.1;
 
-// Offers a block's scores to one TopScores over every sampled block (its rows' ids from the block's start).
+// Folds one drawn block's control-variate sums into the running sums (estimated_soft_batch's fold): the
+// centred x = U_b - rows ubar, y = (S_b - ubar sigma - rows sbar) sv_on (sigma: the block's sum of scores,
+// so that y follows sum s_j (v_j - ubar), not the values' mean times the scores), and with the block's weights at the shift
+// (a = acc fa, w) every sum the regression needs, per coordinate. (Parameters, not members: restrict
+// lets the compiler vectorise the loop.)
+void fold_control(std::size_t dv, double rows, double sigma, double sv_on, double fa, double w, const float* __restrict u,
+                  const float* __restrict sv, const float* __restrict acc, const double* __restrict ubar,
+                  const double* __restrict sbar, double* __restrict su, double* __restrict ss, double* __restrict suu,
+                  double* __restrict sus, double* __restrict sss, double* __restrict sut, double* __restrict suw,
+                  double* __restrict sst, double* __restrict ssw) {
+  for (std::size_t k = 0; k < dv; ++k) {
+    const double x = static_cast<double>(u[k]) - rows * ubar[k];
+    const double y = (static_cast<double>(sv[k]) - ubar[k] * sigma - rows * sbar[k]) * sv_on;
+    const double a = static_cast<double>(acc[k]) * fa;
+    su[k] += x, ss[k] += y, suu[k] += x * x, sus[k] += x * y, sss[k] += y * y;
+    sut[k] += x * a, suw[k] += x * w, sst[k] += y * a, ssw[k] += y * w;
+  }
+}
+
+// Offers a block's scores to one TopScores over every sampled block (its rows' ids from the block's
+// start), and with control variates adds the rows to the block's sums U_b = sum v_j and S_b = sum s_j v_j
+// (aux: U_b, then S_b; float, the rows in order) and counts them.
 struct BlockSink final : ScoreSink {
   TopScores* top = nullptr;
   const std::uint64_t* ids = nullptr;
-  void offer(const float* scores, std::size_t first_row, std::size_t count) override { top->offer_ids(scores, ids + first_row, count); }
+  const KernelTable* kernels = nullptr;  // with control variates: whose blend sums the values
+  RowSpan rows;                          // the scanned piece (its values)
+  float* aux = nullptr;                  // 2 dv floats
+  std::uint32_t* count = nullptr;
+  double* score_sum = nullptr;           // the rows' scores summed
+  void offer(const float* scores, std::size_t first_row, std::size_t n) override {
+    if (top != nullptr) top->offer_ids(scores, ids + first_row, n);
+    if (aux == nullptr) return;
+    kernels->value_sums(scores, rows.sub(first_row, n), aux, aux + rows.value_dim);
+    *count += static_cast<std::uint32_t>(n);
+    for (std::size_t r = 0; r < n; ++r) *score_sum += scores[r];
+  }
 };
 
 }  // namespace
@@ -85,7 +133,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
   struct Query {
     std::vector<float> maxes, sums, accs;
     std::vector<std::uint8_t> empty;  // per drawn block: every row of it in the stratum (nothing scanned)
-    TopScores top;
+    TopScores top{0, nullptr};
     bool active = true;
     std::vector<std::size_t> stratum;  // ascending
     double stratum_max = -kInfinity, stratum_sum = 0;
@@ -93,34 +141,61 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     std::size_t folded = 0;  // the drawn blocks in the sums below
     double ref = -kInfinity, w = 0, w2 = 0;
     std::vector<double> t, t2, tw;
+    // Control variates (cv): per drawn block U_b, S_b (aux, 2 dv floats) and its rows scanned; the known
+    // means per row (ubar, sbar: the frame's totals over its rows), what the totals may be off by (delta_u,
+    // delta_s), and running sums of the centred u_b, s_b: sum u, sum s, sum u^2, sum u s, sum s^2, and
+    // with the weights at ref, sum u T, sum u W, sum s T, sum s W (per coordinate).
+    bool cv = false, cv_s = false;
+    std::vector<float> aux;
+    std::vector<std::uint32_t> counts;
+    std::vector<double> score_sums;  // per drawn block: its rows' scores summed
+    double stratum_scores = 0;       // the stratum's
+    std::vector<double> ubar, sbar;
+    double delta_u = 0, delta_s = 0;
+    std::vector<double> su, ss, suu, sus, sss, sut, suw, sst, ssw;
   };
-  std::vector<Query> state;
-  state.reserve(n);
+  const MomentTotals* moments = eligible == nullptr && target.moments != nullptr && target.moments->rows == span.rows ? target.moments : nullptr;
+  std::vector<Query> state(n);
   for (std::size_t j = 0; j < n; ++j) {
-    state.push_back({{}, {}, {}, {}, TopScores(target.top_m, nullptr), true, {}, -kInfinity, 0, {}, 0, -kInfinity, 0, 0, {}, {}, {}});
-    state.back().t.assign(dv, 0.0), state.back().t2.assign(dv, 0.0), state.back().tw.assign(dv, 0.0);
+    Query& s = state[j];
+    s.top = TopScores(target.top_m, nullptr);
+    s.t.assign(dv, 0.0), s.t2.assign(dv, 0.0), s.tw.assign(dv, 0.0);
+    if (moments == nullptr) continue;
+    s.cv = true;
+    s.cv_s = moments->key_value != nullptr;
+    for (auto* v : {&s.su, &s.ss, &s.suu, &s.sus, &s.sss, &s.sut, &s.suw, &s.sst, &s.ssw}) v->assign(dv, 0.0);
   }
   // Folds query s's blocks drawn since the last call into its running sums.
   const auto fold = [dv](Query& s) {
     for (std::size_t i = s.folded; i < s.maxes.size(); ++i) {
-      if (s.sums[i] == 0) continue;  // (a block all in the stratum, or its weight underflowed: adds nothing)
+      const bool weighs = s.sums[i] != 0;  // (not: a block all in the stratum, or its weight underflowed)
       const double m = s.maxes[i];
-      if (m > s.ref) {  // a new largest score: the sums so far move to it (their terms only shrink)
+      if (weighs && m > s.ref) {  // a new largest score: the sums so far move to it (their terms only shrink)
         const double f = s.ref == -kInfinity ? 0.0 : std::exp(s.ref - m), f2 = f * f;
         s.w *= f, s.w2 *= f2;
         for (std::size_t k = 0; k < dv; ++k) s.t[k] *= f, s.t2[k] *= f2, s.tw[k] *= f2;
+        if (s.cv)
+          for (std::size_t k = 0; k < dv; ++k) s.sut[k] *= f, s.suw[k] *= f, s.sst[k] *= f, s.ssw[k] *= f;
         s.ref = m;
       }
-      const double f = std::exp(m - s.ref), w = static_cast<double>(s.sums[i]) * f;
-      s.w += w, s.w2 += w * w;
+      const double f = weighs ? std::exp(m - s.ref) : 0.0, w = static_cast<double>(s.sums[i]) * f;
       const float* acc = s.accs.data() + i * dv;
-      double* t = s.t.data();
-      double* t2 = s.t2.data();
-      double* tw = s.tw.data();
-      for (std::size_t k = 0; k < dv; ++k) {
-        const double a = static_cast<double>(acc[k]) * f;
-        t[k] += a, t2[k] += a * a, tw[k] += a * w;
+      if (weighs) {
+        s.w += w, s.w2 += w * w;
+        double* t = s.t.data();
+        double* t2 = s.t2.data();
+        double* tw = s.tw.data();
+        for (std::size_t k = 0; k < dv; ++k) {
+          const double a = static_cast<double>(acc[k]) * f;
+          t[k] += a, t2[k] += a * a, tw[k] += a * w;
+        }
       }
+      if (!s.cv) continue;
+      // (every drawn block counts here, weighing or not: the centred sums' known total is over all of them)
+      const float* u = s.aux.data() + i * 2 * dv;
+      fold_control(dv, s.counts[i], s.score_sums[i], s.cv_s ? 1.0 : 0.0, weighs ? f : 0.0, w, u, u + dv, acc, s.ubar.data(), s.sbar.data(),
+                   s.su.data(), s.ss.data(), s.suu.data(), s.sus.data(), s.sss.data(), s.sut.data(), s.suw.data(), s.sst.data(),
+                   s.ssw.data());
     }
     s.folded = s.maxes.size();
   };
@@ -130,8 +205,18 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     if (s.stratum.empty()) continue;
     std::sort(s.stratum.begin(), s.stratum.end());
     s.stratum.erase(std::unique(s.stratum.begin(), s.stratum.end()), s.stratum.end());
-    const PrunedSoft exact = soft_over_rows(kernels, queries + j * d, scales[j], span, s.stratum, target.top_m);
+    std::vector<float> scores;
+    const PrunedSoft exact = soft_over_rows(kernels, queries + j * d, scales[j], span, s.stratum, target.top_m, s.cv ? &scores : nullptr);
     const SoftmaxState& h = exact.scan.state;
+    if (s.cv) {  // the stratum's own sums U_S, S_S (in ubar, sbar until the frame's means below)
+      s.ubar.assign(dv, 0.0), s.sbar.assign(dv, 0.0);
+      std::vector<float> v(dv);
+      for (std::size_t i = 0; i < s.stratum.size(); ++i) {
+        value_row(span, s.stratum[i], v.data());
+        for (std::size_t k = 0; k < dv; ++k) s.ubar[k] += v[k], s.sbar[k] += static_cast<double>(scores[i]) * v[k];
+        s.stratum_scores += scores[i];
+      }
+    }
     if (!std::isfinite(h.max) || !std::isfinite(h.sum) || !std::all_of(h.acc.begin(), h.acc.end(), [](float a) { return std::isfinite(a); })) {
       s.active = false;  // (the exact path reports what left the float range)
       continue;
@@ -141,18 +226,64 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     s.stratum_acc.assign(h.acc.begin(), h.acc.end());
     for (const TopScores::Item& item : exact.scan.top) s.top.offer_ids(&item.score, &item.id, 1);
   }
-  std::vector<double> y(dv);
+  // The frame (the rows the blocks hold: every row of span but the stratum's): the known means per row of
+  // U_b and S_b, and what their totals may be off by (the rounding bounds of the header comment).
+  for (std::size_t j = 0; moments != nullptr && j < n; ++j) {
+    Query& s = state[j];
+    const std::size_t frame = total - s.stratum.size();
+    if (!s.active || frame == 0) {
+      s.cv = false;
+      continue;
+    }
+    const float* q = queries + j * d;
+    const double scale = scales[j];
+    double q1 = 0, q2 = 0;
+    for (std::size_t i = 0; i < d; ++i) q1 += std::fabs(static_cast<double>(q[i])), q2 += static_cast<double>(q[i]) * q[i];
+    q2 = std::sqrt(q2) * (1 + 0x1p-50);
+    s.ubar.resize(dv, 0.0), s.sbar.resize(dv, 0.0);  // (the stratum's sums, or zeros)
+    std::vector<double> qc(dv, 0.0);  // q^T (sum k v^T)
+    double qk = 0;                    // q . sum k
+    for (std::size_t i = 0; s.cv_s && i < d; ++i) {
+      const double qi = q[i];
+      const double* row = moments->key_value + i * dv;
+      for (std::size_t k = 0; k < dv; ++k) qc[k] += qi * row[k];
+      qk += qi * moments->key_sum[i];
+    }
+    // The frame's totals: U = sum v, S = sum s v and sum s (less the stratum's); ubar = U / rows, and sbar
+    // the mean of s (v - ubar): (S - ubar sum s) / rows.
+    const double scores_total = scale * qk - s.stratum_scores;
+    for (std::size_t k = 0; k < dv; ++k) {
+      s.ubar[k] = (moments->value_sum[k] - s.ubar[k]) / static_cast<double>(frame);
+      s.sbar[k] = s.cv_s ? (scale * qc[k] - s.sbar[k] - s.ubar[k] * scores_total) / static_cast<double>(frame) : 0.0;
+    }
+    const double rows = static_cast<double>(span.rows), vmax = target.value_max;
+    // The kernel's scores: |s_j| <= smax, and within ds of scale q.k_j (the dot's rounding, then the scale's).
+    const double smax = scale * q2 * moments->key_norm_max * (1 + 0x1p-20);
+    const double ds = static_cast<double>(d + 2) * 0x1p-24 * 1.01 * scale * q2 * moments->key_norm_max + 0x1p-23 * smax;
+    s.delta_u = moments->value_error + rows * vmax * (kBlockSumGamma + 0x1p-50);
+    // (ubar times sum s: |ubar| <= vmax times the same offsets of the scores' total)
+    s.delta_s = scale * q1 * (moments->key_value_error + static_cast<double>(d + 2) * 0x1p-53 * moments->key_value_abs) +
+                rows * vmax * (ds + smax * (kBlockSumGamma + 0x1p-50)) +
+                vmax * (scale * q1 * moments->key_sum_error + rows * (ds + smax * 0x1p-48));
+  }
+  std::vector<double> y(dv), value(dv);
   // Scans block b for query j into its slot (max, sum, acc at slot), folding the block's eligible rows,
   // piece by piece over the runs they fall in, into one state; sink (if any) gets their scores.
   // A query's stratum rows are left out (the pieces between them scanned).
   const auto scan_block = [&](std::size_t b, std::size_t j, std::size_t slot, BlockSink* sink) {
     Query& s = state[j];
     s.empty[slot] = 1;
+    sink->aux = s.cv ? s.aux.data() + slot * 2 * dv : nullptr;
+    sink->count = s.cv ? s.counts.data() + slot : nullptr;
+    sink->score_sum = s.cv ? s.score_sums.data() + slot : nullptr;
+    const bool offered = sink->top != nullptr || s.cv;
     const auto scan_rows = [&](std::size_t first, std::size_t count) {
       if (count == 0) return;
       s.empty[slot] = 0;
-      if (sink != nullptr) sink->ids = span.ids + first;
-      kernels.soft_scan(queries + j * d, scales[j], span.sub(first, count), s.maxes[slot], s.sums[slot], s.accs.data() + slot * dv, sink);
+      sink->ids = span.ids + first;
+      sink->rows = span.sub(first, count);
+      kernels.soft_scan(queries + j * d, scales[j], sink->rows, s.maxes[slot], s.sums[slot], s.accs.data() + slot * dv,
+                        offered ? sink : nullptr);
     };
     std::size_t row = b * kEstimateBlockRows;
     const std::size_t end = std::min(row + kEstimateBlockRows, total);
@@ -186,6 +317,11 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       s.empty.resize(base[j] + fresh.size(), 0);
       s.sums.resize(base[j] + fresh.size(), 0.0f);
       s.accs.resize((base[j] + fresh.size()) * dv, 0.0f);
+      if (s.cv) {
+        s.aux.resize((base[j] + fresh.size()) * 2 * dv, 0.0f);
+        s.counts.resize(base[j] + fresh.size(), 0);
+        s.score_sums.resize(base[j] + fresh.size(), 0.0);
+      }
     }
     for (const std::size_t b : fresh) {
       taken[b] = 1;
@@ -195,13 +331,14 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     std::vector<std::vector<TopScores>> tops(parts);
     pool.run(parts, [&](std::size_t part) {
       BlockSink sink;
+      sink.kernels = &kernels;
       if (target.top_m > 0)
         for (std::size_t j = 0; j < n; ++j) tops[part].emplace_back(target.top_m, nullptr);
       for (std::size_t i = fresh.size() * part / parts; i < fresh.size() * (part + 1) / parts; ++i)
         for (std::size_t j = 0; j < n; ++j) {
           if (!state[j].active) continue;
           sink.top = target.top_m > 0 ? &tops[part][j] : nullptr;
-          scan_block(fresh[i], j, base[j] + i, target.top_m > 0 ? &sink : nullptr);
+          scan_block(fresh[i], j, base[j] + i, &sink);
         }
     });
     for (std::size_t j = 0; j < n; ++j) {
@@ -259,15 +396,43 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       // r_k = v^_k, expanded as sum T^2 - 2 r sum T W + r^2 sum W^2. The expansion's rounding, at most about
       // (blocks + 4) 2^-52 (sqrt(sum T^2) + |r| sqrt(sum W^2))^2 (sum |T W| <= sqrt(sum T^2 sum W^2)), is
       // added to it: the variance is never understated by cancellation (values almost equal everywhere).
-      const double rounding = static_cast<double>(drawn + 4) * 0x1p-52;
-      double worst_var = 0;
+      //
+      // With control variates, the residuals e_b = T_b - r W_b are regressed on the centred (u_b, s_b):
+      // beta solves G beta = b (G: their sums of squares and products; b = sum u e, sum s e), the answer
+      // moves by beta . (sum u, sum s) / (pi Z^), and the variance sums (e_b - beta . x_b)^2 = sum e^2 -
+      // 2 beta . b + beta^T G beta instead, times drawn / (drawn - regressors); the totals' possible
+      // offsets (delta_u, delta_s) times |beta| / Z^ are added to the error as they stand.
+      const bool regress = s.cv && pi < 1 && drawn > 8;
+      const double rounding = static_cast<double>(drawn + 8) * 0x1p-52;
+      double worst = 0;  // the largest coordinate's z standard errors plus offset
       for (std::size_t k = 0; k < dv; ++k) {
         const double r = y[k] / zall, a2 = s.t2[k] * g2, aw = s.tw[k] * g2;
-        const double spread_k = std::sqrt(a2) + std::fabs(r) * std::sqrt(w2);
-        const double tk = std::max(0.0, a2 - 2 * r * aw + r * r * w2) + rounding * spread_k * spread_k;
-        worst_var = std::max(worst_var, (1 - pi) * tk / (zall * zall));
+        double spread_k = std::sqrt(a2) + std::fabs(r) * std::sqrt(w2);
+        double sum_e2 = a2 - 2 * r * aw + r * r * w2, offset = 0, dof = 1;
+        value[k] = r;
+        if (regress) {
+          const double b1 = (s.sut[k] - r * s.suw[k]) * g, b2 = (s.sst[k] - r * s.ssw[k]) * g;
+          const double g11 = s.suu[k], g12 = s.sus[k], g22 = s.sss[k], det = g11 * g22 - g12 * g12;
+          double beta1 = 0, beta2 = 0, used = 0;
+          if (s.cv_s && g11 > 0 && g22 > 0 && det > 1e-9 * g11 * g22) {
+            beta1 = (g22 * b1 - g12 * b2) / det, beta2 = (g11 * b2 - g12 * b1) / det, used = 2;
+          } else if (g11 > 0 && (g22 <= 0 || b1 * b1 / g11 >= b2 * b2 / g22)) {  // (one of them: the one explaining more)
+            beta1 = b1 / g11, used = 1;
+          } else if (g22 > 0) {
+            beta2 = b2 / g22, used = 1;
+          }
+          if (used > 0 && std::isfinite(beta1) && std::isfinite(beta2)) {
+            sum_e2 += -2 * (beta1 * b1 + beta2 * b2) + beta1 * beta1 * g11 + 2 * beta1 * beta2 * g12 + beta2 * beta2 * g22;
+            spread_k += std::fabs(beta1) * std::sqrt(g11) + std::fabs(beta2) * std::sqrt(g22);
+            value[k] = r - (beta1 * s.su[k] + beta2 * s.ss[k]) / zall;
+            offset = (std::fabs(beta1) * s.delta_u + std::fabs(beta2) * s.delta_s) * pi / zall;
+            dof = static_cast<double>(drawn) / (static_cast<double>(drawn) - used);
+          }
+        }
+        const double tk = std::max(0.0, sum_e2) + rounding * spread_k * spread_k;
+        worst = std::max(worst, z * std::sqrt((1 - pi) * tk * dof) / zall + offset);
       }
-      const double error = target.value_max > 0 ? z * std::sqrt(worst_var) / target.value_max : 0.0;
+      const double error = target.value_max > 0 ? worst / target.value_max : 0.0;
       // The effective number of blocks, (sum W)^2 / sum W^2: when a few blocks hold most of the sampled
       // weight (peaked attention: a handful of rows outweigh the rest), the sample's variance says nothing
       // of the rows it missed, and a larger sample (or the scan) must answer.
@@ -277,7 +442,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         result.scan.state.max = static_cast<float>(best);
         result.scan.state.sum = static_cast<float>(zall / pi);
         result.value.resize(dv);
-        for (std::size_t k = 0; k < dv; ++k) result.value[k] = static_cast<float>(y[k] / zall);
+        for (std::size_t k = 0; k < dv; ++k) result.value[k] = static_cast<float>(value[k]);
         std::size_t scored = s.stratum.size() + read;  // this query's rows: its stratum, and every block drawn while it estimated
         for (const std::size_t row : s.stratum) {  // (less the stratum's rows inside drawn blocks: left out of their scans)
           const auto at = std::upper_bound(rows_in.runs.begin(), rows_in.runs.end(), row, [](std::size_t r, const RowRun& run) { return r < run.begin; });

@@ -10,6 +10,7 @@
 
 #include "mask.hpp"
 #include "pruning.hpp"
+#include "value_moments.hpp"
 
 namespace softkv::detail {
 
@@ -22,6 +23,9 @@ struct EstimateTarget {
   std::size_t top_m = 0;        ///< contributors to report: the sampled rows with the largest scores
   /// estimate_over_lists: where drawn lists are scored (a batch's shared reads); null: the lists' own.
   ListScorer* scorer = nullptr;
+  /// The block sample: the collection's totals (every row of span) for its control variates; null, or
+  /// with a mask: none (the eligible rows' totals are not known).
+  const MomentTotals* moments = nullptr;
 };
 
 /// z of a two-sided normal interval holding dv coordinates at once with probability kCheckConfidence

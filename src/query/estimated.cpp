@@ -104,7 +104,9 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     gather(rest, rq, rf);
     std::vector<std::vector<std::size_t>> rest_strata(rest.size());
     for (std::size_t i = 0; i < rest.size(); ++i) rest_strata[i] = std::move(strata[rest[i]]);
-    const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(rq.data(), d, rows), std::min(options.top_m, rows)};
+    EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(rq.data(), d, rows), std::min(options.top_m, rows)};
+    const MomentTotals totals = mask ? MomentTotals{} : impl.moment_totals();  // (control variates: without a mask)
+    if (!mask) sample.moments = &totals;
     std::vector<std::optional<PrunedSoft>> sampled = estimated_soft_batch(kernels, rq.data(), rf.data(), rest.size(), span, sample,
                                                                           mask ? &*mask : nullptr, &rest_strata);
     for (std::size_t i = 0; i < rest.size(); ++i) {

@@ -243,7 +243,10 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // mask, the sample draws from the eligible rows and the budget is an eighth of them.
       const std::size_t rows = mask ? mask->count : span.rows;
       // top_m clamped to the rows it could list (a TopScores reserves room for all of them).
-      const EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), std::min(options.top_m, rows)};
+      EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), std::min(options.top_m, rows)};
+      // The control variates' totals (summed at the first such query, before the attempt's timing starts).
+      const MomentTotals totals = mask ? MomentTotals{} : impl.moment_totals();
+      if (!mask) sample.moments = &totals;
       // A walk that handed its rows on is judged by this sample, which then runs whatever the sample's own
       // memory says (else the walk's one try in 16 would meet the sample's one in 16 once in 256 queries).
       std::optional<PrunedSoft> estimated = attempt(

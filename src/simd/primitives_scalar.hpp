@@ -43,6 +43,17 @@ struct ScalarPrimitives {
     for (std::size_t j = 0; j < heads; ++j) blend_rows<Pr>(acc, w + j * stride, v, rows, dv, j * dvh, (j + 1) * dvh);
   }
 
+  // u[c] += v[r * dv + c] and sv[c] += s[r] * v[r * dv + c] for rows [0, rows) in order, v stored at Pr.
+  template <Precision Pr>
+  static void value_sums(const float* s, const void* v, std::size_t rows, std::size_t dv, float* u, float* sv) {
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < dv; ++c) {
+        const float x = element_as_float<Pr>(v, r * dv + c, 1.0f);
+        u[c] += x;
+        sv[c] += s[r] * x;
+      }
+  }
+
   // acc[c] += w[r] * v[r * dv + c] for rows [0, rows) in order and columns [c0, c1), v stored at Pr.
   template <Precision Pr>
   static void blend_rows(float* acc, const float* w, const void* v, std::size_t rows, std::size_t dv, std::size_t c0,

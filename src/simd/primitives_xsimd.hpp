@@ -387,6 +387,37 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
     for (; c < dv; c += W) blend_cols_heads<Pr, 1>(acc, w, stride, dvh, v, rows, dv, c);
   }
 
+  // u[c] += v[r * dv + c] and sv[c] += s[r] * v[r * dv + c] for rows [0, rows) in order and every column,
+  // v stored at Pr: one read of each value for both sums (the block sample's control variates).
+  template <Precision Pr>
+  static void value_sums(const float* s, const void* v, std::size_t rows, std::size_t dv, float* u, float* sv) {
+    constexpr std::size_t CV = kBlendVecs / 2;
+    std::size_t c = 0;
+    for (; c + CV * W <= dv; c += CV * W) value_sums_cols<Pr, CV>(s, v, rows, dv, c, u, sv);
+    for (; c + W <= dv; c += W) value_sums_cols<Pr, 1>(s, v, rows, dv, c, u, sv);
+    for (; c < dv; ++c)
+      for (std::size_t r = 0; r < rows; ++r) {
+        const float x = element_as_float<Pr>(v, r * dv + c, 1.0f);
+        u[c] += x;
+        sv[c] = madd(s[r], x, sv[c]);
+      }
+  }
+  template <Precision Pr, std::size_t CV>
+  static void value_sums_cols(const float* s, const void* v, std::size_t rows, std::size_t dv, std::size_t c, float* u,
+                              float* sv) {
+    V a[CV], b[CV];
+    for (std::size_t j = 0; j < CV; ++j) a[j] = load(u + c + j * W), b[j] = load(sv + c + j * W);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const V sr(s[r]);
+      for (std::size_t j = 0; j < CV; ++j) {
+        const V x = load_as<Pr>(v, r * dv + c + j * W, 1.0f);
+        a[j] += x;
+        b[j] = xsimd::fma(sr, x, b[j]);
+      }
+    }
+    for (std::size_t j = 0; j < CV; ++j) a[j].store_unaligned(u + c + j * W), b[j].store_unaligned(sv + c + j * W);
+  }
+
   // acc[c] += w[r] * v[r * dv + c] for rows [0, rows) in order and columns [c0, c1), v stored at Pr:
   // per element the same fused multiply-adds in the same order as a row-by-row acc += w[r] * v[r].
   template <Precision Pr>

@@ -368,6 +368,14 @@ void score_span_multi(const float* queries, std::size_t nq, const float* scales,
   }
 }
 
+// KernelTable::value_sums: the span's values in order, each read once for both sums.
+template <class P>
+void value_sums(const float* s, const RowSpan& span, float* u, float* sv) {
+  with_value_precision(span.value_precision, [&](auto vp) {
+    P::template value_sums<decltype(vp)::value>(s, span.values, span.rows, span.value_dim, u, sv);
+  });
+}
+
 // Single query: per block, a key pass (scores), one exp pass, a value pass; each row read once.
 template <class P>
 void soft_scan(const float* q, float scale, const RowSpan& span, float& max, float& sum, float* acc,
@@ -380,8 +388,8 @@ void soft_scan(const float* q, float scale, const RowSpan& span, float& max, flo
     score_block<P>(q, scale, span, start, rows, scores);
     raise_max<P>(P::max(scores, rows), max, sum, acc, dv);
     sum += P::exp_shifted(scores, rows, exp_shift(max), weights);
-    if (sink != nullptr) sink->offer(scores, start, rows);
     blend_block<P>(acc, weights, 0, 1, span, start, rows);
+    if (sink != nullptr) sink->offer(scores, start, rows);  // (after the blend: a sink reading the rows finds them in cache)
   }
 }
 

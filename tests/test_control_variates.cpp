@@ -1,0 +1,298 @@
+// The block sample's control variates (estimate.cpp, value_moments.hpp): the collection's totals sum v and
+// sum k v^T within their stated rounding of a long-double reference, kept by every write; the regression
+// estimate within its target and its error estimate above the truth on values of every kind, from fewer
+// rows than the plain estimate; the totals' offsets in the error; the value sums on every kernel path.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "collection_impl.hpp"
+#include "estimate.hpp"
+#include "kernel_paths.hpp"
+#include "precision.hpp"
+#include "query/paths.hpp"
+#include "reference.hpp"
+#include "simd/kernel_table.hpp"
+#include "softkv/softkv.hpp"
+#include "value_moments.hpp"
+
+using namespace softkv;
+
+namespace {
+
+// sum v and sum k v^T over rows of (keys, values), in long double (64-bit mantissa: its own rounding is
+// 2^11 times below the double sums' bounds checked against it).
+struct Exact {
+  std::vector<long double> value_sum, key_sum, key_value;
+};
+Exact exact_totals(const std::vector<float>& keys, const std::vector<float>& values, std::size_t n, std::size_t d, std::size_t dv) {
+  Exact e{std::vector<long double>(dv, 0.0L), std::vector<long double>(d, 0.0L), std::vector<long double>(d * dv, 0.0L)};
+  for (std::size_t r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < d; ++i) e.key_sum[i] += keys[r * d + i];
+    for (std::size_t c = 0; c < dv; ++c) {
+      const long double v = values[r * dv + c];
+      e.value_sum[c] += v;
+      for (std::size_t i = 0; i < d; ++i) e.key_value[i * dv + c] += static_cast<long double>(keys[r * d + i]) * v;
+    }
+  }
+  return e;
+}
+
+// Checks totals against the exact sums within their stated bounds, and the bounds against a share of the
+// rows' magnitudes (a bound that covers everything says nothing).
+void check_totals(const detail::MomentTotals& t, const Exact& e, std::size_t d, std::size_t dv, double magnitude) {
+  REQUIRE(t.key_value != nullptr);
+  double worst_v = 0, worst_k = 0, worst_kv = 0;
+  for (std::size_t c = 0; c < dv; ++c) worst_v = std::max(worst_v, static_cast<double>(std::fabs(t.value_sum[c] - e.value_sum[c])));
+  for (std::size_t i = 0; i < d; ++i) worst_k = std::max(worst_k, static_cast<double>(std::fabs(t.key_sum[i] - e.key_sum[i])));
+  for (std::size_t i = 0; i < d * dv; ++i) worst_kv = std::max(worst_kv, static_cast<double>(std::fabs(t.key_value[i] - e.key_value[i])));
+  INFO("value sums off by " << worst_v << " (bound " << t.value_error << "), key-value sums by " << worst_kv << " (bound "
+                            << t.key_value_error << ")");
+  CHECK(worst_v <= t.value_error);
+  CHECK(worst_k <= t.key_sum_error);
+  CHECK(t.key_sum_error <= 1e-9 * magnitude);
+  CHECK(worst_kv <= t.key_value_error);
+  CHECK(t.value_error <= 1e-9 * magnitude);
+  CHECK(t.key_value_error <= 1e-4 * magnitude);
+}
+
+}  // namespace
+
+TEST_CASE("the control variates' totals match a long-double sum, summed at once or kept by adds and removes", "[estimate][moments]") {
+  const std::size_t n = 3000, d = 24, dv = 20;
+  std::vector<float> keys = test::normal_floats(n * d, 31), values = test::normal_floats(n * dv, 32);
+  for (float& v : values) v = v * 8 + 3;  // (a mean: sums of one sign, the rounding bounds' worst case)
+  std::vector<std::uint64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = i;
+  const auto span_of = [&](std::size_t rows) { return detail::RowSpan{keys.data(), values.data(), ids.data(), rows, d, dv}; };
+  const double magnitude = static_cast<double>(n) * test::max_abs(keys) * test::max_abs(values);
+  detail::ValueMoments moments;
+  CHECK_FALSE(moments.kept());
+  // The first 2,500 rows summed at once (two parts of the pool, chunks of the float product).
+  const detail::MomentTotals first = moments.totals(detail::kernels(), span_of(2500));
+  CHECK(moments.kept());
+  CHECK(first.rows == 2500);
+  check_totals(first, exact_totals(keys, values, 2500, d, dv), d, dv, magnitude);
+  // Kept from there: the other 500 rows added (in a product of many rows, then one by one), 500 of
+  // the first taken out; the totals are those of what is left.
+  moments.update(detail::kernels(), keys.data() + 2500 * d, values.data() + 2500 * dv, 400, d, dv, 1.0f);
+  for (std::size_t r = 2900; r < n; ++r) moments.update(detail::kernels(), keys.data() + r * d, values.data() + r * dv, 1, d, dv, 1.0f);
+  moments.update(detail::kernels(), keys.data(), values.data(), 500, d, dv, -1.0f);
+  REQUIRE(moments.kept());
+  const detail::MomentTotals kept = moments.totals(detail::kernels(), span_of(n));  // (kept: span not read again)
+  CHECK(kept.rows == n - 500);
+  const std::vector<float> rest_keys(keys.begin() + 500 * d, keys.end()), rest_values(values.begin() + 500 * dv, values.end());
+  check_totals(kept, exact_totals(rest_keys, rest_values, n - 500, d, dv), d, dv, magnitude);
+  double norm = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    double s = 0;
+    for (std::size_t i = 0; i < d; ++i) s += static_cast<double>(keys[r * d + i]) * keys[r * d + i];
+    norm = std::max(norm, std::sqrt(s));
+  }
+  CHECK(kept.key_norm_max >= norm);
+  CHECK(kept.key_norm_max <= 1.02 * norm);
+  // Rows that came and went many times over: the totals are forgotten (summed afresh by the next query).
+  for (int round = 0; round < 10; ++round) {
+    moments.update(detail::kernels(), keys.data(), values.data(), 2000, d, dv, -1.0f);
+    moments.update(detail::kernels(), keys.data(), values.data(), 2000, d, dv, 1.0f);
+  }
+  CHECK_FALSE(moments.kept());
+  moments.clear();
+  CHECK_FALSE(moments.kept());
+}
+
+TEST_CASE("error_target with control variates: within the target from fewer rows, on values of every kind", "[estimate][moments]") {
+  // Spread attention (T = 1 on Gaussian keys) over values independent of the keys, equal to them, with a
+  // large common mean, and heavy-tailed (Student t, 3 degrees of freedom); 16 queries each, the same
+  // seed with and without the collection's totals.
+  const std::size_t n = 100000, d = 32, dv = 32, nq = 16;
+  const std::vector<float> keys = test::normal_floats(n * d, 41), queries = test::normal_floats(nq * d, 42);
+  std::vector<std::uint64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = i;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::size_t answers = 0, over = 0, below = 0, gave_up = 0;
+  for (int kind = 0; kind < 4; ++kind) {
+    std::vector<float> values = test::normal_floats(n * dv, 43 + static_cast<std::uint64_t>(kind));
+    if (kind == 1) values = keys;
+    if (kind == 2)
+      for (float& v : values) v += 20.0f;
+    if (kind == 3) {
+      std::mt19937_64 rng(47);
+      std::student_t_distribution<double> t3(3.0);
+      for (float& v : values) v = static_cast<float>(t3(rng));
+    }
+    const detail::RowSpan span{keys.data(), values.data(), ids.data(), n, d, dv};
+    detail::ValueMoments moments;
+    const detail::MomentTotals totals = moments.totals(detail::kernels(), span);
+    const double value_max = test::max_abs(values);
+    // The target as 0.09 standard deviations of the values (0.02 of max |v| for the Gaussian ones): a
+    // common mean or a heavy tail raises max |v|, and a target relative to it alone would be met at once.
+    double mean = 0, square = 0;
+    for (float v : values) mean += v, square += static_cast<double>(v) * v;
+    mean /= static_cast<double>(values.size());
+    const double target = 0.09 * std::sqrt(square / static_cast<double>(values.size()) - mean * mean) / value_max;
+    std::vector<double> rows_with, rows_without;
+    for (std::size_t b = 0; b < nq; ++b) {
+      const float* q = queries.data() + b * d;
+      detail::EstimateTarget plain{target, value_max, n / 8, 500 + b, 0};
+      detail::EstimateTarget controlled = plain;
+      controlled.moments = &totals;
+      const auto with = detail::estimated_soft(detail::kernels(), q, scale, span, controlled);
+      const auto without = detail::estimated_soft(detail::kernels(), q, scale, span, plain);
+      // (The plain estimate may give up where its rounds would pass the budget: the scan, every row, then.)
+      const double plain_rows = without ? static_cast<double>(without->rows_scored) : static_cast<double>(n);
+      INFO("values of kind " << kind << ", target " << target << ", query " << b << ": plain estimate " << (without ? "answered" : "gave up") << ", rows "
+                             << plain_rows);
+      rows_without.push_back(plain_rows);
+      rows_with.push_back(with ? static_cast<double>(with->rows_scored) : static_cast<double>(n));
+      if (!with) {  // (a sample whose rounds would pass the budget gives up too: a heavy block drawn late)
+        ++gave_up;
+        continue;
+      }
+      const test::SoftReference ref = test::soft_reference(q, keys.data(), values.data(), n, d, dv, scale);
+      const double err = test::max_abs_diff(with->value, ref.value) / value_max;
+      INFO("rows " << with->rows_scored << ", estimate " << *with->error_estimate << ", true " << err);
+      ++answers;
+      over += err > target;
+      below += err > *with->error_estimate + 1e-5;
+    }
+    std::sort(rows_with.begin(), rows_with.end());
+    std::sort(rows_without.begin(), rows_without.end());
+    INFO("values of kind " << kind << ": median rows " << rows_with[nq / 2] << " with the totals, " << rows_without[nq / 2] << " without");
+    CHECK(rows_with[nq / 2] <= 0.7 * rows_without[nq / 2]);  // (measured 0.3-0.5 at T = 1)
+  }
+  INFO(answers << " answers, " << gave_up << " samples gave up: " << over << " over the target, " << below
+               << " with the estimate below the true error");
+  CHECK(gave_up * 10 <= answers);
+  CHECK(over * 10 <= answers);
+  CHECK(below * 10 <= answers);
+}
+
+TEST_CASE("error_target with control variates: what the totals may be off by is part of the error", "[estimate][moments]") {
+  // Totals off by delta in every coordinate, and saying so (value_error = delta): the answer moves by
+  // about beta delta / Z (beta ~ Z / N) and the error estimate grows to cover it.
+  const std::size_t n = 60000, d = 16, dv = 16;
+  const std::vector<float> keys = test::normal_floats(n * d, 51), values = test::normal_floats(n * dv, 52), q = test::normal_floats(d, 53);
+  std::vector<std::uint64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = i;
+  const detail::RowSpan span{keys.data(), values.data(), ids.data(), n, d, dv};
+  detail::ValueMoments moments;
+  const detail::MomentTotals totals = moments.totals(detail::kernels(), span);
+  const double value_max = test::max_abs(values), delta = 0.02 * value_max * static_cast<double>(n);
+  std::vector<double> shifted_sum(totals.value_sum, totals.value_sum + dv);
+  for (double& s : shifted_sum) s += delta;
+  detail::MomentTotals off = totals;
+  off.value_sum = shifted_sum.data();
+  off.value_error = totals.value_error + delta;
+  const float scale = 0.25f;
+  detail::EstimateTarget t{0.05, value_max, n / 8, 77, 0};
+  t.moments = &totals;
+  const auto honest = detail::estimated_soft(detail::kernels(), q.data(), scale, span, t);
+  t.moments = &off;
+  const auto shifted = detail::estimated_soft(detail::kernels(), q.data(), scale, span, t);
+  REQUIRE(honest.has_value());
+  REQUIRE(shifted.has_value());
+  const test::SoftReference ref = test::soft_reference(q.data(), keys.data(), values.data(), n, d, dv, scale);
+  const double honest_err = test::max_abs_diff(honest->value, ref.value) / value_max;
+  const double shifted_err = test::max_abs_diff(shifted->value, ref.value) / value_max;
+  INFO("honest: true " << honest_err << ", estimate " << *honest->error_estimate << "; totals off by 2% of max|v| a row: true "
+                       << shifted_err << ", estimate " << *shifted->error_estimate << ", rows " << shifted->rows_scored);
+  CHECK(shifted_err > honest_err + 0.005);  // the totals are used: off by 2% a row, the answer moves by about that much
+  CHECK(*shifted->error_estimate >= shifted_err);  // and the error says so
+  CHECK(*shifted->error_estimate >= *honest->error_estimate + 0.01);
+}
+
+TEST_CASE("a collection keeps its control-variate totals through puts, overwrites and removes", "[estimate][moments]") {
+  // After an error_target query summed the totals, writes (single and batched upserts, overwrites that
+  // add 50 to a fifth of the values, removes of a tenth of the rows) must leave them the totals of the
+  // rows as stored, within their bounds; then estimates on the rows left stay within the target. Compact
+  // values (f16) and keys (i8) too: the totals are of the rows as stored.
+  const std::size_t n = 20000, d = 16, dv = 16, nq = 6;
+  for (const auto [kp, vp] : {std::pair{Precision::f32, Precision::f32}, std::pair{Precision::i8, Precision::f16}}) {
+    const std::vector<float> keys = test::normal_floats(n * d, 61), values = test::normal_floats(n * dv, 62),
+                             queries = test::normal_floats(nq * d, 63);
+    CollectionConfig config{d, dv};
+    config.key_precision = kp;
+    config.value_precision = vp;
+    detail::CollectionImpl impl(config);
+    const std::vector<std::uint64_t> ids = impl.add(impl.prepare({}, keys, values, {}));
+    const float target = 0.03f, scale = 1.0f / std::sqrt(static_cast<float>(d));
+    (void)detail::soft_one(impl, queries.data(), scale, {.error_target = target}, detail::SinglePath::estimated);  // sums the totals
+    std::vector<std::uint64_t> changed_ids;
+    std::vector<float> changed_keys, changed_values;
+    for (std::size_t r = 0; r < n; r += 5) {
+      changed_ids.push_back(ids[r]);
+      changed_keys.insert(changed_keys.end(), keys.begin() + static_cast<std::ptrdiff_t>(r * d), keys.begin() + static_cast<std::ptrdiff_t>((r + 1) * d));
+      for (std::size_t k = 0; k < dv; ++k) changed_values.push_back(values[r * dv + k] + 50.0f);
+    }
+    impl.apply(impl.prepare(changed_ids, changed_keys, changed_values, {}));
+    for (std::size_t r = 2; r < 40; r += 5) {  // single writes: an overwrite, then a new row
+      const std::uint64_t one[] = {ids[r]};
+      impl.apply(impl.prepare(one, {keys.data() + (r + 1) * d, d}, {values.data() + (r + 1) * dv, dv}, {}));
+      (void)impl.add(impl.prepare({}, {keys.data() + r * d, d}, {values.data() + r * dv, dv}, {}));
+    }
+    std::vector<std::uint64_t> gone;
+    for (std::size_t r = 1; r < n; r += 10) gone.push_back(ids[r]);
+    impl.remove(gone);
+    // The reference: every row left, as stored.
+    std::vector<float> left_keys, left_values;
+    std::size_t left = 0;
+    {
+      const auto lock = impl.read_lock();
+      left = impl.rows();
+      for (std::size_t row = 0; row < left; ++row) {
+        const std::vector<float> k = impl.key_of(row), v = impl.value_of(row);
+        left_keys.insert(left_keys.end(), k.begin(), k.end());
+        left_values.insert(left_values.end(), v.begin(), v.end());
+      }
+      REQUIRE(impl.moments_kept());  // (kept by the writes, not summed afresh here)
+      const detail::MomentTotals kept = impl.moment_totals();
+      CHECK(kept.rows == left);
+      check_totals(kept, exact_totals(left_keys, left_values, left, d, dv), d, dv,
+                   static_cast<double>(n) * test::max_abs(left_keys) * test::max_abs(left_values));
+    }
+    const double value_max = test::max_abs(left_values);
+    for (std::size_t b = 0; b < nq; ++b) {
+      const SoftResult got = detail::soft_one(impl, queries.data() + b * d, scale, {.error_target = target}, detail::SinglePath::estimated);
+      const test::SoftReference ref = test::soft_reference(queries.data() + b * d, left_keys.data(), left_values.data(), left, d, dv, scale);
+      const double err = test::max_abs_diff(got.value, ref.value) / value_max;
+      INFO("keys " << detail::precision_name(kp) << ", values " << detail::precision_name(vp) << ", query " << b << ": rows "
+                   << got.rows_scored << " of " << left << ", estimate " << got.error_estimate << ", true " << err);
+      CHECK(err <= target);
+    }
+  }
+}
+
+TEST_CASE("the value sums of the control variates on every kernel path match a double-precision sum", "[estimate][moments][kernels]") {
+  const std::string path = test::any_path();
+  const test::ForcedPath forced(path);
+  const std::size_t rows = 37, dv = 45;  // (tails past every vector width)
+  const std::vector<float> values = test::normal_floats(rows * dv, 71), scores = test::normal_floats(rows, 72);
+  for (const Precision p : {Precision::f32, Precision::f16, Precision::bf16}) {
+    std::vector<std::byte> stored(rows * dv * detail::element_bytes(p));
+    for (std::size_t r = 0; r < rows; ++r)
+      detail::encode_row(p, values.data() + r * dv, dv, 1.0f, stored.data() + r * dv * detail::element_bytes(p));
+    std::vector<float> as_stored(rows * dv);
+    for (std::size_t r = 0; r < rows; ++r)
+      detail::decode_row(p, stored.data() + r * dv * detail::element_bytes(p), dv, 1.0f, as_stored.data() + r * dv);
+    detail::RowSpan span{nullptr, stored.data(), nullptr, rows, 0, dv};
+    span.value_precision = p;
+    std::vector<float> u(dv, 1.0f), sv(dv, -1.0f);  // (added to what is there)
+    detail::kernels().value_sums(scores.data(), span, u.data(), sv.data());
+    for (std::size_t c = 0; c < dv; ++c) {
+      double eu = 1.0, esv = -1.0, mag_u = 1.0, mag_sv = 1.0;
+      for (std::size_t r = 0; r < rows; ++r) {
+        const double x = as_stored[r * dv + c];
+        eu += x, esv += static_cast<double>(scores[r]) * x;
+        mag_u += std::fabs(x), mag_sv += std::fabs(static_cast<double>(scores[r]) * x);
+      }
+      INFO(path << ", " << detail::precision_name(p) << ", column " << c);
+      const double gamma = (2.0 * rows + 2) * 0x1p-24 * 1.01;  // what estimate.cpp allows a block's sums
+      CHECK(std::fabs(u[c] - eu) <= gamma * mag_u);
+      CHECK(std::fabs(sv[c] - esv) <= gamma * mag_sv);
+    }
+  }
+}
