@@ -154,11 +154,16 @@ void detail::CollectionImpl::store(std::span<const std::uint64_t> ids, const flo
   if (!moments_.kept()) {
     for (std::size_t r = 0; r < n; ++r) put(ids[r], keys + r * dim(), values + r * value_dim(), tags.empty() ? 0 : tags[r]);
   } else {  // the totals of error_target's control variates: the rows replaced go out, the rows stored come in
-    MomentRows out(*this, -1.0f), in(*this, 1.0f);
-    for (std::size_t r = 0; r < n; ++r) {
-      if (const std::uint64_t* row = slot_of_.find(ids[r]); row != nullptr) out.add(static_cast<std::size_t>(*row));
-      put(ids[r], keys + r * dim(), values + r * value_dim(), tags.empty() ? 0 : tags[r]);
-      in.add(static_cast<std::size_t>(*slot_of_.find(ids[r])));
+    try {
+      MomentRows out(*this, -1.0f), in(*this, 1.0f);
+      for (std::size_t r = 0; r < n; ++r) {
+        if (const std::uint64_t* row = slot_of_.find(ids[r]); row != nullptr) out.add(static_cast<std::size_t>(*row));
+        put(ids[r], keys + r * dim(), values + r * value_dim(), tags.empty() ? 0 : tags[r]);
+        in.add(static_cast<std::size_t>(*slot_of_.find(ids[r])));
+      }
+    } catch (...) {  // (a row stored but not counted: the totals no longer match; summed afresh when next asked)
+      moments_.clear();
+      throw;
     }
   }
   size_hint_.store(ids_.size(), std::memory_order_relaxed);

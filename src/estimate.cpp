@@ -75,13 +75,13 @@ struct BlockSink final : ScoreSink {
   const std::uint64_t* ids = nullptr;
   const KernelTable* kernels = nullptr;  // with control variates: whose blend sums the values
   RowSpan rows;                          // the scanned piece (its values)
-  float* aux = nullptr;                  // 2 dv floats
+  float* aux = nullptr;                  // 3 dv floats: U_b, S_b and sum |v_j|
   std::uint32_t* count = nullptr;
   double* score_sum = nullptr;           // the rows' scores summed
   void offer(const float* scores, std::size_t first_row, std::size_t n) override {
     if (top != nullptr) top->offer_ids(scores, ids + first_row, n);
     if (aux == nullptr) return;
-    kernels->value_sums(scores, rows.sub(first_row, n), aux, aux + rows.value_dim);
+    kernels->value_sums(scores, rows.sub(first_row, n), aux, aux + rows.value_dim, aux + 2 * rows.value_dim);
     *count += static_cast<std::uint32_t>(n);
     for (std::size_t r = 0; r < n; ++r) *score_sum += scores[r];
   }
@@ -142,17 +142,20 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     double ref = -kInfinity, w = 0, w2 = 0;
     std::vector<double> t, t2, tw;
     // Control variates (cv): per drawn block U_b, S_b (aux, 2 dv floats) and its rows scanned; the known
-    // means per row (ubar, sbar: the frame's totals over its rows), what the totals may be off by (delta_u,
-    // delta_s), and running sums of the centred u_b, s_b: sum u, sum s, sum u^2, sum u s, sum s^2, and
+    // means per row (ubar, sbar: the frame's totals over its rows), what the sums may be off by (below),
+    // and running sums of the centred u_b, s_b: sum u, sum s, sum u^2, sum u s, sum s^2, and
     // with the weights at ref, sum u T, sum u W, sum s T, sum s W (per coordinate).
     bool cv = false, cv_s = false;
-    std::vector<float> aux;
+    std::vector<float> aux;  // per drawn block: U_b, S_b and sum |v_j| (3 dv floats)
     std::vector<std::uint32_t> counts;
     std::vector<double> score_sums;  // per drawn block: its rows' scores summed
     double stratum_scores = 0;       // the stratum's
     std::vector<double> ubar, sbar;
-    double delta_u = 0, delta_s = 0;
-    std::vector<double> su, ss, suu, sus, sss, sut, suw, sst, ssw;
+    // What the sums may be off by: a row's score within ds of the exact one, |s_j| <= smax; the known
+    // totals' own rounding (known_u, known_s, taken in the share the sample holds).
+    double ds = 0, smax = 0, known_u = 0, known_s = 0;
+    std::size_t frame = 0, rows_drawn = 0, nonempty = 0;  // the frame's rows; the drawn blocks' rows and blocks with any
+    std::vector<double> su, ss, suu, sus, sss, sut, suw, sst, ssw, sa;  // sa: sum |v_j| over the drawn rows
   };
   const MomentTotals* moments = eligible == nullptr && target.moments != nullptr && target.moments->rows == span.rows ? target.moments : nullptr;
   std::vector<Query> state(n);
@@ -163,7 +166,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     if (moments == nullptr) continue;
     s.cv = true;
     s.cv_s = moments->key_value != nullptr;
-    for (auto* v : {&s.su, &s.ss, &s.suu, &s.sus, &s.sss, &s.sut, &s.suw, &s.sst, &s.ssw}) v->assign(dv, 0.0);
+    for (auto* v : {&s.su, &s.ss, &s.suu, &s.sus, &s.sss, &s.sut, &s.suw, &s.sst, &s.ssw, &s.sa}) v->assign(dv, 0.0);
   }
   // Folds query s's blocks drawn since the last call into its running sums.
   const auto fold = [dv](Query& s) {
@@ -192,7 +195,10 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       }
       if (!s.cv) continue;
       // (every drawn block counts here, weighing or not: the centred sums' known total is over all of them)
-      const float* u = s.aux.data() + i * 2 * dv;
+      s.rows_drawn += s.counts[i];
+      s.nonempty += s.counts[i] > 0 ? 1 : 0;
+      const float* u = s.aux.data() + i * 3 * dv;
+      for (std::size_t k = 0; k < dv; ++k) s.sa[k] += u[2 * dv + k];
       fold_control(dv, s.counts[i], s.score_sums[i], s.cv_s ? 1.0 : 0.0, weighs ? f : 0.0, w, u, u + dv, acc, s.ubar.data(), s.sbar.data(),
                    s.su.data(), s.ss.data(), s.suu.data(), s.sus.data(), s.sss.data(), s.sut.data(), s.suw.data(), s.sst.data(),
                    s.ssw.data());
@@ -231,6 +237,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
   for (std::size_t j = 0; moments != nullptr && j < n; ++j) {
     Query& s = state[j];
     const std::size_t frame = total - s.stratum.size();
+    s.frame = frame;
     if (!s.active || frame == 0) {
       s.cv = false;
       continue;
@@ -258,13 +265,19 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     }
     const double rows = static_cast<double>(span.rows), vmax = target.value_max;
     // The kernel's scores: |s_j| <= smax, and within ds of scale q.k_j (the dot's rounding, then the scale's).
-    const double smax = scale * q2 * moments->key_norm_max * (1 + 0x1p-20);
-    const double ds = static_cast<double>(d + 2) * 0x1p-24 * 1.01 * scale * q2 * moments->key_norm_max + 0x1p-23 * smax;
-    s.delta_u = moments->value_error + rows * vmax * (kBlockSumGamma + 0x1p-50);
-    // (ubar times sum s: |ubar| <= vmax times the same offsets of the scores' total)
-    s.delta_s = scale * q1 * (moments->key_value_error + static_cast<double>(d + 2) * 0x1p-53 * moments->key_value_abs) +
-                rows * vmax * (ds + smax * (kBlockSumGamma + 0x1p-50)) +
-                vmax * (scale * q1 * moments->key_sum_error + rows * (ds + smax * 0x1p-48));
+    s.smax = scale * q2 * moments->key_norm_max * (1 + 0x1p-20);
+    s.ds = static_cast<double>(d + 2) * 0x1p-24 * 1.01 * scale * q2 * moments->key_norm_max + 0x1p-23 * s.smax;
+    // The known totals' rounding (kept sums; the double products with q; the means' divisions).
+    s.known_u = moments->value_error + rows * vmax * 0x1p-50;
+    s.known_s = scale * q1 * (moments->key_value_error + static_cast<double>(d + 2) * 0x1p-53 * moments->key_value_abs) +
+                vmax * scale * q1 * moments->key_sum_error + rows * vmax * s.smax * 0x1p-48;
+    // Totals or bounds past the double range, or blocks whose float sums could pass the float range
+    // (values or scores near FLT_MAX): the plain ratio answers.
+    const bool finite = std::isfinite(s.known_u) && std::isfinite(s.known_s) && std::isfinite(s.ds) &&
+                        std::all_of(s.ubar.begin(), s.ubar.end(), [](double x) { return std::isfinite(x); }) &&
+                        std::all_of(s.sbar.begin(), s.sbar.end(), [](double x) { return std::isfinite(x); }) &&
+                        static_cast<double>(kEstimateBlockRows) * vmax * std::max(1.0, s.smax) < 0x1p120;
+    if (!finite) s.cv = false;
   }
   std::vector<double> y(dv), value(dv);
   // Scans block b for query j into its slot (max, sum, acc at slot), folding the block's eligible rows,
@@ -273,7 +286,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
   const auto scan_block = [&](std::size_t b, std::size_t j, std::size_t slot, BlockSink* sink) {
     Query& s = state[j];
     s.empty[slot] = 1;
-    sink->aux = s.cv ? s.aux.data() + slot * 2 * dv : nullptr;
+    sink->aux = s.cv ? s.aux.data() + slot * 3 * dv : nullptr;
     sink->count = s.cv ? s.counts.data() + slot : nullptr;
     sink->score_sum = s.cv ? s.score_sums.data() + slot : nullptr;
     const bool offered = sink->top != nullptr || s.cv;
@@ -318,7 +331,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       s.sums.resize(base[j] + fresh.size(), 0.0f);
       s.accs.resize((base[j] + fresh.size()) * dv, 0.0f);
       if (s.cv) {
-        s.aux.resize((base[j] + fresh.size()) * 2 * dv, 0.0f);
+        s.aux.resize((base[j] + fresh.size()) * 3 * dv, 0.0f);
         s.counts.resize(base[j] + fresh.size(), 0);
         s.score_sums.resize(base[j] + fresh.size(), 0.0);
       }
@@ -400,37 +413,49 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       // With control variates, the residuals e_b = T_b - r W_b are regressed on the centred (u_b, s_b):
       // beta solves G beta = b (G: their sums of squares and products; b = sum u e, sum s e), the answer
       // moves by beta . (sum u, sum s) / (pi Z^), and the variance sums (e_b - beta . x_b)^2 = sum e^2 -
-      // 2 beta . b + beta^T G beta instead, times drawn / (drawn - regressors); the totals' possible
-      // offsets (delta_u, delta_s) times |beta| / Z^ are added to the error as they stand.
-      const bool regress = s.cv && pi < 1 && drawn > 8;
+      // 2 beta . b + beta^T G beta instead, times blocks / (blocks - regressors) (blocks: those with
+      // rows); what sum x_b and sum y_b may be off by (off_u, off_s: the drawn rows' own mismatches and
+      // the known totals' rounding in the share the sample holds) times |beta| / (pi Z^) is added to the
+      // error as it stands. Per coordinate the answer is the one of the plain ratio and the regressions
+      // on x, on y and on both whose z standard errors plus offset are smallest (a regressor whose offset
+      // outweighs what it explains is left out: the kernel's float scores weigh more in y as d grows).
+      const bool regress = s.cv && pi < 1 && s.nonempty > 8;
       const double rounding = static_cast<double>(drawn + 8) * 0x1p-52;
+      const double held = s.cv ? static_cast<double>(s.rows_drawn) / static_cast<double>(s.frame) : 0.0;
       double worst = 0;  // the largest coordinate's z standard errors plus offset
       for (std::size_t k = 0; k < dv; ++k) {
         const double r = y[k] / zall, a2 = s.t2[k] * g2, aw = s.tw[k] * g2;
-        double spread_k = std::sqrt(a2) + std::fabs(r) * std::sqrt(w2);
-        double sum_e2 = a2 - 2 * r * aw + r * r * w2, offset = 0, dof = 1;
+        const double spread_k = std::sqrt(a2) + std::fabs(r) * std::sqrt(w2);
+        const double sum_e2 = a2 - 2 * r * aw + r * r * w2;
+        const auto error_of = [&](double sum, double spread_sum, double offset, double used) {
+          const double tk = std::max(0.0, sum) + rounding * spread_sum * spread_sum;
+          const double blocks = static_cast<double>(std::max<std::size_t>(s.nonempty, 1));
+          return z * std::sqrt((1 - pi) * tk * blocks / std::max(1.0, blocks - used)) / zall + offset;
+        };
+        double best_error = error_of(sum_e2, spread_k, 0.0, 0.0);
         value[k] = r;
         if (regress) {
+          // What sum x_b and sum y_b may be off by: each drawn row's float sums and score mismatch (|v_jk|
+          // from the blocks' sums of |v|), and the known totals' rounding in the share the sample holds.
+          const double ua = std::fabs(s.ubar[k]);
+          const double off_u = s.sa[k] * (kBlockSumGamma + 0x1p-50) + held * s.known_u;
+          const double off_s = s.sa[k] * (s.ds + s.smax * (kBlockSumGamma + 0x1p-50)) +
+                               ua * static_cast<double>(s.rows_drawn) * (s.ds + s.smax * 0x1p-48) + held * s.known_s;
           const double b1 = (s.sut[k] - r * s.suw[k]) * g, b2 = (s.sst[k] - r * s.ssw[k]) * g;
           const double g11 = s.suu[k], g12 = s.sus[k], g22 = s.sss[k], det = g11 * g22 - g12 * g12;
-          double beta1 = 0, beta2 = 0, used = 0;
-          if (s.cv_s && g11 > 0 && g22 > 0 && det > 1e-9 * g11 * g22) {
-            beta1 = (g22 * b1 - g12 * b2) / det, beta2 = (g11 * b2 - g12 * b1) / det, used = 2;
-          } else if (g11 > 0 && (g22 <= 0 || b1 * b1 / g11 >= b2 * b2 / g22)) {  // (one of them: the one explaining more)
-            beta1 = b1 / g11, used = 1;
-          } else if (g22 > 0) {
-            beta2 = b2 / g22, used = 1;
-          }
-          if (used > 0 && std::isfinite(beta1) && std::isfinite(beta2)) {
-            sum_e2 += -2 * (beta1 * b1 + beta2 * b2) + beta1 * beta1 * g11 + 2 * beta1 * beta2 * g12 + beta2 * beta2 * g22;
-            spread_k += std::fabs(beta1) * std::sqrt(g11) + std::fabs(beta2) * std::sqrt(g22);
-            value[k] = r - (beta1 * s.su[k] + beta2 * s.ss[k]) / zall;
-            offset = (std::fabs(beta1) * s.delta_u + std::fabs(beta2) * s.delta_s) * pi / zall;
-            dof = static_cast<double>(drawn) / (static_cast<double>(drawn) - used);
-          }
+          const auto consider = [&](double beta1, double beta2, double used) {
+            if (!std::isfinite(beta1) || !std::isfinite(beta2)) return;
+            const double sum = sum_e2 - 2 * (beta1 * b1 + beta2 * b2) + beta1 * beta1 * g11 + 2 * beta1 * beta2 * g12 + beta2 * beta2 * g22;
+            const double spread_sum = spread_k + std::fabs(beta1) * std::sqrt(g11) + std::fabs(beta2) * std::sqrt(g22);
+            const double offset = (std::fabs(beta1) * off_u + std::fabs(beta2) * off_s) / zall;
+            const double e = error_of(sum, spread_sum, offset, used);
+            if (std::isfinite(e) && e < best_error) best_error = e, value[k] = r - (beta1 * s.su[k] + beta2 * s.ss[k]) / zall;
+          };
+          if (g11 > 0) consider(b1 / g11, 0.0, 1);
+          if (s.cv_s && g22 > 0) consider(0.0, b2 / g22, 1);
+          if (s.cv_s && g11 > 0 && g22 > 0 && det > 1e-9 * g11 * g22) consider((g22 * b1 - g12 * b2) / det, (g11 * b2 - g12 * b1) / det, 2);
         }
-        const double tk = std::max(0.0, sum_e2) + rounding * spread_k * spread_k;
-        worst = std::max(worst, z * std::sqrt((1 - pi) * tk * dof) / zall + offset);
+        worst = std::max(worst, best_error);
       }
       const double error = target.value_max > 0 ? worst / target.value_max : 0.0;
       // The effective number of blocks, (sum W)^2 / sum W^2: when a few blocks hold most of the sampled

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 namespace softkv::detail {
 namespace {
@@ -63,7 +64,8 @@ struct Sums {
       abs_mass += chunk_abs;
       live_abs_mass += sign * chunk_abs;
       if (key_value.empty()) continue;
-      if (n < kDoubleRows) {
+      // (Rows whose products could pass the float range, |k_i v_c| near FLT_MAX, are summed in double too.)
+      if (n < kDoubleRows || chunk_abs > 0x1p100) {
         for (std::size_t r = 0; r < n; ++r)
           for (std::size_t i = 0; i < d; ++i) {
             const double ki = sign * static_cast<double>(k[r * d + i]);
@@ -126,7 +128,7 @@ ValueMoments::~ValueMoments() = default;
 MomentTotals ValueMoments::totals(const KernelTable& kernels, const RowSpan& span) const {
   if (!ready_.load(std::memory_order_acquire)) {
     std::lock_guard lock(mutex_);
-    if (!ready_.load(std::memory_order_relaxed)) {
+    if (!ready_.load(std::memory_order_relaxed)) try {
       const std::size_t d = span.dim, dv = span.value_dim;
       const bool keep = d * dv <= kMaxMomentElements;
       // Parts of about equal rows on the shared pool, each summed apart, merged in order.
@@ -149,6 +151,8 @@ MomentTotals ValueMoments::totals(const KernelTable& kernels, const RowSpan& spa
       static_cast<Sums&>(*state_) = std::move(sums.front());
       rows_ = span.rows;
       ready_.store(true, std::memory_order_release);
+    } catch (const std::exception&) {  // (out of memory: no totals; the sample answers without them)
+      return {};
     }
   }
   const State& s = *state_;

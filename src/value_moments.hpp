@@ -38,7 +38,8 @@ class ValueMoments {
   ~ValueMoments();
   ValueMoments(const ValueMoments&) = delete;
   ValueMoments& operator=(const ValueMoments&) = delete;
-  /// The totals of span (every row of the collection), summed now if no write has kept them.
+  /// The totals of span (every row of the collection), summed now if no write has kept them; empty totals
+  /// (rows 0: the estimate then uses none) when summing them ran out of memory.
   [[nodiscard]] MomentTotals totals(const KernelTable& kernels, const RowSpan& span) const;
   /// Whether writes must keep the totals (they were summed and not forgotten since).
   [[nodiscard]] bool kept() const noexcept { return ready_.load(std::memory_order_acquire); }

@@ -141,9 +141,10 @@ struct KernelTable {
   /// Multi-head argmax (keys only): best[j] is head j's, scored like soft_scan_heads.
   void (*hard_scan_heads)(const float* query, const float* scales, std::size_t heads, const RowSpan& span, ArgMax* best);
 
-  /// u[c] += sum_r v_r[c] and sv[c] += sum_r s[r] v_r[c] over span's rows in order (values at their
-  /// precision; each sum rounds once a row): the block sample's control-variate sums (estimate.cpp).
-  void (*value_sums)(const float* s, const RowSpan& span, float* u, float* sv);
+  /// u[c] += sum_r v_r[c], sv[c] += sum_r s[r] v_r[c] and a[c] += sum_r |v_r[c]| over span's rows in
+  /// order (values at their precision; each sum rounds once a row): the block sample's control-variate
+  /// sums and what bounds their rounding (estimate.cpp).
+  void (*value_sums)(const float* s, const RowSpan& span, float* u, float* sv, float* a);
 
   /// This path's own tile products (P::scores_block, P::blend_block).
   TileProducts tiles;

@@ -387,35 +387,39 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
     for (; c < dv; c += W) blend_cols_heads<Pr, 1>(acc, w, stride, dvh, v, rows, dv, c);
   }
 
-  // u[c] += v[r * dv + c] and sv[c] += s[r] * v[r * dv + c] for rows [0, rows) in order and every column,
-  // v stored at Pr: one read of each value for both sums (the block sample's control variates).
+  // u[c] += v[r * dv + c], sv[c] += s[r] * v[r * dv + c] and a[c] += |v[r * dv + c]| for rows [0, rows) in
+  // order and every column, v stored at Pr: one read of each value for the three sums (the block
+  // sample's control variates and the bound on their rounding).
   template <Precision Pr>
-  static void value_sums(const float* s, const void* v, std::size_t rows, std::size_t dv, float* u, float* sv) {
+  static void value_sums(const float* s, const void* v, std::size_t rows, std::size_t dv, float* u, float* sv, float* a) {
     constexpr std::size_t CV = kBlendVecs / 2;
     std::size_t c = 0;
-    for (; c + CV * W <= dv; c += CV * W) value_sums_cols<Pr, CV>(s, v, rows, dv, c, u, sv);
-    for (; c + W <= dv; c += W) value_sums_cols<Pr, 1>(s, v, rows, dv, c, u, sv);
+    for (; c + CV * W <= dv; c += CV * W) value_sums_cols<Pr, CV>(s, v, rows, dv, c, u, sv, a);
+    for (; c + W <= dv; c += W) value_sums_cols<Pr, 1>(s, v, rows, dv, c, u, sv, a);
     for (; c < dv; ++c)
       for (std::size_t r = 0; r < rows; ++r) {
         const float x = element_as_float<Pr>(v, r * dv + c, 1.0f);
         u[c] += x;
         sv[c] = madd(s[r], x, sv[c]);
+        a[c] += std::fabs(x);
       }
   }
   template <Precision Pr, std::size_t CV>
   static void value_sums_cols(const float* s, const void* v, std::size_t rows, std::size_t dv, std::size_t c, float* u,
-                              float* sv) {
-    V a[CV], b[CV];
-    for (std::size_t j = 0; j < CV; ++j) a[j] = load(u + c + j * W), b[j] = load(sv + c + j * W);
+                              float* sv, float* a) {
+    V su[CV], ssv[CV], sa[CV];
+    for (std::size_t j = 0; j < CV; ++j) su[j] = load(u + c + j * W), ssv[j] = load(sv + c + j * W), sa[j] = load(a + c + j * W);
     for (std::size_t r = 0; r < rows; ++r) {
       const V sr(s[r]);
       for (std::size_t j = 0; j < CV; ++j) {
         const V x = load_as<Pr>(v, r * dv + c + j * W, 1.0f);
-        a[j] += x;
-        b[j] = xsimd::fma(sr, x, b[j]);
+        su[j] += x;
+        ssv[j] = xsimd::fma(sr, x, ssv[j]);
+        sa[j] += xsimd::abs(x);
       }
     }
-    for (std::size_t j = 0; j < CV; ++j) a[j].store_unaligned(u + c + j * W), b[j].store_unaligned(sv + c + j * W);
+    for (std::size_t j = 0; j < CV; ++j)
+      su[j].store_unaligned(u + c + j * W), ssv[j].store_unaligned(sv + c + j * W), sa[j].store_unaligned(a + c + j * W);
   }
 
   // acc[c] += w[r] * v[r * dv + c] for rows [0, rows) in order and columns [c0, c1), v stored at Pr:

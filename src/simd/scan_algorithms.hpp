@@ -370,9 +370,9 @@ void score_span_multi(const float* queries, std::size_t nq, const float* scales,
 
 // KernelTable::value_sums: the span's values in order, each read once for both sums.
 template <class P>
-void value_sums(const float* s, const RowSpan& span, float* u, float* sv) {
+void value_sums(const float* s, const RowSpan& span, float* u, float* sv, float* a) {
   with_value_precision(span.value_precision, [&](auto vp) {
-    P::template value_sums<decltype(vp)::value>(s, span.values, span.rows, span.value_dim, u, sv);
+    P::template value_sums<decltype(vp)::value>(s, span.values, span.rows, span.value_dim, u, sv, a);
   });
 }
 
