@@ -48,25 +48,6 @@ constexpr double kBlockSumGamma = (2 * kEstimateBlockRows + 2) * 0x1p-24 * 1.01;
 constexpr double kAimedGrowth = 1.0;
 constexpr double kLeastGrowth = 1.1;
 
-// Folds one drawn block's control-variate sums into the running sums (estimated_soft_batch's fold): the
-// centred x = U_b - rows ubar, y = (S_b - ubar sigma - rows sbar) sv_on (sigma: the block's sum of scores,
-// so that y follows sum s_j (v_j - ubar), not the values' mean times the scores), and with the block's weights at the shift
-// (a = acc fa, w) every sum the regression needs, per coordinate. (Parameters, not members: restrict
-// lets the compiler vectorise the loop.)
-void fold_control(std::size_t dv, double rows, double sigma, double sv_on, double fa, double w, const float* __restrict u,
-                  const float* __restrict sv, const float* __restrict acc, const double* __restrict ubar,
-                  const double* __restrict sbar, double* __restrict su, double* __restrict ss, double* __restrict suu,
-                  double* __restrict sus, double* __restrict sss, double* __restrict sut, double* __restrict suw,
-                  double* __restrict sst, double* __restrict ssw) {
-  for (std::size_t k = 0; k < dv; ++k) {
-    const double x = static_cast<double>(u[k]) - rows * ubar[k];
-    const double y = (static_cast<double>(sv[k]) - ubar[k] * sigma - rows * sbar[k]) * sv_on;
-    const double a = static_cast<double>(acc[k]) * fa;
-    su[k] += x, ss[k] += y, suu[k] += x * x, sus[k] += x * y, sss[k] += y * y;
-    sut[k] += x * a, suw[k] += x * w, sst[k] += y * a, ssw[k] += y * w;
-  }
-}
-
 // Offers a block's scores to one TopScores over every sampled block (its rows' ids from the block's
 // start), and with control variates adds the rows to the block's sums U_b = sum v_j and S_b = sum s_j v_j
 // (aux: U_b, then S_b; float, the rows in order) and counts them.
@@ -169,7 +150,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     for (auto* v : {&s.su, &s.ss, &s.suu, &s.sus, &s.sss, &s.sut, &s.suw, &s.sst, &s.ssw, &s.sa}) v->assign(dv, 0.0);
   }
   // Folds query s's blocks drawn since the last call into its running sums.
-  const auto fold = [dv](Query& s) {
+  const auto fold = [dv, &kernels](Query& s) {
     for (std::size_t i = s.folded; i < s.maxes.size(); ++i) {
       const bool weighs = s.sums[i] != 0;  // (not: a block all in the stratum, or its weight underflowed)
       const double m = s.maxes[i];
@@ -199,9 +180,9 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       s.nonempty += s.counts[i] > 0 ? 1 : 0;
       const float* u = s.aux.data() + i * 3 * dv;
       for (std::size_t k = 0; k < dv; ++k) s.sa[k] += u[2 * dv + k];
-      fold_control(dv, s.counts[i], s.score_sums[i], s.cv_s ? 1.0 : 0.0, weighs ? f : 0.0, w, u, u + dv, acc, s.ubar.data(), s.sbar.data(),
-                   s.su.data(), s.ss.data(), s.suu.data(), s.sus.data(), s.sss.data(), s.sut.data(), s.suw.data(), s.sst.data(),
-                   s.ssw.data());
+      kernels.fold_moments({dv, static_cast<double>(s.counts[i]), s.score_sums[i], s.cv_s ? 1.0 : 0.0, weighs ? f : 0.0, w, u, u + dv, acc,
+                            s.ubar.data(), s.sbar.data(), s.su.data(), s.ss.data(), s.suu.data(), s.sus.data(), s.sss.data(),
+                            s.sut.data(), s.suw.data(), s.sst.data(), s.ssw.data()});
     }
     s.folded = s.maxes.size();
   };
@@ -385,14 +366,28 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     }
     scan_fresh(fresh);
     miss *= 1 - std::max(0.0, pi_round);
-    double grow = 0;  // the neediest active query's
+    // Each active query folds its blocks of this round into its running sums (on the pool's threads when
+    // several queries estimate: a batch's folds are its longest serial part otherwise).
+    {
+      std::vector<std::size_t> folding;
+      for (std::size_t j = 0; j < n; ++j)
+        if (state[j].active && state[j].folded < state[j].maxes.size()) folding.push_back(j);
+      const std::size_t fold_parts = std::min(folding.size(), pool.concurrency());
+      if (fold_parts > 1)
+        pool.run(fold_parts, [&](std::size_t part) {
+          for (std::size_t i = part; i < folding.size(); i += fold_parts) fold(state[folding[i]]);
+        });
+    }
+    // What each query still estimating asks the next round to grow by; the round grows by the median ask
+    // (the neediest query's would make every other overshoot: they leave as soon as their target is met).
+    std::vector<double> asks;
     for (std::size_t j = 0; j < n; ++j) {
       Query& s = state[j];
       if (!s.active) continue;
       const std::size_t drawn = s.maxes.size();
       const double pi = drawn == blocks ? 1.0 : 1 - miss;  // every block read: the exact answer, whatever the draws
       if (drawn == 0) {
-        grow = std::max(grow, 2.0);
+        asks.push_back(2.0);
         continue;
       }
       fold(s);
@@ -495,12 +490,13 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         continue;
       }
       // (Projected from the blocks drawn, not the expected count: a Poisson round may draw a fifth fewer.)
-      grow = std::max(grow, spread ? std::clamp(static_cast<double>(drawn) * error * error / (target.error_target * target.error_target) *
-                                                    kAimedGrowth / m, kLeastGrowth, 16.0)
-                                   : std::clamp(needed / static_cast<double>(drawn) * 1.1, 1.5, 16.0));
+      asks.push_back(spread ? std::clamp(static_cast<double>(drawn) * error * error / (target.error_target * target.error_target) *
+                                             kAimedGrowth / m, kLeastGrowth, 16.0)
+                            : std::clamp(needed / static_cast<double>(drawn) * 1.1, 1.5, 16.0));
     }
-    if (grow == 0) return out;  // no query still estimating
-    m = std::min(m * grow, static_cast<double>(blocks));
+    if (asks.empty()) return out;  // no query still estimating
+    std::nth_element(asks.begin(), asks.begin() + static_cast<std::ptrdiff_t>((asks.size() - 1) / 2), asks.end());
+    m = std::min(m * asks[(asks.size() - 1) / 2], static_cast<double>(blocks));
   }
 }
 

@@ -90,6 +90,19 @@ struct TileProducts {
                 float* acc);
 };
 
+/// One drawn block folded into an estimate's running sums (estimate.cpp, control variates): per coordinate
+/// k < dv, x = u[k] - rows ubar[k], y = (sv[k] - sigma ubar[k] - rows sbar[k]) sv_on and a = acc[k] fa,
+/// then su += x, ss += y, suu += x x, sus += x y, sss += y y, sut += x a, suw += x w, sst += y a,
+/// ssw += y w (each [k]; the ten arrays distinct).
+struct MomentFold {
+  std::size_t dv = 0;                                    ///< coordinates
+  double rows = 0, sigma = 0, sv_on = 0, fa = 0, w = 0;  ///< the block's rows, sum of scores, whether y counts, acc's factor, weight
+  const float *u = nullptr, *sv = nullptr, *acc = nullptr;  ///< the block's U_b, S_b and blend accumulator
+  const double *ubar = nullptr, *sbar = nullptr;            ///< the known means per row
+  double *su = nullptr, *ss = nullptr, *suu = nullptr, *sus = nullptr, *sss = nullptr;  ///< running sums
+  double *sut = nullptr, *suw = nullptr, *sst = nullptr, *ssw = nullptr;               ///< running sums with the weights
+};
+
 /// One instruction set's kernels. All pointers are non-null.
 ///
 /// Every single-query kernel computes a row's score the same way, s = scale * dot(q, k) in one
@@ -145,6 +158,9 @@ struct KernelTable {
   /// order (values at their precision; each sum rounds once a row): the block sample's control-variate
   /// sums and what bounds their rounding (estimate.cpp).
   void (*value_sums)(const float* s, const RowSpan& span, float* u, float* sv, float* a);
+
+  /// Folds one drawn block into the running sums (MomentFold), in double, in this path's vectors.
+  void (*fold_moments)(const MomentFold& fold);
 
   /// This path's own tile products (P::scores_block, P::blend_block).
   TileProducts tiles;

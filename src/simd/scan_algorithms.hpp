@@ -376,6 +376,28 @@ void value_sums(const float* s, const RowSpan& span, float* u, float* sv, float*
   });
 }
 
+// KernelTable::fold_moments: a plain loop over restrict parameters, which each path's compiler flags
+// vectorise at its own width (a template on P: one symbol per path, never another path's code).
+template <class P>
+void fold_moments_loop(std::size_t dv, double rows, double sigma, double sv_on, double fa, double w, const float* __restrict u,
+                       const float* __restrict sv, const float* __restrict acc, const double* __restrict ubar,
+                       const double* __restrict sbar, double* __restrict su, double* __restrict ss, double* __restrict suu,
+                       double* __restrict sus, double* __restrict sss, double* __restrict sut, double* __restrict suw,
+                       double* __restrict sst, double* __restrict ssw) {
+  for (std::size_t k = 0; k < dv; ++k) {
+    const double x = static_cast<double>(u[k]) - rows * ubar[k];
+    const double y = (static_cast<double>(sv[k]) - ubar[k] * sigma - rows * sbar[k]) * sv_on;
+    const double a = static_cast<double>(acc[k]) * fa;
+    su[k] += x, ss[k] += y, suu[k] += x * x, sus[k] += x * y, sss[k] += y * y;
+    sut[k] += x * a, suw[k] += x * w, sst[k] += y * a, ssw[k] += y * w;
+  }
+}
+template <class P>
+void fold_moments(const MomentFold& f) {
+  fold_moments_loop<P>(f.dv, f.rows, f.sigma, f.sv_on, f.fa, f.w, f.u, f.sv, f.acc, f.ubar, f.sbar, f.su, f.ss, f.suu, f.sus, f.sss,
+                       f.sut, f.suw, f.sst, f.ssw);
+}
+
 // Single query: per block, a key pass (scores), one exp pass, a value pass; each row read once.
 template <class P>
 void soft_scan(const float* q, float scale, const RowSpan& span, float& max, float& sum, float* acc,
