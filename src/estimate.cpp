@@ -344,10 +344,10 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         if (s.empty[i] == 0 && (!std::isfinite(s.maxes[i]) || !std::isfinite(s.sums[i]))) s.active = false;
     }
   };
-  // Rounds: the first draws 32 to 64 blocks; each later one as many as the neediest query's last error
-  // says it needs ((error / target)^2 times the blocks drawn, at least 1.1 and at most 16 times the last
-  // round's expected count), until every
-  // query's target is met by a sample whose weight is spread over enough blocks for the normal approximation.
+  // Rounds: the first draws 32 to 64 blocks; each later one as many as the (lower) median query still
+  // estimating says it needs from its last error ((error / target)^2 times the blocks drawn, at least 1.1
+  // and at most 16 times the last round's expected count), until every query's target is met by a sample
+  // whose weight is spread over enough blocks for the normal approximation (or the budget stops them).
   double m = std::min(static_cast<double>(blocks), std::clamp(static_cast<double>(blocks) / 32, 32.0, 64.0));
   for (;;) {
     const double want = std::min(1.0, m / static_cast<double>(blocks));  // the union's probability after this round
@@ -378,8 +378,8 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
           for (std::size_t i = part; i < folding.size(); i += fold_parts) fold(state[folding[i]]);
         });
     }
-    // What each query still estimating asks the next round to grow by; the round grows by the median ask
-    // (the neediest query's would make every other overshoot: they leave as soon as their target is met).
+    // What each query still estimating asks the next round to grow by; the round grows by the lower median
+    // ask (the neediest query's would make every other overshoot: they leave as soon as their target is met).
     std::vector<double> asks;
     for (std::size_t j = 0; j < n; ++j) {
       Query& s = state[j];

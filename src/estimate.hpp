@@ -79,7 +79,7 @@ std::optional<PrunedSoft> estimate_over_lists(const KernelTable& kernels, const 
 
 /// estimated_soft for n queries (row-major, prepared, one scale each) over one shared sample: each round's
 /// blocks are read once and scanned by every query still estimating, a query leaves the rounds when its
-/// target is met (or it gives up), and the rounds grow as the neediest query asks. The budget counts the
+/// target is met (or it gives up), and the rounds grow as the (lower) median query still estimating asks. The budget counts the
 /// rows read, once for the batch. nullopt for a query the exact scan must answer. A query's answer is what
 /// estimated_soft gives it alone when the batch draws the same blocks (the same seed, one query).
 /// strata: null, or each query's stratum (as estimated_soft's; empty: none).

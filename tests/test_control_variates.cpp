@@ -321,3 +321,25 @@ TEST_CASE("error_target with values near the float range: no control variate lea
   CHECK(got.rows_scored < n);  // sampled
   CHECK(test::max_abs_diff(got.value, ref.value) / test::max_abs(values) <= 0.05);
 }
+
+TEST_CASE("the control variates' fold on every kernel path matches a double-precision fold", "[estimate][moments][kernels]") {
+  const std::string path = test::any_path();
+  const test::ForcedPath forced(path);
+  const std::size_t dv = 37;  // (tails past every vector width)
+  const std::vector<float> u = test::normal_floats(dv, 91), sv = test::normal_floats(dv, 92), acc = test::normal_floats(dv, 93);
+  std::vector<double> ubar(dv), sbar(dv);
+  for (std::size_t k = 0; k < dv; ++k) ubar[k] = 0.01 * static_cast<double>(k) - 0.2, sbar[k] = 0.03 - 0.002 * static_cast<double>(k);
+  const double rows = 29, sigma = -3.5, fa = 0.75, w = 2.25;
+  for (const double sv_on : {1.0, 0.0}) {
+    std::vector<std::vector<double>> sums(9, std::vector<double>(dv, 0.5));  // (added to what is there)
+    detail::kernels().fold_moments({dv, rows, sigma, sv_on, fa, w, u.data(), sv.data(), acc.data(), ubar.data(), sbar.data(),
+                                    sums[0].data(), sums[1].data(), sums[2].data(), sums[3].data(), sums[4].data(), sums[5].data(),
+                                    sums[6].data(), sums[7].data(), sums[8].data()});
+    for (std::size_t k = 0; k < dv; ++k) {
+      const double x = u[k] - rows * ubar[k], y = (sv[k] - sigma * ubar[k] - rows * sbar[k]) * sv_on, a = acc[k] * fa;
+      const double want[9] = {x, y, x * x, x * y, y * y, x * a, x * w, y * a, y * w};
+      INFO(path << ", y " << (sv_on > 0 ? "on" : "off") << ", coordinate " << k);
+      for (int j = 0; j < 9; ++j) CHECK(sums[static_cast<std::size_t>(j)][k] == Approx(0.5 + want[j]).epsilon(1e-12).margin(1e-12));
+    }
+  }
+}
