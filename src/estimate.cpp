@@ -49,20 +49,28 @@ constexpr double kAimedGrowth = 1.0;
 constexpr double kLeastGrowth = 1.1;
 
 // Offers a block's scores to one TopScores over every sampled block (its rows' ids from the block's
-// start), and with control variates adds the rows to the block's sums U_b = sum v_j and S_b = sum s_j v_j
-// (aux: U_b, then S_b; float, the rows in order) and counts them.
+// start), and with control variates adds the rows to the block's sums U_b = sum v_j, S_b = sum s_j v_j,
+// sum |v_j| and sum (v_j - centre)^2 (aux, float, the rows in order), counts them, sums their scores and
+// their squared weights sum e^{2 s_j} (at the shift square_shift: the block's largest score so far).
 struct BlockSink final : ScoreSink {
   TopScores* top = nullptr;
   const std::uint64_t* ids = nullptr;
   const KernelTable* kernels = nullptr;  // with control variates: whose blend sums the values
   RowSpan rows;                          // the scanned piece (its values)
-  float* aux = nullptr;                  // 3 dv floats: U_b, S_b and sum |v_j|
+  float* aux = nullptr;                  // 4 dv floats: U_b, S_b, sum |v_j| and sum (v_j - centre)^2
+  const float* centre = nullptr;         // dv
   std::uint32_t* count = nullptr;
   double* score_sum = nullptr;           // the rows' scores summed
+  double* squares = nullptr;             // sum e^{2 (s_j - *square_shift)}
+  double* square_shift = nullptr;
   void offer(const float* scores, std::size_t first_row, std::size_t n) override {
     if (top != nullptr) top->offer_ids(scores, ids + first_row, n);
-    if (aux == nullptr) return;
-    kernels->value_sums(scores, rows.sub(first_row, n), aux, aux + rows.value_dim, aux + 2 * rows.value_dim);
+    if (aux == nullptr || n == 0) return;
+    const std::size_t dv = rows.value_dim;
+    const float m = *std::max_element(scores, scores + n);
+    const double piece = kernels->value_sums(scores, rows.sub(first_row, n), {aux, aux + dv, aux + 2 * dv, centre, aux + 3 * dv, m});
+    if (m > *square_shift) *squares *= std::exp(2 * (*square_shift - static_cast<double>(m))), *square_shift = m;
+    *squares += piece * std::exp(2 * (static_cast<double>(m) - *square_shift));
     *count += static_cast<std::uint32_t>(n);
     for (std::size_t r = 0; r < n; ++r) *score_sum += scores[r];
   }
@@ -122,14 +130,15 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     std::size_t folded = 0;  // the drawn blocks in the sums below
     double ref = -kInfinity, w = 0, w2 = 0;
     std::vector<double> t, t2, tw;
-    // Control variates (cv): per drawn block U_b, S_b (aux, 2 dv floats) and its rows scanned; the known
+    // Control variates (cv): per drawn block U_b, S_b (aux, with sum |v|, sum (v - centre)^2) and its rows scanned; the known
     // means per row (ubar, sbar: the frame's totals over its rows), what the sums may be off by (below),
     // and running sums of the centred u_b, s_b: sum u, sum s, sum u^2, sum u s, sum s^2, and
     // with the weights at ref, sum u T, sum u W, sum s T, sum s W (per coordinate).
     bool cv = false, cv_s = false;
-    std::vector<float> aux;  // per drawn block: U_b, S_b and sum |v_j| (3 dv floats)
+    std::vector<float> aux;  // per drawn block: U_b, S_b, sum |v_j| and sum (v_j - centre)^2 (4 dv floats)
     std::vector<std::uint32_t> counts;
     std::vector<double> score_sums;  // per drawn block: its rows' scores summed
+    std::vector<double> squares, square_shifts;  // per drawn block: sum e^{2 (s_j - shift)} and its shift
     double stratum_scores = 0;       // the stratum's
     std::vector<double> ubar, sbar;
     // What the sums may be off by: a row's score within ds of the exact one, |s_j| <= smax; the known
@@ -137,6 +146,12 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     double ds = 0, smax = 0, known_u = 0, known_s = 0;
     std::size_t frame = 0, rows_drawn = 0, nonempty = 0;  // the frame's rows; the drawn blocks' rows and blocks with any
     std::vector<double> su, ss, suu, sus, sss, sut, suw, sst, ssw, sa;  // sa: sum |v_j| over the drawn rows
+    // The unseen spread (see unseen below): centre = ubar in float; seen_sq: sum over the drawn rows of
+    // (v - centre)^2; known_sq: an upper bound on the frame's sum (v - ubar)^2 (stratum_sq: the stratum's
+    // sum v^2 until then); ww: sum over the drawn rows of e^{2 (s_j - ref)}.
+    std::vector<float> centre;
+    std::vector<double> seen_sq, known_sq;
+    double ww = 0;
   };
   const MomentTotals* moments = eligible == nullptr && target.moments != nullptr && target.moments->rows == span.rows ? target.moments : nullptr;
   std::vector<Query> state(n);
@@ -147,7 +162,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     if (moments == nullptr) continue;
     s.cv = true;
     s.cv_s = moments->key_value != nullptr;
-    for (auto* v : {&s.su, &s.ss, &s.suu, &s.sus, &s.sss, &s.sut, &s.suw, &s.sst, &s.ssw, &s.sa}) v->assign(dv, 0.0);
+    for (auto* v : {&s.su, &s.ss, &s.suu, &s.sus, &s.sss, &s.sut, &s.suw, &s.sst, &s.ssw, &s.sa, &s.seen_sq, &s.known_sq}) v->assign(dv, 0.0);
   }
   // Folds query s's blocks drawn since the last call into its running sums.
   const auto fold = [dv, &kernels](Query& s) {
@@ -158,8 +173,10 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         const double f = s.ref == -kInfinity ? 0.0 : std::exp(s.ref - m), f2 = f * f;
         s.w *= f, s.w2 *= f2;
         for (std::size_t k = 0; k < dv; ++k) s.t[k] *= f, s.t2[k] *= f2, s.tw[k] *= f2;
-        if (s.cv)
+        if (s.cv) {
           for (std::size_t k = 0; k < dv; ++k) s.sut[k] *= f, s.suw[k] *= f, s.sst[k] *= f, s.ssw[k] *= f;
+          s.ww *= f2;
+        }
         s.ref = m;
       }
       const double f = weighs ? std::exp(m - s.ref) : 0.0, w = static_cast<double>(s.sums[i]) * f;
@@ -178,8 +195,9 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       // (every drawn block counts here, weighing or not: the centred sums' known total is over all of them)
       s.rows_drawn += s.counts[i];
       s.nonempty += s.counts[i] > 0 ? 1 : 0;
-      const float* u = s.aux.data() + i * 3 * dv;
-      for (std::size_t k = 0; k < dv; ++k) s.sa[k] += u[2 * dv + k];
+      const float* u = s.aux.data() + i * 4 * dv;
+      for (std::size_t k = 0; k < dv; ++k) s.sa[k] += u[2 * dv + k], s.seen_sq[k] += u[3 * dv + k];
+      if (s.counts[i] > 0 && s.ref > -kInfinity) s.ww += s.squares[i] * std::exp(2 * (s.square_shifts[i] - s.ref));
       kernels.fold_moments({dv, static_cast<double>(s.counts[i]), s.score_sums[i], s.cv_s ? 1.0 : 0.0, weighs ? f : 0.0, w, u, u + dv, acc,
                             s.ubar.data(), s.sbar.data(), s.su.data(), s.ss.data(), s.suu.data(), s.sus.data(), s.sss.data(),
                             s.sut.data(), s.suw.data(), s.sst.data(), s.ssw.data()});
@@ -200,7 +218,8 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       std::vector<float> v(dv);
       for (std::size_t i = 0; i < s.stratum.size(); ++i) {
         value_row(span, s.stratum[i], v.data());
-        for (std::size_t k = 0; k < dv; ++k) s.ubar[k] += v[k], s.sbar[k] += static_cast<double>(scores[i]) * v[k];
+        for (std::size_t k = 0; k < dv; ++k)
+          s.ubar[k] += v[k], s.sbar[k] += static_cast<double>(scores[i]) * v[k], s.known_sq[k] += static_cast<double>(v[k]) * v[k];
         s.stratum_scores += scores[i];
       }
     }
@@ -240,9 +259,14 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     // The frame's totals: U = sum v, S = sum s v and sum s (less the stratum's); ubar = U / rows, and sbar
     // the mean of s (v - ubar): (S - ubar sum s) / rows.
     const double scores_total = scale * qk - s.stratum_scores;
+    s.centre.resize(dv);
     for (std::size_t k = 0; k < dv; ++k) {
       s.ubar[k] = (moments->value_sum[k] - s.ubar[k]) / static_cast<double>(frame);
       s.sbar[k] = s.cv_s ? (scale * qc[k] - s.sbar[k] - s.ubar[k] * scores_total) / static_cast<double>(frame) : 0.0;
+      s.centre[k] = static_cast<float>(s.ubar[k]);
+      // The frame's sum (v - ubar)^2 = sum v^2 - frame ubar^2, raised by what its rounding may hide.
+      const double square = moments->value_square[k] - s.known_sq[k], lost = static_cast<double>(frame) * s.ubar[k] * s.ubar[k];
+      s.known_sq[k] = std::max(0.0, square - lost) + moments->value_square_error + 0x1p-50 * (std::fabs(square) + lost);
     }
     const double rows = static_cast<double>(span.rows), vmax = target.value_max;
     // The kernel's scores: |s_j| <= smax, and within ds of scale q.k_j (the dot's rounding, then the scale's).
@@ -267,9 +291,12 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
   const auto scan_block = [&](std::size_t b, std::size_t j, std::size_t slot, BlockSink* sink) {
     Query& s = state[j];
     s.empty[slot] = 1;
-    sink->aux = s.cv ? s.aux.data() + slot * 3 * dv : nullptr;
+    sink->aux = s.cv ? s.aux.data() + slot * 4 * dv : nullptr;
     sink->count = s.cv ? s.counts.data() + slot : nullptr;
     sink->score_sum = s.cv ? s.score_sums.data() + slot : nullptr;
+    sink->squares = s.cv ? s.squares.data() + slot : nullptr;
+    sink->square_shift = s.cv ? s.square_shifts.data() + slot : nullptr;
+    sink->centre = s.cv ? s.centre.data() : nullptr;
     const bool offered = sink->top != nullptr || s.cv;
     const auto scan_rows = [&](std::size_t first, std::size_t count) {
       if (count == 0) return;
@@ -312,9 +339,11 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       s.sums.resize(base[j] + fresh.size(), 0.0f);
       s.accs.resize((base[j] + fresh.size()) * dv, 0.0f);
       if (s.cv) {
-        s.aux.resize((base[j] + fresh.size()) * 3 * dv, 0.0f);
+        s.aux.resize((base[j] + fresh.size()) * 4 * dv, 0.0f);
         s.counts.resize(base[j] + fresh.size(), 0);
         s.score_sums.resize(base[j] + fresh.size(), 0.0);
+        s.squares.resize(base[j] + fresh.size(), 0.0);
+        s.square_shifts.resize(base[j] + fresh.size(), -kInfinity);
       }
     }
     for (const std::size_t b : fresh) {
@@ -422,8 +451,22 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         const double r = y[k] / zall, a2 = s.t2[k] * g2, aw = s.tw[k] * g2;
         const double spread_k = std::sqrt(a2) + std::fabs(r) * std::sqrt(w2);
         const double sum_e2 = a2 - 2 * r * aw + r * r * w2;
+        // The unseen spread: a sample that missed the rows whose values lie far out (values with heavy
+        // tails) understates the variance as it understates the error. With the known sum of squares, the
+        // frame's sum (v - r)^2 is known, and the sample's share of it estimates it without bias (its
+        // sum / pi); what the sample lacks of it, times the drawn rows' mean squared weight, is what those
+        // rows would add to sum e_b^2 if weights and values were independent and rows within a block too.
+        double unseen = 0;
+        if (s.cv && s.rows_drawn > 0) {
+          const double drawn_rows = static_cast<double>(s.rows_drawn), off = r - s.centre[k];
+          const double around = s.su[k] + drawn_rows * (s.ubar[k] - s.centre[k]);  // sum over the drawn rows of v - centre
+          const double seen = std::max(0.0, s.seen_sq[k] - 2 * off * around + drawn_rows * off * off);
+          const double all = s.known_sq[k] + static_cast<double>(s.frame) * (r - s.ubar[k]) * (r - s.ubar[k]);
+          unseen = std::max(0.0, s.ww * g2 / drawn_rows * (pi * all - seen));
+          if (!std::isfinite(unseen)) unseen = 0;
+        }
         const auto error_of = [&](double sum, double spread_sum, double offset, double used) {
-          const double tk = std::max(0.0, sum) + rounding * spread_sum * spread_sum;
+          const double tk = std::max(0.0, sum) + unseen + rounding * spread_sum * spread_sum;
           const double blocks = static_cast<double>(std::max<std::size_t>(s.nonempty, 1));
           return z * std::sqrt((1 - pi) * tk * blocks / std::max(1.0, blocks - used)) / zall + offset;
         };

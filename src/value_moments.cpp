@@ -20,17 +20,18 @@ constexpr double kUnit = 0x1p-53;  // double rounding
 
 // One set of sums and their bounds (a part of the first sum, or the kept totals).
 struct Sums {
-  std::vector<double> value_sum, key_sum, key_value;
-  double value_error = 0, key_sum_error = 0, key_value_error = 0;
+  std::vector<double> value_sum, value_square, key_sum, key_value;
+  double value_error = 0, value_square_error = 0, key_sum_error = 0, key_value_error = 0;
   double key_abs_mass = 0;    // sum over every row ever added or taken out of ||k||_inf
   double abs_mass = 0;        // sum over every row ever added or taken out of ||k||_inf ||v||_inf
   double live_abs_mass = 0;   // the same, added for rows in and taken out for rows out (rounding aside)
   double value_abs_mass = 0;  // sum over every row ever added or taken out of ||v||_inf
+  double square_mass = 0;     // sum over every row ever added or taken out of ||v||_inf^2
   double key_norm_max = 0;
   std::vector<float> product;  // one chunk's d x dv float product
 
   Sums(std::size_t d, std::size_t dv, bool keep_key_value)
-      : value_sum(dv, 0.0), key_sum(d, 0.0), key_value(keep_key_value ? d * dv : 0, 0.0) {}
+      : value_sum(dv, 0.0), value_square(dv, 0.0), key_sum(d, 0.0), key_value(keep_key_value ? d * dv : 0, 0.0) {}
 
   // Adds (sign +1) or takes out (-1) rows x (d, dv) rows given as float32.
   void add(const KernelTable& kernels, const float* keys, const float* values, std::size_t rows, std::size_t d, std::size_t dv,
@@ -54,9 +55,12 @@ struct Sums {
           const double x = v[r * dv + c];
           vmax = std::max(vmax, std::fabs(x));
           value_sum[c] += sign * x;
+          value_square[c] += sign * (x * x);
         }
         value_abs_mass += vmax;
         value_error += kUnit * value_abs_mass;  // each add rounds by at most 2^-53 of the sum's magnitude
+        square_mass += vmax * vmax;
+        value_square_error += 2 * kUnit * square_mass;  // (the square's own rounding, then the add's)
         chunk_abs += kmax * vmax;
         // (the norm in double: its own rounding, a few 2^-53, is covered by 1.01)
         key_norm_max = std::max(key_norm_max, std::sqrt(norm2) * 1.01);
@@ -83,7 +87,7 @@ struct Sums {
   }
 
   void merge(const Sums& other) {
-    for (std::size_t c = 0; c < value_sum.size(); ++c) value_sum[c] += other.value_sum[c];
+    for (std::size_t c = 0; c < value_sum.size(); ++c) value_sum[c] += other.value_sum[c], value_square[c] += other.value_square[c];
     for (std::size_t i = 0; i < key_sum.size(); ++i) key_sum[i] += other.key_sum[i];
     key_abs_mass += other.key_abs_mass;
     key_sum_error += other.key_sum_error + kUnit * key_abs_mass;
@@ -92,6 +96,8 @@ struct Sums {
     live_abs_mass += other.live_abs_mass;
     value_abs_mass += other.value_abs_mass;
     value_error += other.value_error + kUnit * value_abs_mass;
+    square_mass += other.square_mass;
+    value_square_error += other.value_square_error + kUnit * square_mass;
     key_value_error += other.key_value_error + kUnit * abs_mass;
     key_norm_max = std::max(key_norm_max, other.key_norm_max);
   }
@@ -157,10 +163,12 @@ MomentTotals ValueMoments::totals(const KernelTable& kernels, const RowSpan& spa
   }
   const State& s = *state_;
   return {s.value_sum.data(),
+          s.value_square.data(),
           s.key_value.empty() ? nullptr : s.key_value.data(),
           s.key_sum.data(),
           rows_,
           s.value_error,
+          s.value_square_error,
           s.key_sum_error,
           s.key_value_error,
           s.abs_mass + s.key_value_error,

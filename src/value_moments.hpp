@@ -1,4 +1,4 @@
-// A collection's totals over its rows as stored (sum v_j, sum k_j and sum k_j v_j^T): the known totals of the
+// A collection's totals over its rows as stored (sum v_j, sum v_j^2, sum k_j and sum k_j v_j^T): the known totals of the
 // block sample's control variates (estimate.hpp; docs/PRUNING.md, "Control variates").
 #pragma once
 
@@ -15,10 +15,12 @@ namespace softkv::detail {
 /// bound on its rounding: what the sample's control variates subtract must be known to within it.
 struct MomentTotals {
   const double* value_sum = nullptr;  ///< dv: sum over the rows of v_j
+  const double* value_square = nullptr;  ///< dv: sum over the rows of v_j^2 (per coordinate)
   const double* key_value = nullptr;  ///< d x dv, row i for key coordinate i: sum over the rows of k_ji v_j (null: not kept)
   const double* key_sum = nullptr;    ///< d: sum over the rows of k_j
   std::size_t rows = 0;               ///< rows summed: every row of the collection
   double value_error = 0;             ///< >= |value_sum[c] - the exact sum| for every c
+  double value_square_error = 0;      ///< >= |value_square[c] - the exact sum| for every c
   double key_sum_error = 0;           ///< >= |key_sum[i] - the exact sum| for every i
   double key_value_error = 0;         ///< >= |key_value[i dv + c] - the exact sum| for every element
   double key_value_abs = 0;           ///< >= |key_value[i dv + c]| and the exact sum, for every element

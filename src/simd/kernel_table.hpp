@@ -103,6 +103,14 @@ struct MomentFold {
   double *sut = nullptr, *suw = nullptr, *sst = nullptr, *ssw = nullptr;               ///< running sums with the weights
 };
 
+/// Where KernelTable::value_sums adds a block's sums (each dv floats, added to what is there).
+struct ValueSums {
+  float *u = nullptr, *sv = nullptr, *a = nullptr;  ///< sum v, sum s v, sum |v|
+  const float* centre = nullptr;                    ///< dv: the centre of sq
+  float* sq = nullptr;                              ///< sum (v - centre)^2
+  float shift = 0;                                  ///< value_sums returns sum exp(2 (s - shift)) (<= every score's shift)
+};
+
 /// One instruction set's kernels. All pointers are non-null.
 ///
 /// Every single-query kernel computes a row's score the same way, s = scale * dot(q, k) in one
@@ -154,10 +162,11 @@ struct KernelTable {
   /// Multi-head argmax (keys only): best[j] is head j's, scored like soft_scan_heads.
   void (*hard_scan_heads)(const float* query, const float* scales, std::size_t heads, const RowSpan& span, ArgMax* best);
 
-  /// u[c] += sum_r v_r[c], sv[c] += sum_r s[r] v_r[c] and a[c] += sum_r |v_r[c]| over span's rows in
-  /// order (values at their precision; each sum rounds once a row): the block sample's control-variate
-  /// sums and what bounds their rounding (estimate.cpp).
-  void (*value_sums)(const float* s, const RowSpan& span, float* u, float* sv, float* a);
+  /// u[c] += sum_r v_r[c], sv[c] += sum_r s[r] v_r[c], a[c] += sum_r |v_r[c]| and sq[c] += sum_r
+  /// (v_r[c] - centre[c])^2 over span's rows in order (values at their precision; each sum rounds once a
+  /// row); returns sum_r exp(2 (s[r] - shift)), the squared weights (span.rows <= kScanBlockRows): the
+  /// block sample's control-variate sums, what bounds their rounding and its unseen-spread term (estimate.cpp).
+  float (*value_sums)(const float* s, const RowSpan& span, const ValueSums& out);
 
   /// Folds one drawn block into the running sums (MomentFold), in double, in this path's vectors.
   void (*fold_moments)(const MomentFold& fold);

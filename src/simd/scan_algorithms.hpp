@@ -368,12 +368,22 @@ void score_span_multi(const float* queries, std::size_t nq, const float* scales,
   }
 }
 
-// KernelTable::value_sums: the span's values in order, each read once for both sums.
+// KernelTable::value_sums: the span's values in order, each read once for the four sums; the squared
+// weights from the doubled scores in one exp pass.
 template <class P>
-void value_sums(const float* s, const RowSpan& span, float* u, float* sv, float* a) {
+float value_sums(const float* s, const RowSpan& span, const ValueSums& out) {
   with_value_precision(span.value_precision, [&](auto vp) {
-    P::template value_sums<decltype(vp)::value>(s, span.values, span.rows, span.value_dim, u, sv, a);
+    P::template value_sums<decltype(vp)::value>(s, span.values, span.rows, span.value_dim, out.u, out.sv, out.a, out.centre, out.sq);
   });
+  alignas(64) float twice[kScanBlockRows];
+  alignas(64) float w[kScanBlockRows];
+  float squares = 0;
+  for (std::size_t first = 0; first < span.rows; first += kScanBlockRows) {
+    const std::size_t n = std::min(kScanBlockRows, span.rows - first);
+    for (std::size_t r = 0; r < n; ++r) twice[r] = 2 * s[first + r];
+    squares += P::exp_shifted(twice, n, 2 * out.shift, w);
+  }
+  return squares;
 }
 
 // KernelTable::fold_moments: a plain loop over restrict parameters, which each path's compiler flags
