@@ -46,12 +46,19 @@ constexpr double kBlockSumGamma = (2 * kEstimateBlockRows + 2) * 0x1p-24 * 1.01;
 // the median query scored 1.73% of the rows, against 1.95% with a 5% margin and growth of at least 1.25
 // (more rounds that just miss, each overshooting less); the time a query the same (~1.2 ms).
 constexpr double kAimedGrowth = 1.0;
+
+// The storage-order check (below) looks at samples of at least this many blocks with rows, and sends to
+// the scan those whose scores vary between blocks more than this many times what they vary within them
+// (one-way F ratio; about 1 +- 0.3 for 32 to 64 blocks drawn from rows in random order).
+constexpr std::size_t kOrderCheckBlocks = 16;
+constexpr double kMaxOrderRatio = 4.0;
 constexpr double kLeastGrowth = 1.1;
 
 // Offers a block's scores to one TopScores over every sampled block (its rows' ids from the block's
 // start), and with control variates adds the rows to the block's sums U_b = sum v_j, S_b = sum s_j v_j,
-// sum |v_j| and sum (v_j - centre)^2 (aux, float, the rows in order), counts them, sums their scores and
-// their squared weights sum e^{2 s_j} (at the shift square_shift: the block's largest score so far).
+// sum |v_j| and sum (v_j - centre)^2 (aux, float, the rows in order) and their squared weights sum e^{2 s_j}
+// (at the shift square_shift: the block's largest score so far); with or without, counts the rows and sums
+// their scores and squared scores (the storage-order check).
 struct BlockSink final : ScoreSink {
   TopScores* top = nullptr;
   const std::uint64_t* ids = nullptr;
@@ -61,18 +68,22 @@ struct BlockSink final : ScoreSink {
   const float* centre = nullptr;         // dv
   std::uint32_t* count = nullptr;
   double* score_sum = nullptr;           // the rows' scores summed
+  double* score_square = nullptr;        // and their squares
   double* squares = nullptr;             // sum e^{2 (s_j - *square_shift)}
   double* square_shift = nullptr;
   void offer(const float* scores, std::size_t first_row, std::size_t n) override {
     if (top != nullptr) top->offer_ids(scores, ids + first_row, n);
+    *count += static_cast<std::uint32_t>(n);
+    for (std::size_t r = 0; r < n; ++r) {
+      const double x = scores[r];
+      *score_sum += x, *score_square += x * x;
+    }
     if (aux == nullptr || n == 0) return;
     const std::size_t dv = rows.value_dim;
     const float m = *std::max_element(scores, scores + n);
     const double piece = kernels->value_sums(scores, rows.sub(first_row, n), {aux, aux + dv, aux + 2 * dv, centre, aux + 3 * dv, m});
     if (m > *square_shift) *squares *= std::exp(2 * (*square_shift - static_cast<double>(m))), *square_shift = m;
     *squares += piece * std::exp(2 * (static_cast<double>(m) - *square_shift));
-    *count += static_cast<std::uint32_t>(n);
-    for (std::size_t r = 0; r < n; ++r) *score_sum += scores[r];
   }
 };
 
@@ -136,8 +147,11 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     // with the weights at ref, sum u T, sum u W, sum s T, sum s W (per coordinate).
     bool cv = false, cv_s = false;
     std::vector<float> aux;  // per drawn block: U_b, S_b, sum |v_j| and sum (v_j - centre)^2 (4 dv floats)
-    std::vector<std::uint32_t> counts;
-    std::vector<double> score_sums;  // per drawn block: its rows' scores summed
+    std::vector<std::uint32_t> counts;  // per drawn block: its rows scanned
+    std::vector<double> score_sums, score_squares;  // per drawn block: its rows' scores summed, and their squares
+    // The storage-order check over the drawn blocks (every query): sum of scores, of squared scores, and of
+    // each block's (sum of scores)^2 / rows.
+    double order_sum = 0, order_square = 0, order_between = 0;
     std::vector<double> squares, square_shifts;  // per drawn block: sum e^{2 (s_j - shift)} and its shift
     double stratum_scores = 0;       // the stratum's
     std::vector<double> ubar, sbar;
@@ -191,10 +205,12 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
           t[k] += a, t2[k] += a * a, tw[k] += a * w;
         }
       }
-      if (!s.cv) continue;
       // (every drawn block counts here, weighing or not: the centred sums' known total is over all of them)
       s.rows_drawn += s.counts[i];
       s.nonempty += s.counts[i] > 0 ? 1 : 0;
+      s.order_sum += s.score_sums[i], s.order_square += s.score_squares[i];
+      if (s.counts[i] > 0) s.order_between += s.score_sums[i] * s.score_sums[i] / static_cast<double>(s.counts[i]);
+      if (!s.cv) continue;
       const float* u = s.aux.data() + i * 4 * dv;
       for (std::size_t k = 0; k < dv; ++k) s.sa[k] += u[2 * dv + k], s.seen_sq[k] += u[3 * dv + k];
       if (s.counts[i] > 0 && s.ref > -kInfinity) s.ww += s.squares[i] * std::exp(2 * (s.square_shifts[i] - s.ref));
@@ -292,19 +308,19 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     Query& s = state[j];
     s.empty[slot] = 1;
     sink->aux = s.cv ? s.aux.data() + slot * 4 * dv : nullptr;
-    sink->count = s.cv ? s.counts.data() + slot : nullptr;
-    sink->score_sum = s.cv ? s.score_sums.data() + slot : nullptr;
+    sink->count = s.counts.data() + slot;
+    sink->score_sum = s.score_sums.data() + slot;
+    sink->score_square = s.score_squares.data() + slot;
     sink->squares = s.cv ? s.squares.data() + slot : nullptr;
     sink->square_shift = s.cv ? s.square_shifts.data() + slot : nullptr;
     sink->centre = s.cv ? s.centre.data() : nullptr;
-    const bool offered = sink->top != nullptr || s.cv;
     const auto scan_rows = [&](std::size_t first, std::size_t count) {
       if (count == 0) return;
       s.empty[slot] = 0;
       sink->ids = span.ids + first;
       sink->rows = span.sub(first, count);
       kernels.soft_scan(queries + j * d, scales[j], sink->rows, s.maxes[slot], s.sums[slot], s.accs.data() + slot * dv,
-                        offered ? sink : nullptr);
+                        sink);
     };
     std::size_t row = b * kEstimateBlockRows;
     const std::size_t end = std::min(row + kEstimateBlockRows, total);
@@ -338,10 +354,11 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       s.empty.resize(base[j] + fresh.size(), 0);
       s.sums.resize(base[j] + fresh.size(), 0.0f);
       s.accs.resize((base[j] + fresh.size()) * dv, 0.0f);
+      s.counts.resize(base[j] + fresh.size(), 0);
+      s.score_sums.resize(base[j] + fresh.size(), 0.0);
+      s.score_squares.resize(base[j] + fresh.size(), 0.0);
       if (s.cv) {
         s.aux.resize((base[j] + fresh.size()) * 4 * dv, 0.0f);
-        s.counts.resize(base[j] + fresh.size(), 0);
-        s.score_sums.resize(base[j] + fresh.size(), 0.0);
         s.squares.resize(base[j] + fresh.size(), 0.0);
         s.square_shifts.resize(base[j] + fresh.size(), -kInfinity);
       }
@@ -500,6 +517,20 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       // weight (peaked attention: a handful of rows outweigh the rest), the sample's variance says nothing
       // of the rows it missed, and a larger sample (or the scan) must answer.
       const bool spread = zsum > 0 && zsum * zsum >= kMinEffectiveBlocks * w2;  // (zsum 0: every drawn block in the stratum)
+      // The storage-order check: the scores' variance between the drawn blocks against within them (the
+      // one-way analysis of variance's F ratio, about 1 when the storage order says nothing of the scores).
+      // Far above it, the blocks are runs of rows alike for this query (rows stored by similarity) and the
+      // few that hold the mass may all have been missed while the weight looks spread: the scan answers.
+      // (Not with a stratum: the walk's lists hold such rows.)
+      if (s.stratum.empty() && s.nonempty >= kOrderCheckBlocks && pi < 1) {
+        const double rows = static_cast<double>(s.rows_drawn), groups = static_cast<double>(s.nonempty);
+        const double mean_part = s.order_sum * s.order_sum / rows;
+        const double between = (s.order_between - mean_part) / (groups - 1), within = (s.order_square - s.order_between) / (rows - groups);
+        if (between > kMaxOrderRatio * within) {
+          s.active = false;
+          continue;
+        }
+      }
       if ((error <= target.error_target && spread) || pi >= 1) {
         PrunedSoft result{SoftScan{SoftmaxState(dv), {}}, {}, 0, 0.0};
         result.scan.state.max = static_cast<float>(best);

@@ -49,7 +49,8 @@ inline constexpr std::size_t kGiveUpBlocks = 256;
 /// ratio of the sampled blocks' totals. Rounds grow the sample until the estimated error (simultaneous_z
 /// x the linearised standard error of the largest coordinate, over value_max) is at most the target on a
 /// sample spread over kMinEffectiveBlocks or more; nullopt once the rounds would score more than
-/// budget_rows rows: the exact scan is cheaper. The
+/// budget_rows rows: the exact scan is cheaper, or (without a stratum) once the drawn blocks' scores vary
+/// between blocks far more than within them (rows stored in an order that follows the keys). The
 /// result's k is the rows scored in the last round, rows_scored those of every round, error_estimate
 /// the estimate; its top rows are the top_m sampled rows with the largest scores. A sample that came
 /// to hold every block is the exact answer (error_estimate 0).
