@@ -46,13 +46,16 @@ constexpr double kBlockSumGamma = (2 * kEstimateBlockRows + 2) * 0x1p-24 * 1.01;
 // the median query scored 1.73% of the rows, against 1.95% with a 5% margin and growth of at least 1.25
 // (more rounds that just miss, each overshooting less); the time a query the same (~1.2 ms).
 constexpr double kAimedGrowth = 1.0;
+constexpr double kLeastGrowth = 1.1;
 
 // The storage-order check (below) looks at samples of at least this many blocks with rows, and sends to
-// the scan those whose scores vary between blocks more than this many times what they vary within them
-// (one-way F ratio; about 1 +- 0.3 for 32 to 64 blocks drawn from rows in random order).
+// the scan those whose scores vary between blocks more than kMaxOrderRatio times what they vary within
+// them (one-way F ratio; about 1 +- 0.3 for 32 to 64 blocks drawn from rows in random order) when the
+// blocks' own spread, the standard deviation of their mean scores less what the rows within explain, is
+// also above kOrderNats (blocks whose weights differ by less than e^0.25 cannot hide the mass).
 constexpr std::size_t kOrderCheckBlocks = 16;
 constexpr double kMaxOrderRatio = 4.0;
-constexpr double kLeastGrowth = 1.1;
+constexpr double kOrderNats = 0.25;
 
 // Offers a block's scores to one TopScores over every sampled block (its rows' ids from the block's
 // start), and with control variates adds the rows to the block's sums U_b = sum v_j, S_b = sum s_j v_j,
@@ -161,8 +164,10 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     std::size_t frame = 0, rows_drawn = 0, nonempty = 0;  // the frame's rows; the drawn blocks' rows and blocks with any
     std::vector<double> su, ss, suu, sus, sss, sut, suw, sst, ssw, sa;  // sa: sum |v_j| over the drawn rows
     // The unseen spread (see unseen below): centre = ubar in float; seen_sq: sum over the drawn rows of
-    // (v - centre)^2; known_sq: an upper bound on the frame's sum (v - ubar)^2 (stratum_sq: the stratum's
-    // sum v^2 until then); ww: sum over the drawn rows of e^{2 (s_j - ref)}.
+    // (v - centre)^2; known_sq: the frame's sum (v - ubar)^2 raised by its rounding bound (until then the
+    // stratum's sum v^2); ww: sum over the drawn rows of e^{2 (s_j - ref)}; squares_fit: whether a block's
+    // float sum of squares stays in the float range (values up to ~1e18).
+    bool squares_fit = false;
     std::vector<float> centre;
     std::vector<double> seen_sq, known_sq;
     double ww = 0;
@@ -299,6 +304,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
                         std::all_of(s.sbar.begin(), s.sbar.end(), [](double x) { return std::isfinite(x); }) &&
                         static_cast<double>(kEstimateBlockRows) * vmax * std::max(1.0, s.smax) < 0x1p120;
     if (!finite) s.cv = false;
+    s.squares_fit = static_cast<double>(kEstimateBlockRows) * 4 * vmax * vmax < 0x1p126;
   }
   std::vector<double> y(dv), value(dv);
   // Scans block b for query j into its slot (max, sum, acc at slot), folding the block's eligible rows,
@@ -470,16 +476,18 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         const double sum_e2 = a2 - 2 * r * aw + r * r * w2;
         // The unseen spread: a sample that missed the rows whose values lie far out (values with heavy
         // tails) understates the variance as it understates the error. With the known sum of squares, the
-        // frame's sum (v - r)^2 is known, and the sample's share of it estimates it without bias (its
-        // sum / pi); what the sample lacks of it, times the drawn rows' mean squared weight, is what those
-        // rows would add to sum e_b^2 if weights and values were independent and rows within a block too.
+        // frame's sum (v - r)^2 is known, and the drawn rows' sum should be their share of it (held, the
+        // rows drawn over the frame's: mean squares per row compared); what the sample lacks of it, times
+        // the drawn rows' mean squared weight, is what those rows would add to sum e_b^2 if weights and
+        // values were independent and rows within a block too. (Values past ~1e18, whose squares a
+        // block's float sum could not hold: no such term.)
         double unseen = 0;
-        if (s.cv && s.rows_drawn > 0) {
+        if (s.cv && s.squares_fit && s.rows_drawn > 0) {
           const double drawn_rows = static_cast<double>(s.rows_drawn), off = r - s.centre[k];
           const double around = s.su[k] + drawn_rows * (s.ubar[k] - s.centre[k]);  // sum over the drawn rows of v - centre
           const double seen = std::max(0.0, s.seen_sq[k] - 2 * off * around + drawn_rows * off * off);
           const double all = s.known_sq[k] + static_cast<double>(s.frame) * (r - s.ubar[k]) * (r - s.ubar[k]);
-          unseen = std::max(0.0, s.ww * g2 / drawn_rows * (pi * all - seen));
+          unseen = std::max(0.0, s.ww * g2 / drawn_rows * (held * all - seen));
           if (!std::isfinite(unseen)) unseen = 0;
         }
         const auto error_of = [&](double sum, double spread_sum, double offset, double used) {
@@ -525,8 +533,9 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       if (s.stratum.empty() && s.nonempty >= kOrderCheckBlocks && pi < 1) {
         const double rows = static_cast<double>(s.rows_drawn), groups = static_cast<double>(s.nonempty);
         const double mean_part = s.order_sum * s.order_sum / rows;
-        const double between = (s.order_between - mean_part) / (groups - 1), within = (s.order_square - s.order_between) / (rows - groups);
-        if (between > kMaxOrderRatio * within) {
+        const double between = (s.order_between - mean_part) / (groups - 1), within = std::max(0.0, s.order_square - s.order_between) / (rows - groups);
+        const double block_spread = (between - within) * groups / rows;  // (between ~ rows per block x var of block means + within)
+        if (between > kMaxOrderRatio * within && block_spread > kOrderNats * kOrderNats) {
           s.active = false;
           continue;
         }

@@ -825,7 +825,7 @@ TEST_CASE("error_target without an index on rows stored cluster by cluster: the 
   c.add_batch(keys, values);
   const double value_max = largest_abs(values);
   const float scale = 1.0f / (std::sqrt(static_cast<float>(d)) * temperature);
-  std::size_t below = 0, over = 0;
+  std::size_t below = 0, over = 0, estimated = 0;
   for (std::size_t i = 0; i < nq; ++i) {
     std::vector<float> q(d);
     const std::size_t a = (i * 7919) % n, b = (i * 104729 + 17) % n;
@@ -834,12 +834,14 @@ TEST_CASE("error_target without an index on rows stored cluster by cluster: the 
     const test::SoftReference ref = test::soft_reference(q.data(), keys.data(), values.data(), n, d, dv, scale);
     const double err = relative_error(got.value, ref.value, value_max);
     INFO("query " << i << ": rows " << got.rows_scored << ", estimate " << got.error_estimate << ", true " << err);
+    if (got.rows_scored < n) ++estimated;
     if (err > got.error_estimate + 1e-5) ++below;
     if (err > target) ++over;
   }
-  INFO(below << " of " << nq << " with the estimate below the truth, " << over << " over the target");
+  INFO(estimated << " of " << nq << " estimated, " << below << " with the estimate below the truth, " << over << " over the target");
   CHECK(below * 20 <= nq);
   CHECK(over == 0);
+  CHECK(estimated * 10 <= nq);  // (the check fired: 0 estimated when written; 32-42 without it)
 }
 
 TEST_CASE("a sample's error estimate does not move when a constant is added to every value", "[estimate]") {

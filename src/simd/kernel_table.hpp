@@ -108,7 +108,7 @@ struct ValueSums {
   float *u = nullptr, *sv = nullptr, *a = nullptr;  ///< sum v, sum s v, sum |v|
   const float* centre = nullptr;                    ///< dv: the centre of sq
   float* sq = nullptr;                              ///< sum (v - centre)^2
-  float shift = 0;                                  ///< value_sums returns sum exp(2 (s - shift)) (<= every score's shift)
+  float shift = 0;                                  ///< value_sums returns sum exp(2 (s - shift)); shift >= every score
 };
 
 /// One instruction set's kernels. All pointers are non-null.
@@ -164,7 +164,7 @@ struct KernelTable {
 
   /// u[c] += sum_r v_r[c], sv[c] += sum_r s[r] v_r[c], a[c] += sum_r |v_r[c]| and sq[c] += sum_r
   /// (v_r[c] - centre[c])^2 over span's rows in order (values at their precision; each sum rounds once a
-  /// row); returns sum_r exp(2 (s[r] - shift)), the squared weights (span.rows <= kScanBlockRows): the
+  /// row); returns sum_r exp(2 (s[r] - shift)), the squared weights: the
   /// block sample's control-variate sums, what bounds their rounding and its unseen-spread term (estimate.cpp).
   float (*value_sums)(const float* s, const RowSpan& span, const ValueSums& out);
 
