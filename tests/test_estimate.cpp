@@ -767,26 +767,40 @@ TEST_CASE("an estimate with a stratum scores its rows once, leaves them out of t
   }
 }
 
+namespace {
+
+// Rows stored cluster by cluster: clusters of 20 close keys one after another (n / 20 centres, noise 0.15),
+// Gaussian values, and nq queries each between two stored keys plus noise 0.3 (docs/PRUNING.md, "Storage
+// order that follows the keys"; bench/estimate_storage_order.py).
+struct ClusteredStorage {
+  std::vector<float> keys, values, queries;
+};
+ClusteredStorage clustered_storage(std::size_t n, std::size_t d, std::size_t dv, std::size_t nq) {
+  const auto centres = test::normal_floats(n / 20 * d, 91), noise = test::normal_floats(n * d, 92, 0.15f);
+  ClusteredStorage rows{std::vector<float>(n * d), test::normal_floats(n * dv, 93), std::vector<float>(nq * d)};
+  for (std::size_t i = 0; i < n * d; ++i) rows.keys[i] = centres[(i / d / 20) * d + i % d] + noise[i];
+  const auto jitter = test::normal_floats(nq * d, 94, 0.3f);
+  for (std::size_t i = 0; i < nq; ++i) {
+    const std::size_t a = (i * 7919) % n, b = (i * 104729 + 17) % n;
+    for (std::size_t k = 0; k < d; ++k) rows.queries[i * d + k] = (rows.keys[a * d + k] + rows.keys[b * d + k]) / 2 + jitter[i * d + k];
+  }
+  return rows;
+}
+
+}  // namespace
+
 TEST_CASE("error_target over certified lists with rows stored cluster by cluster: the walk's rows stratify the sample", "[estimate][certified]") {
   // Clusters of 20 close keys stored one after another, queries between two clusters, T = 0.5: a sample of
   // blocks in storage order alone misses the few blocks holding the mass (docs/PRUNING.md); with the walk's
   // rows (the lists of largest bound) scored exactly and left out of the blocks, it must not.
   const std::size_t n = 100000, d = 64, dv = 16, nq = 40;
   const float temperature = 0.5f, target = 0.03f;
-  const auto centres = test::normal_floats(n / 20 * d, 91), noise = test::normal_floats(n * d, 92, 0.15f);
-  std::vector<float> keys(n * d);
-  for (std::size_t i = 0; i < n * d; ++i) keys[i] = centres[(i / d / 20) * d + i % d] + noise[i];
-  const auto values = test::normal_floats(n * dv, 93), jitter = test::normal_floats(nq * d, 94, 0.3f);
+  const auto [keys, values, queries] = clustered_storage(n, d, dv, nq);
   Collection c({d, dv, Metric::dot, {}, {.kind = IndexKind::ivf}});
   c.add_batch(keys, values);
   c.wait_until_indexed();
   const double value_max = largest_abs(values);
   const float scale = 1.0f / (std::sqrt(static_cast<float>(d)) * temperature);
-  std::vector<float> queries(nq * d);
-  for (std::size_t i = 0; i < nq; ++i) {
-    const std::size_t a = (i * 7919) % n, b = (i * 104729 + 17) % n;
-    for (std::size_t k = 0; k < d; ++k) queries[i * d + k] = (keys[a * d + k] + keys[b * d + k]) / 2 + jitter[i * d + k];
-  }
   const QueryOptions o{.temperature = temperature, .error_target = target};
   const QueryResults batch = c.query(queries, Retrieval::soft, o);  // the same queries as one batch: one shared sample
   for (const bool batched : {false, true}) {
@@ -817,19 +831,14 @@ TEST_CASE("error_target without an index on rows stored cluster by cluster: the 
   // that holds.
   const std::size_t n = 100000, d = 64, dv = 16, nq = 40;
   const float temperature = 0.5f, target = 0.03f;
-  const auto centres = test::normal_floats(n / 20 * d, 91), noise = test::normal_floats(n * d, 92, 0.15f);
-  std::vector<float> keys(n * d);
-  for (std::size_t i = 0; i < n * d; ++i) keys[i] = centres[(i / d / 20) * d + i % d] + noise[i];
-  const auto values = test::normal_floats(n * dv, 93), jitter = test::normal_floats(nq * d, 94, 0.3f);
+  const auto [keys, values, queries] = clustered_storage(n, d, dv, nq);
   Collection c({d, dv});
   c.add_batch(keys, values);
   const double value_max = largest_abs(values);
   const float scale = 1.0f / (std::sqrt(static_cast<float>(d)) * temperature);
   std::size_t below = 0, over = 0, estimated = 0;
   for (std::size_t i = 0; i < nq; ++i) {
-    std::vector<float> q(d);
-    const std::size_t a = (i * 7919) % n, b = (i * 104729 + 17) % n;
-    for (std::size_t k = 0; k < d; ++k) q[k] = (keys[a * d + k] + keys[b * d + k]) / 2 + jitter[i * d + k];
+    const std::span<const float> q(queries.data() + i * d, d);
     const SoftResult got = c.query_soft(q, {.temperature = temperature, .error_target = target});
     const test::SoftReference ref = test::soft_reference(q.data(), keys.data(), values.data(), n, d, dv, scale);
     const double err = relative_error(got.value, ref.value, value_max);
