@@ -153,7 +153,7 @@ TEST_CASE("the planner's calibration turns measured times into the factor its co
   CHECK(explored == 10);  // one query in 16
 }
 
-TEST_CASE("the planner skips attempts after 8 misses in a row, or after 2 that wasted half a scan, and each kind on its own", "[query][plan]") {
+TEST_CASE("the planner skips attempts after 8 misses in a row, or once their misses wasted more than their answers saved", "[query][plan]") {
   using Attempt = detail::PlannerCalibration::Attempt;
   detail::PlannerCalibration c;
   const auto skipped_of_16 = [&](Attempt a) {
@@ -163,22 +163,72 @@ TEST_CASE("the planner skips attempts after 8 misses in a row, or after 2 that w
   };
   // Cheap misses (a twentieth of the scan each: the scan measured at 10 ns a row over 1,000 rows) skip after 8.
   c.note_scan(1e4, 1000);
+  CHECK(c.balance(Attempt::top_k_walk) == Approx(0.5));  // every kind starts with half a scan's credit
   for (int i = 0; i < 7; ++i) c.note(Attempt::top_k_walk, false, 500.0, 1000);
   CHECK(skipped_of_16(Attempt::top_k_walk) == 0);
   c.note(Attempt::top_k_walk, false, 500.0, 1000);
+  CHECK(c.balance(Attempt::top_k_walk) == Approx(0.1));
   CHECK(skipped_of_16(Attempt::top_k_walk) == 15);  // one in 16 still tries
   CHECK(skipped_of_16(Attempt::sample) == 0);  // the other kinds keep their own count
   CHECK(skipped_of_16(Attempt::estimate_walk) == 0);
   CHECK(skipped_of_16(Attempt::epsilon_walk) == 0);
   c.note(Attempt::top_k_walk, true, 500.0, 1000);  // an answer ends the skipping
   CHECK(skipped_of_16(Attempt::top_k_walk) == 0);
-  // Costly misses (0.3 of the scan each): one is not enough, two are.
-  c.note(Attempt::sample, false, 3000.0, 1000);
+  // Costly misses (0.3 of the scan each) spend the credit: three are not enough, four are.
+  for (int i = 0; i < 3; ++i) c.note(Attempt::sample, false, 3000.0, 1000);
   CHECK(skipped_of_16(Attempt::sample) == 0);
   c.note(Attempt::sample, false, 3000.0, 1000);
+  CHECK(c.balance(Attempt::sample) == Approx(-0.5));  // (-0.7, kept at -0.5)
   CHECK(skipped_of_16(Attempt::sample) == 15);
-  // Untimed misses (a batch's, or before any scan was measured) count as misses only.
+  // An answer costing a quarter of the scan repays 0.75: the attempts resume.
+  c.note(Attempt::sample, true, 2500.0, 1000);
+  CHECK(c.balance(Attempt::sample) == Approx(0.25));
+  CHECK(skipped_of_16(Attempt::sample) == 0);
+  // A stream the attempt answers one query in four, each answer costing 0.3 of the scan and each miss 0.3
+  // wasted: 0.7 saved against 0.9 wasted every four queries, so the misses reset by answers still lead to
+  // skipping (the old rule, misses in a row, never would: an answer came every fourth query).
+  detail::PlannerCalibration alternating;
+  alternating.note_scan(1e4, 1000);
+  int skipped = 0;
+  for (int i = 0; i < 64; ++i) {
+    if (alternating.skip(Attempt::estimate_walk)) {
+      ++skipped;
+      continue;
+    }
+    alternating.note(Attempt::estimate_walk, i % 4 == 3, 3000.0, 1000);
+  }
+  CHECK(alternating.misses(Attempt::estimate_walk) < 8);
+  CHECK(skipped >= 32);
+  // The same stream answering one query in two pays for itself (0.7 saved against 0.3 wasted) and runs.
+  detail::PlannerCalibration paying;
+  paying.note_scan(1e4, 1000);
+  for (int i = 0; i < 64; ++i) {
+    CHECK_FALSE(paying.skip(Attempt::estimate_walk));
+    paying.note(Attempt::estimate_walk, i % 2 == 1, 3000.0, 1000);
+  }
+  // An answer slower than the scan saved nothing and loses nothing (a stalled query is as likely the
+  // machine's as the path's); a miss loses at most half a scan, so one stalled miss does not start the
+  // skipping, a second does.
+  detail::PlannerCalibration slow;
+  slow.note_scan(1e4, 1000);
+  slow.note(Attempt::sample, true, 5e4, 1000);
+  CHECK(slow.balance(Attempt::sample) == Approx(0.5));
+  slow.note(Attempt::sample, false, 1e6, 1000);
+  CHECK(slow.balance(Attempt::sample) == Approx(0.0));
+  CHECK_FALSE(slow.skip(Attempt::sample));
+  slow.note(Attempt::sample, false, 1e6, 1000);
+  CHECK(slow.skip(Attempt::sample));
+  // The balance owes at most half a scan: after any run of misses one answer faster than the scan (here at
+  // 0.9 of it) resumes the attempts.
+  for (int i = 0; i < 40; ++i) slow.note(Attempt::sample, false, 9000.0, 1000);
+  CHECK(slow.balance(Attempt::sample) == Approx(-0.5));
+  slow.note(Attempt::sample, true, 9000.0, 1000);
+  CHECK_FALSE(slow.skip(Attempt::sample));
+  // Untimed misses (a batch's, or before any scan was measured) cost 1/16 of a scan each: 8 spend the credit.
   detail::PlannerCalibration fresh;
   for (int i = 0; i < 7; ++i) fresh.note(Attempt::estimate_walk, false, 1e9, 1000);
   CHECK_FALSE(fresh.skip(Attempt::estimate_walk));
+  CHECK(fresh.balance(Attempt::estimate_walk) == Approx(0.5 - 7.0 / 16));
+  fresh.note(Attempt::estimate_walk, true, 0.0, 1000);  // an untimed answer clears a debt, banks nothing
+  CHECK(fresh.balance(Attempt::estimate_walk) == Approx(0.5 - 7.0 / 16));
 }

@@ -249,12 +249,15 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       if (!mask) sample.moments = &totals;
       // A walk that handed its rows on is judged by this sample, which then runs whatever the sample's own
       // memory says (else the walk's one try in 16 would meet the sample's one in 16 once in 256 queries).
+      // (The walk is charged the sample's time too: what it cost to hand the query on, or to answer it.)
+      const auto sample_t0 = std::chrono::steady_clock::now();
       std::optional<PrunedSoft> estimated = attempt(
           PlannerCalibration::Attempt::sample,
           [&] { return estimated_soft(kernels, q, f, span, sample, mask ? &*mask : nullptr, stratum.empty() ? nullptr : &stratum); },
           handed_ns >= 0);
       if (handed_ns >= 0)
-        impl.calibration().note(PlannerCalibration::Attempt::estimate_walk, estimated.has_value(), handed_ns, span.rows);
+        impl.calibration().note(PlannerCalibration::Attempt::estimate_walk, estimated.has_value(), handed_ns + elapsed_ns(sample_t0),
+                                span.rows);
       if (!estimated) return scanned();
       return std::move(*estimated);
     }
