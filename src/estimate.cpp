@@ -58,8 +58,8 @@ constexpr double kMaxOrderRatio = 4.0;
 constexpr double kOrderNats = 0.25;
 
 // Offers a block's scores to one TopScores over every sampled block (its rows' ids from the block's
-// start), and with control variates adds the rows to the block's sums U_b = sum v_j, S_b = sum s_j v_j
-// and sum (v_j - centre)^2 (aux, float, the rows in order) and their squared weights sum e^{2 s_j}
+// start), and with control variates adds the rows to the block's sums U_b = sum v_j, S_b = sum s_j v_j,
+// sum |v_j| and sum (v_j - centre)^2 (aux, float, the rows in order) and their squared weights sum e^{2 s_j}
 // (at the shift square_shift: the block's largest score so far); with or without, counts the rows and sums
 // their scores and squared scores (the storage-order check).
 struct BlockSink final : ScoreSink {
@@ -67,7 +67,7 @@ struct BlockSink final : ScoreSink {
   const std::uint64_t* ids = nullptr;
   const KernelTable* kernels = nullptr;  // with control variates: whose blend sums the values
   RowSpan rows;                          // the scanned piece (its values)
-  float* aux = nullptr;                  // 3 dv floats: U_b, S_b and sum (v_j - centre)^2
+  float* aux = nullptr;                  // 4 dv floats: U_b, S_b, sum |v_j| and sum (v_j - centre)^2
   const float* centre = nullptr;         // dv
   std::uint32_t* count = nullptr;
   double* score_sum = nullptr;           // the rows' scores summed
@@ -84,7 +84,7 @@ struct BlockSink final : ScoreSink {
     if (aux == nullptr || n == 0) return;
     const std::size_t dv = rows.value_dim;
     const float m = *std::max_element(scores, scores + n);
-    const double piece = kernels->value_sums(scores, rows.sub(first_row, n), {aux, aux + dv, centre, aux + 2 * dv, m});
+    const double piece = kernels->value_sums(scores, rows.sub(first_row, n), {aux, aux + dv, aux + 2 * dv, centre, aux + 3 * dv, m});
     if (m > *square_shift) *squares *= std::exp(2 * (*square_shift - static_cast<double>(m))), *square_shift = m;
     *squares += piece * std::exp(2 * (static_cast<double>(m) - *square_shift));
   }
@@ -144,12 +144,12 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     std::size_t folded = 0;  // the drawn blocks in the sums below
     double ref = -kInfinity, w = 0, w2 = 0;
     std::vector<double> t, t2, tw;
-    // Control variates (cv): per drawn block U_b, S_b (aux, with sum (v - centre)^2) and its rows scanned; the known
+    // Control variates (cv): per drawn block U_b, S_b (aux, with sum |v|, sum (v - centre)^2) and its rows scanned; the known
     // means per row (ubar, sbar: the frame's totals over its rows), what the sums may be off by (below),
     // and running sums of the centred u_b, s_b: sum u, sum s, sum u^2, sum u s, sum s^2, and
     // with the weights at ref, sum u T, sum u W, sum s T, sum s W (per coordinate).
     bool cv = false, cv_s = false;
-    std::vector<float> aux;  // per drawn block: U_b, S_b and sum (v_j - centre)^2 (3 dv floats)
+    std::vector<float> aux;  // per drawn block: U_b, S_b, sum |v_j| and sum (v_j - centre)^2 (4 dv floats)
     std::vector<std::uint32_t> counts;  // per drawn block: its rows scanned
     std::vector<double> score_sums, score_squares;  // per drawn block: its rows' scores summed, and their squares
     // The storage-order check over the drawn blocks (every query): sum of scores, of squared scores, and of
@@ -162,7 +162,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     // totals' own rounding (known_u, known_s, taken in the share the sample holds).
     double ds = 0, smax = 0, known_u = 0, known_s = 0;
     std::size_t frame = 0, rows_drawn = 0, nonempty = 0;  // the frame's rows; the drawn blocks' rows and blocks with any
-    std::vector<double> su, ss, suu, sus, sss, sut, suw, sst, ssw, sa;  // sa: a bound on sum |v_j| over the drawn rows
+    std::vector<double> su, ss, suu, sus, sss, sut, suw, sst, ssw, sa;  // sa: sum |v_j| over the drawn rows
     // The unseen spread (see unseen below): centre = ubar in float; seen_sq: sum over the drawn rows of
     // (v - centre)^2; known_sq: the frame's sum (v - ubar)^2 raised by its rounding bound (until then the
     // stratum's sum v^2); ww: sum over the drawn rows of e^{2 (s_j - ref)}; squares_fit: whether a block's
@@ -216,16 +216,8 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       s.order_sum += s.score_sums[i], s.order_square += s.score_squares[i];
       if (s.counts[i] > 0) s.order_between += s.score_sums[i] * s.score_sums[i] / static_cast<double>(s.counts[i]);
       if (!s.cv) continue;
-      const float* u = s.aux.data() + i * 3 * dv;
-      // (sum |v_j| over the block, which bounds its float sums' rounding, from its sum of squares about the
-      // centre: sum |v_j| <= sum |v_j - c| + n |c| <= sqrt(n sum (v_j - c)^2) + n |c|, the float sum raised
-      // by its own rounding)
-      const double rows_b = static_cast<double>(s.counts[i]);
-      for (std::size_t k = 0; k < dv; ++k) {
-        const double square = static_cast<double>(u[2 * dv + k]);
-        s.seen_sq[k] += square;
-        s.sa[k] += std::sqrt(rows_b * square * (1 + 4 * kBlockSumGamma)) + rows_b * std::fabs(static_cast<double>(s.centre[k]));
-      }
+      const float* u = s.aux.data() + i * 4 * dv;
+      for (std::size_t k = 0; k < dv; ++k) s.sa[k] += u[2 * dv + k], s.seen_sq[k] += u[3 * dv + k];
       if (s.counts[i] > 0 && s.ref > -kInfinity) s.ww += s.squares[i] * std::exp(2 * (s.square_shifts[i] - s.ref));
       kernels.fold_moments({dv, static_cast<double>(s.counts[i]), s.score_sums[i], s.cv_s ? 1.0 : 0.0, weighs ? f : 0.0, w, u, u + dv, acc,
                             s.ubar.data(), s.sbar.data(), s.su.data(), s.ss.data(), s.suu.data(), s.sus.data(), s.sss.data(),
@@ -321,7 +313,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
   const auto scan_block = [&](std::size_t b, std::size_t j, std::size_t slot, BlockSink* sink) {
     Query& s = state[j];
     s.empty[slot] = 1;
-    sink->aux = s.cv ? s.aux.data() + slot * 3 * dv : nullptr;
+    sink->aux = s.cv ? s.aux.data() + slot * 4 * dv : nullptr;
     sink->count = s.counts.data() + slot;
     sink->score_sum = s.score_sums.data() + slot;
     sink->score_square = s.score_squares.data() + slot;
@@ -372,7 +364,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       s.score_sums.resize(base[j] + fresh.size(), 0.0);
       s.score_squares.resize(base[j] + fresh.size(), 0.0);
       if (s.cv) {
-        s.aux.resize((base[j] + fresh.size()) * 3 * dv, 0.0f);
+        s.aux.resize((base[j] + fresh.size()) * 4 * dv, 0.0f);
         s.squares.resize(base[j] + fresh.size(), 0.0);
         s.square_shifts.resize(base[j] + fresh.size(), -kInfinity);
       }

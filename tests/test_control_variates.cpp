@@ -295,26 +295,27 @@ TEST_CASE("the value sums of the control variates on every kernel path match a d
       detail::decode_row(p, stored.data() + r * dv * detail::element_bytes(p), dv, 1.0f, as_stored.data() + r * dv);
     detail::RowSpan span{nullptr, stored.data(), nullptr, rows, 0, dv};
     span.value_precision = p;
-    std::vector<float> u(dv, 1.0f), sv(dv, -1.0f), sq(dv, 3.0f);  // (added to what is there)
+    std::vector<float> u(dv, 1.0f), sv(dv, -1.0f), a(dv, 2.0f), sq(dv, 3.0f);  // (added to what is there)
     std::vector<float> centre(dv);
     for (std::size_t c = 0; c < dv; ++c) centre[c] = 0.25f * static_cast<float>(c % 5) - 0.5f;
     const float shift = 1.5f;
-    const double squares = detail::kernels().value_sums(scores.data(), span, {u.data(), sv.data(), centre.data(), sq.data(), shift});
+    const double squares = detail::kernels().value_sums(scores.data(), span, {u.data(), sv.data(), a.data(), centre.data(), sq.data(), shift});
     double exact_squares = 0;
     for (std::size_t r = 0; r < rows; ++r) exact_squares += std::exp(2.0 * (static_cast<double>(scores[r]) - shift));
     INFO(path << ": squared weights " << squares << ", exact " << exact_squares);
     CHECK(std::fabs(squares - exact_squares) <= 1e-5 * exact_squares);
     for (std::size_t c = 0; c < dv; ++c) {
-      double eu = 1.0, esv = -1.0, esq = 3.0, mag_u = 1.0, mag_sv = 1.0;
+      double eu = 1.0, esv = -1.0, ea = 2.0, esq = 3.0, mag_u = 1.0, mag_sv = 1.0;
       for (std::size_t r = 0; r < rows; ++r) {
         const double x = as_stored[r * dv + c], e = x - centre[c];
-        eu += x, esv += static_cast<double>(scores[r]) * x, esq += e * e;
+        eu += x, esv += static_cast<double>(scores[r]) * x, ea += std::fabs(x), esq += e * e;
         mag_u += std::fabs(x), mag_sv += std::fabs(static_cast<double>(scores[r]) * x);
       }
       INFO(path << ", " << detail::precision_name(p) << ", column " << c);
       const double gamma = (2.0 * rows + 2) * 0x1p-24 * 1.01;  // what estimate.cpp allows a block's sums
       CHECK(std::fabs(u[c] - eu) <= gamma * mag_u);
       CHECK(std::fabs(sv[c] - esv) <= gamma * mag_sv);
+      CHECK(std::fabs(a[c] - ea) <= gamma * ea);
       CHECK(std::fabs(sq[c] - esq) <= gamma * esq);
     }
   }

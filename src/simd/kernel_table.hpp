@@ -105,8 +105,8 @@ struct MomentFold {
 
 /// Where KernelTable::value_sums adds a block's sums (each dv floats, added to what is there).
 struct ValueSums {
-  float *u = nullptr, *sv = nullptr;  ///< sum v, sum s v
-  const float* centre = nullptr;      ///< dv: the centre of sq
+  float *u = nullptr, *sv = nullptr, *a = nullptr;  ///< sum v, sum s v, sum |v|
+  const float* centre = nullptr;                    ///< dv: the centre of sq
   float* sq = nullptr;                              ///< sum (v - centre)^2
   float shift = 0;                                  ///< value_sums returns sum exp(2 (s - shift)); shift >= every score
 };
@@ -162,10 +162,10 @@ struct KernelTable {
   /// Multi-head argmax (keys only): best[j] is head j's, scored like soft_scan_heads.
   void (*hard_scan_heads)(const float* query, const float* scales, std::size_t heads, const RowSpan& span, ArgMax* best);
 
-  /// u[c] += sum_r v_r[c], sv[c] += sum_r s[r] v_r[c] and sq[c] += sum_r (v_r[c] - centre[c])^2 over
-  /// span's rows in order (values at their precision; each sum rounds once a row); returns sum_r exp(2
-  /// (s[r] - shift)), the squared weights: the block sample's control-variate sums and its unseen-spread
-  /// term (estimate.cpp; sq also bounds sum |v|, which bounds the other sums' rounding).
+  /// u[c] += sum_r v_r[c], sv[c] += sum_r s[r] v_r[c], a[c] += sum_r |v_r[c]| and sq[c] += sum_r
+  /// (v_r[c] - centre[c])^2 over span's rows in order (values at their precision; each sum rounds once a
+  /// row); returns sum_r exp(2 (s[r] - shift)), the squared weights: the
+  /// block sample's control-variate sums, what bounds their rounding and its unseen-spread term (estimate.cpp).
   float (*value_sums)(const float* s, const RowSpan& span, const ValueSums& out);
 
   /// Folds one drawn block into the running sums (MomentFold), in double, in this path's vectors.

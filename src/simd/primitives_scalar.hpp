@@ -43,16 +43,17 @@ struct ScalarPrimitives {
     for (std::size_t j = 0; j < heads; ++j) blend_rows<Pr>(acc, w + j * stride, v, rows, dv, j * dvh, (j + 1) * dvh);
   }
 
-  // u[c] += v[r * dv + c], sv[c] += s[r] * v[r * dv + c] and sq[c] += (v[r * dv + c] - centre[c])^2 for rows
-  // [0, rows) in order, v stored at Pr.
+  // u[c] += v[r * dv + c], sv[c] += s[r] * v[r * dv + c], a[c] += |v[r * dv + c]| and sq[c] += (v[r * dv + c] -
+  // centre[c])^2 for rows [0, rows) in order, v stored at Pr.
   template <Precision Pr>
-  static void value_sums(const float* s, const void* v, std::size_t rows, std::size_t dv, float* u, float* sv,
+  static void value_sums(const float* s, const void* v, std::size_t rows, std::size_t dv, float* u, float* sv, float* a,
                          const float* centre, float* sq) {
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t c = 0; c < dv; ++c) {
         const float x = element_as_float<Pr>(v, r * dv + c, 1.0f), e = x - centre[c];
         u[c] += x;
         sv[c] += s[r] * x;
+        a[c] += std::fabs(x);
         sq[c] += e * e;
       }
   }

@@ -387,43 +387,49 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
     for (; c < dv; c += W) blend_cols_heads<Pr, 1>(acc, w, stride, dvh, v, rows, dv, c);
   }
 
-  // u[c] += v[r * dv + c], sv[c] += s[r] * v[r * dv + c] and sq[c] += (v[r * dv + c] - centre[c])^2 for rows
-  // [0, rows) in order and every column, v stored at Pr: one read of each value for the three sums (the
-  // block sample's control variates and its unseen spread). Columns in groups of CV vectors, four live
-  // per vector (three sums and the centre) besides the temporaries: CV = 4 with 32 vector registers
-  // (avx512), 2 with 16.
+  // u[c] += v[r * dv + c], sv[c] += s[r] * v[r * dv + c], a[c] += |v[r * dv + c]| and sq[c] += (v[r * dv + c] -
+  // centre[c])^2 for rows [0, rows) in order and every column, v stored at Pr: one read of each value for
+  // the four sums (the block sample's control variates, the bound on their rounding, its unseen spread).
+  // Columns in groups of CV vectors, five live per vector (four sums and the centre) besides the row's
+  // value, its offset and the score: CV = 4 with 32 vector registers (avx512: 23 live), 2 with 16.
   template <Precision Pr>
-  static void value_sums(const float* s, const void* v, std::size_t rows, std::size_t dv, float* u, float* sv,
+  static void value_sums(const float* s, const void* v, std::size_t rows, std::size_t dv, float* u, float* sv, float* a,
                          const float* centre, float* sq) {
     constexpr std::size_t CV = W >= 16 ? kBlendVecs / 2 : kBlendVecs / 4;
     std::size_t c = 0;
-    for (; c + CV * W <= dv; c += CV * W) value_sums_cols<Pr, CV>(s, v, rows, dv, c, u, sv, centre, sq);
-    for (; c + W <= dv; c += W) value_sums_cols<Pr, 1>(s, v, rows, dv, c, u, sv, centre, sq);
+    for (; c + CV * W <= dv; c += CV * W) value_sums_cols<Pr, CV>(s, v, rows, dv, c, u, sv, a, centre, sq);
+    for (; c + W <= dv; c += W) value_sums_cols<Pr, 1>(s, v, rows, dv, c, u, sv, a, centre, sq);
     for (; c < dv; ++c)
       for (std::size_t r = 0; r < rows; ++r) {
         const float x = element_as_float<Pr>(v, r * dv + c, 1.0f), e = x - centre[c];
         u[c] += x;
         sv[c] = madd(s[r], x, sv[c]);
+        a[c] += std::fabs(x);
         sq[c] = madd(e, e, sq[c]);
       }
   }
   template <Precision Pr, std::size_t CV>
   static void value_sums_cols(const float* s, const void* v, std::size_t rows, std::size_t dv, std::size_t c, float* u,
-                              float* sv, const float* centre, float* sq) {
-    V su[CV], ssv[CV], ssq[CV], mid[CV];
-    for (std::size_t j = 0; j < CV; ++j)
-      su[j] = load(u + c + j * W), ssv[j] = load(sv + c + j * W), ssq[j] = load(sq + c + j * W), mid[j] = load(centre + c + j * W);
+                              float* sv, float* a, const float* centre, float* sq) {
+    V su[CV], ssv[CV], sa[CV], ssq[CV], mid[CV];
+    for (std::size_t j = 0; j < CV; ++j) {
+      su[j] = load(u + c + j * W), ssv[j] = load(sv + c + j * W), sa[j] = load(a + c + j * W);
+      ssq[j] = load(sq + c + j * W), mid[j] = load(centre + c + j * W);
+    }
     for (std::size_t r = 0; r < rows; ++r) {
       const V sr(s[r]);
       for (std::size_t j = 0; j < CV; ++j) {
         const V x = load_as<Pr>(v, r * dv + c + j * W, 1.0f), e = x - mid[j];
         su[j] += x;
         ssv[j] = xsimd::fma(sr, x, ssv[j]);
+        sa[j] += xsimd::abs(x);
         ssq[j] = xsimd::fma(e, e, ssq[j]);
       }
     }
-    for (std::size_t j = 0; j < CV; ++j)
-      su[j].store_unaligned(u + c + j * W), ssv[j].store_unaligned(sv + c + j * W), ssq[j].store_unaligned(sq + c + j * W);
+    for (std::size_t j = 0; j < CV; ++j) {
+      su[j].store_unaligned(u + c + j * W), ssv[j].store_unaligned(sv + c + j * W), sa[j].store_unaligned(a + c + j * W);
+      ssq[j].store_unaligned(sq + c + j * W);
+    }
   }
 
   // acc[c] += w[r] * v[r * dv + c] for rows [0, rows) in order and columns [c0, c1), v stored at Pr:

@@ -373,7 +373,7 @@ void score_span_multi(const float* queries, std::size_t nq, const float* scales,
 template <class P>
 float value_sums(const float* s, const RowSpan& span, const ValueSums& out) {
   with_value_precision(span.value_precision, [&](auto vp) {
-    P::template value_sums<decltype(vp)::value>(s, span.values, span.rows, span.value_dim, out.u, out.sv, out.centre, out.sq);
+    P::template value_sums<decltype(vp)::value>(s, span.values, span.rows, span.value_dim, out.u, out.sv, out.a, out.centre, out.sq);
   });
   alignas(64) float twice[kScanBlockRows];
   alignas(64) float w[kScanBlockRows];
