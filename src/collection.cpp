@@ -95,6 +95,7 @@ void detail::CollectionImpl::put(std::uint64_t id, const float* key, const float
   }
   keys_.set(slot, key);
   values_.set(slot, value);
+  chunks_.touch(slot);
   note_value(value);
   if (tags_[slot] != tag) zones_.set(slot, tag);
   tags_[slot] = tag;
@@ -208,6 +209,8 @@ void detail::CollectionImpl::remove(std::span<const std::uint64_t> ids) {
     const auto slot = static_cast<std::size_t>(*slot_of_.find(id));
     if (out) out->add(slot);
     const std::size_t last = ids_.size() - 1;
+    chunks_.touch(slot);
+    chunks_.touch(last);
     if (slot != last) {
       keys_.copy_row(last, slot);
       values_.copy_row(last, slot);
@@ -280,6 +283,7 @@ std::string detail::CollectionImpl::restore(CollectionImage image) {
   values_.resize(n);
   value_max_ = 0;
   moments_.clear();
+  chunks_.clear();
   for (std::size_t r = 0; r < n; ++r) {
     keys_.set(r, rows.keys.data() + r * dim());
     values_.set(r, rows.values.data() + r * value_dim());

@@ -22,6 +22,7 @@
 #include "id_map.hpp"
 #include "query/pass_choice.hpp"
 #include "stored_rows.hpp"
+#include "value_chunks.hpp"
 #include "value_moments.hpp"
 #include "coalescer.hpp"
 #include "index/pruning_index.hpp"
@@ -105,6 +106,11 @@ class CollectionImpl {
   [[nodiscard]] double value_max() const noexcept { return value_max_; }
   /// The rows' totals for the block sample's control variates (summed at the first call). Under the read lock.
   [[nodiscard]] detail::MomentTotals moment_totals() const { return moments_.totals(detail::kernels(), span()); }
+  /// The totals over a mask's eligible rows (value sums and squares), or empty ones (rows 0) when more than
+  /// loose_limit of them lie outside whole chunks (ValueChunks::totals).
+  [[nodiscard]] detail::EligibleTotals eligible_totals(const detail::EligibleRows& rows, std::size_t loose_limit) const {
+    return chunks_.totals(span(), rows, loose_limit);
+  }
   /// Whether writes keep the totals (a query summed them and nothing made them be forgotten since).
   [[nodiscard]] bool moments_kept() const noexcept { return moments_.kept(); }
 
@@ -197,6 +203,8 @@ class CollectionImpl {
   double value_max_ = 0;
   // sum v and sum k v^T over the rows, kept by writes once a query summed them (error_target's control variates)
   mutable detail::ValueMoments moments_;
+  // sum v and sum v^2 per chunk of rows, marked stale by writes (a masked error_target's known totals)
+  mutable detail::ValueChunks chunks_;
   std::unique_ptr<detail::PruningIndex> index_;  // null for IndexKind::exact; updated under the write lock
   std::atomic<std::size_t> size_hint_{0};        // ids_.size(), published after each write (read without the lock)
   // Coalescing is query-side machinery, not collection state: usable through a const collection.

@@ -172,7 +172,8 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     std::vector<double> seen_sq, known_sq;
     double ww = 0;
   };
-  const MomentTotals* moments = eligible == nullptr && target.moments != nullptr && target.moments->rows == span.rows ? target.moments : nullptr;
+  // (The totals of the rows the sample draws from: every row of span, or with a mask its eligible rows.)
+  const MomentTotals* moments = target.moments != nullptr && target.moments->rows == total ? target.moments : nullptr;
   std::vector<Query> state(n);
   for (std::size_t j = 0; j < n; ++j) {
     Query& s = state[j];

@@ -23,8 +23,8 @@ struct EstimateTarget {
   std::size_t top_m = 0;        ///< contributors to report: the sampled rows with the largest scores
   /// estimate_over_lists: where drawn lists are scored (a batch's shared reads); null: the lists' own.
   ListScorer* scorer = nullptr;
-  /// The block sample: the collection's totals (every row of span) for its control variates; null, or
-  /// with a mask: none (the eligible rows' totals are not known).
+  /// The block sample: the totals of the rows it draws from (every row of span, or a mask's eligible
+  /// rows: value sums only) for its control variates and unseen spread; null, or totals of other rows: none.
   const MomentTotals* moments = nullptr;
 };
 

@@ -121,21 +121,22 @@ class PlannerCalibration {
   /// keep the calibration current (one in 16 such queries).
   [[nodiscard]] bool explore() noexcept { return skipped_.fetch_add(1, std::memory_order_relaxed) % 16 == 15; }
   /// A pruned attempt the planner remembers (on unmasked queries under its budget): it answers the query
-  /// or hands it on to a costlier path, and attempts that do not pay for themselves are skipped (skip).
+  /// or hands it on to a costlier path, and attempts whose misses waste more than their answers save are
+  /// skipped (skip).
   enum class Attempt : std::uint8_t {
     top_k_walk,     ///< a certified walk for top_k (a miss: the exact scan answers)
     epsilon_walk,   ///< a certified walk for epsilon (a miss: the exact scan answers)
     estimate_walk,  ///< error_target's walk over certified lists (a miss: the sample or the scan answers)
     sample,         ///< error_target's sample of row blocks (a miss: the exact scan answers)
   };
-  /// An attempt of kind a on a collection of rows rows ended after ns nanoseconds (0: not timed, a batch's):
-  /// it answered the query, or handed it on (its time wasted). The kind's balance, in exact scans of the
+  /// An attempt of kind a on a collection of rows rows ended after ns nanoseconds (0: not timed): it
+  /// answered the query, or handed it on (its time wasted). The kind's balance, in exact scans of the
   /// collection, gains what an answer saved (1 - its time in scans; nothing for an answer slower than the
-  /// scan) and loses what a miss wasted, at most kWastedScans a miss (one query stalled by the machine does
-  /// not stop a kind that pays); untimed (or before any scan was timed) a miss costs kWastedScans / kMisses
-  /// and an answer raises a negative balance to 0. The balance starts at kWastedScans and is kept within
-  /// [-kWastedScans, kWastedScans]: a stream of answers banks at most half a scan against later misses, and
-  /// once skipping (at -kWastedScans) one answer faster than the scan ends it.
+  /// scan, not a loss: one query stalled by the machine must not stop a kind that answers) and loses what a
+  /// miss wasted (its time in scans, at most kWastedScans; untimed, or before any scan was timed,
+  /// kWastedScans / kMisses). After an answer the balance is at least -kWastedScans / 2: an answer ends
+  /// the skipping. The balance starts at kWastedScans and is kept within [-kWastedScans, kWastedScans]: a
+  /// stream of answers banks at most half a scan against later misses.
   void note(Attempt a, bool answered, double ns, std::size_t rows) noexcept {
     Memory& m = memory(a);
     const double scan = scan_ns_per_row_.load(std::memory_order_relaxed) * static_cast<double>(rows);
@@ -143,7 +144,7 @@ class PlannerCalibration {
     double balance = m.balance.load(std::memory_order_relaxed);
     if (answered) {
       m.misses.store(0, std::memory_order_relaxed);
-      balance = timed ? balance + std::max(0.0, 1 - ns / scan) : std::max(balance, 0.0);
+      balance = std::max(timed ? balance + std::max(0.0, 1 - ns / scan) : balance, -kWastedScans / 2);
     } else {
       m.misses.store(std::min<std::uint32_t>(m.misses.load(std::memory_order_relaxed) + 1, kMisses), std::memory_order_relaxed);
       balance -= timed ? std::min(ns / scan, kWastedScans) : kWastedScans / kMisses;
@@ -151,11 +152,10 @@ class PlannerCalibration {
     m.balance.store(std::clamp(balance, -kWastedScans, kWastedScans), std::memory_order_relaxed);
   }
   /// Whether an attempt of kind a should not be made: once the misses in a row number kMisses, or the
-  /// kind's balance is at -kWastedScans or below (its misses wasted more than its answers saved: spread
-  /// attention for a walk, peaked attention for a sample, a stream the sample answers too rarely to pay
-  /// for the rest, or a collection so small that a failed attempt's fixed cost is a share of the scan),
-  /// every query but one in 16 skips it; that one tries, and its outcome moves the balance as any other
-  /// (an answer faster than the scan ends the skipping).
+  /// kind's balance is at -kWastedScans (its misses wasted more than its answers saved: spread attention
+  /// for a walk, peaked attention for a sample, a stream the sample answers too rarely to pay for the
+  /// rest, or a collection so small that a failed attempt's fixed cost is a share of the scan), every
+  /// query but one in 16 skips it; that one tries, and an answer ends the skipping (note).
   [[nodiscard]] bool skip(Attempt a) noexcept {
     Memory& m = memory(a);
     const bool failing = m.misses.load(std::memory_order_relaxed) >= kMisses || m.balance.load(std::memory_order_relaxed) <= -kWastedScans;
@@ -170,9 +170,9 @@ class PlannerCalibration {
     return memory_[static_cast<std::size_t>(a)].balance.load(std::memory_order_relaxed);
   }
   /// The credit a kind starts with, the most it banks and the most one miss costs, in exact scans; at
-  /// -kWastedScans its attempts are skipped (skip). From the start: misses costing half the scan or more are
-  /// skipped after 2, a quarter after 4, cheaper ones after kMisses; where answers save 0.7 scan and one
-  /// query in two misses at 0.3, they pay and are made.
+  /// -kWastedScans its attempts are skipped (skip). From the start, misses costing a share c of the scan
+  /// each are skipped after ceil(1 / c) of them (2 at c >= 0.5, 4 at 0.25) or kMisses, whichever comes
+  /// first; where answers save 0.7 scan and one query in two misses at 0.3, they pay and are made.
   static constexpr double kWastedScans = 0.5;
   /// Misses in a row after which attempts of a kind are skipped (skip).
   static constexpr std::uint32_t kMisses = 8;

@@ -218,17 +218,37 @@ TEST_CASE("the planner skips attempts after 8 misses in a row, or once their mis
   CHECK_FALSE(slow.skip(Attempt::sample));
   slow.note(Attempt::sample, false, 1e6, 1000);
   CHECK(slow.skip(Attempt::sample));
-  // The balance owes at most half a scan: after any run of misses one answer faster than the scan (here at
-  // 0.9 of it) resumes the attempts.
+  // The balance owes at most half a scan, and any answer ends the skipping: one at 0.1 of the scan lifts
+  // it to 0.4, one at 0.9 or slower than the scan to -0.25 (a stream of answers is never skipped for their time).
   for (int i = 0; i < 40; ++i) slow.note(Attempt::sample, false, 9000.0, 1000);
   CHECK(slow.balance(Attempt::sample) == Approx(-0.5));
-  slow.note(Attempt::sample, true, 9000.0, 1000);
+  slow.note(Attempt::sample, true, 1000.0, 1000);
+  CHECK(slow.balance(Attempt::sample) == Approx(0.4));
   CHECK_FALSE(slow.skip(Attempt::sample));
-  // Untimed misses (a batch's, or before any scan was measured) cost 1/16 of a scan each: 8 spend the credit.
+  for (int i = 0; i < 2; ++i) slow.note(Attempt::sample, false, 9000.0, 1000);
+  CHECK(slow.skip(Attempt::sample));
+  slow.note(Attempt::sample, true, 9000.0, 1000);
+  CHECK(slow.balance(Attempt::sample) == Approx(-0.25));
+  CHECK_FALSE(slow.skip(Attempt::sample));
+  for (int i = 0; i < 2; ++i) slow.note(Attempt::sample, false, 9000.0, 1000);
+  CHECK(slow.skip(Attempt::sample));
+  slow.note(Attempt::sample, true, 3e4, 1000);
+  CHECK(slow.balance(Attempt::sample) == Approx(-0.25));
+  CHECK_FALSE(slow.skip(Attempt::sample));
+  // Untimed misses (before any scan was timed) cost 1/16 of a scan each: 8 spend the credit (and are 8 in a row).
   detail::PlannerCalibration fresh;
   for (int i = 0; i < 7; ++i) fresh.note(Attempt::estimate_walk, false, 1e9, 1000);
   CHECK_FALSE(fresh.skip(Attempt::estimate_walk));
   CHECK(fresh.balance(Attempt::estimate_walk) == Approx(0.5 - 7.0 / 16));
-  fresh.note(Attempt::estimate_walk, true, 0.0, 1000);  // an untimed answer clears a debt, banks nothing
-  CHECK(fresh.balance(Attempt::estimate_walk) == Approx(0.5 - 7.0 / 16));
+  // Timed misses (the scan timed now) wasting whole scans cost half a scan each; an untimed answer (ns 0,
+  // the scan timed or not) ends the skipping as a timed one does, and saves nothing.
+  fresh.note_scan(1e4, 1000);
+  for (int i = 0; i < 2; ++i) fresh.note(Attempt::estimate_walk, false, 1e4, 1000);
+  CHECK(fresh.balance(Attempt::estimate_walk) == Approx(-0.5));
+  CHECK(fresh.skip(Attempt::estimate_walk));
+  fresh.note(Attempt::estimate_walk, true, 0.0, 1000);
+  CHECK(fresh.balance(Attempt::estimate_walk) == Approx(-0.25));
+  CHECK_FALSE(fresh.skip(Attempt::estimate_walk));
+  fresh.note(Attempt::estimate_walk, false, 0.0, 1000);  // (an untimed miss after the scan was timed: 1/16)
+  CHECK(fresh.balance(Attempt::estimate_walk) == Approx(-0.25 - 1.0 / 16));
 }

@@ -2,6 +2,7 @@
 // sample of row blocks for the rest, one fused pass for what the sample could not answer
 // (docs/PRUNING.md, "Estimated answers").
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -37,6 +38,10 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   // not trusted on lists whose walks keep failing, as for a query alone).
   constexpr std::uint8_t kHanded = 1, kSkipped = 2;
   std::vector<std::uint8_t> handed(n, 0);
+  // Each query's share of what the planner times (ns): its walk with its share of the group's bounds
+  // pass, and its share of the batch's sample (the sample's time over the queries it served).
+  std::vector<double> walk_ns(n, 0.0);
+  double sample_share = 0;
   // 1. Certified lists: each query's walk, and the estimate over its head where it left one, as a query
   // alone takes them (soft_one); a walk that does not answer leaves its rows to the sample (2.).
   std::vector<std::vector<std::size_t>> strata(n);  // each query's walk rows: the sample's exact stratum
@@ -58,6 +63,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     std::vector<BoundsSummary> summaries;  // each query's walk start, gathered in the group's pass
     std::optional<SharedListScores> shared;
     bool walk_group = true;
+    double group_share = 0;  // the group's bounds pass, per query of the group (ns)
     for (std::size_t b = 0; b < n; ++b) {
       if (b % kBoundsQueries == 0) {
         const std::size_t group = std::min(kBoundsQueries, n - b);
@@ -67,18 +73,22 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
           std::fill(handed.begin() + static_cast<std::ptrdiff_t>(b), handed.begin() + static_cast<std::ptrdiff_t>(b + group), kSkipped);
           continue;
         }
+        const auto t0 = std::chrono::steady_clock::now();
         lists.bounds_batch(q + b * d, factors + b, group, d, bounds, summaries);
         shared.emplace(lists, q + b * d, factors + b, group, d, bounds.data(), summaries.data());
+        group_share = elapsed_ns(t0) / static_cast<double>(group);
       }
       if (!walk_group) continue;
       try {
+        const auto t0 = std::chrono::steady_clock::now();
         answers[b] = estimate_through_lists(impl, q + b * d, factors[b], target, options.top_m, strata[b],
                                             bounds.data() + (b % kBoundsQueries) * count, lists.live_counts(),
                                             &shared->for_query(b % kBoundsQueries), &summaries[b % kBoundsQueries]);
         walked[b] = answers[b] ? 1 : 0;
-        // (counted, not timed; a walk that leaves its rows to the sample is judged by the sample's answer)
+        walk_ns[b] = group_share + elapsed_ns(t0);
+        // (a walk that leaves its rows to the sample is judged by the sample's answer, and charged its share)
         if (remembered && !answers[b] && !strata[b].empty()) handed[b] = kHanded;
-        else if (remembered) memory.note(Attempt::estimate_walk, answers[b].has_value(), 0.0, span.rows);
+        else if (remembered) memory.note(Attempt::estimate_walk, answers[b].has_value(), walk_ns[b], span.rows);
       } catch (...) {
         errors[b] = std::current_exception();
       }
@@ -105,17 +115,20 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     std::vector<std::vector<std::size_t>> rest_strata(rest.size());
     for (std::size_t i = 0; i < rest.size(); ++i) rest_strata[i] = std::move(strata[rest[i]]);
     EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(rq.data(), d, rows), std::min(options.top_m, rows)};
-    const MomentTotals totals = mask ? MomentTotals{} : impl.moment_totals();  // (control variates: without a mask)
-    if (!mask) sample.moments = &totals;
+    const EligibleTotals eligible = mask ? masked_totals(impl, *mask) : EligibleTotals{};  // (control variates)
+    const MomentTotals totals = mask ? eligible.view() : impl.moment_totals();
+    if (totals.rows > 0) sample.moments = &totals;
+    const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::optional<PrunedSoft>> sampled = estimated_soft_batch(kernels, rq.data(), rf.data(), rest.size(), span, sample,
                                                                           mask ? &*mask : nullptr, &rest_strata);
+    sample_share = elapsed_ns(t0) / static_cast<double>(rest.size());
     for (std::size_t i = 0; i < rest.size(); ++i) {
-      if (remembered) memory.note(Attempt::sample, sampled[i].has_value(), 0.0, span.rows);
+      if (remembered) memory.note(Attempt::sample, sampled[i].has_value(), sample_share, span.rows);
       answers[rest[i]] = std::move(sampled[i]);
     }
   }
   for (std::size_t b = 0; b < n; ++b)  // (a sample skipped or failed: the walk's rows were of no use)
-    if (handed[b] == kHanded) memory.note(Attempt::estimate_walk, answers[b].has_value(), 0.0, span.rows);
+    if (handed[b] == kHanded) memory.note(Attempt::estimate_walk, answers[b].has_value(), walk_ns[b] + sample_share, span.rows);
   // 3. One fused pass over every eligible row for the queries no estimate answered: their exact answers.
   std::vector<std::size_t> exact;
   for (std::size_t b = 0; b < n; ++b)

@@ -21,6 +21,8 @@ class PassChoice;
 struct ArgMax;
 struct PrunedSoft;
 struct BoundsSummary;
+struct EligibleRows;
+struct EligibleTotals;
 
 /// Runs a query body; an allocation failure (a huge batch, top_m or top_k) becomes Error(resource_exhausted).
 template <class F>
@@ -64,6 +66,11 @@ void check_best(const ArgMax& best);
                                                                std::size_t top_m, std::vector<std::size_t>& stratum,
                                                                const double* bounds = nullptr, const std::uint32_t* live = nullptr,
                                                                ListScorer* scorer = nullptr, const BoundsSummary* summary = nullptr);
+
+/// A masked block sample's known totals (soft_one and soft_estimated, under the read lock): the eligible
+/// rows' value sums and squares from the collection's chunk sums (ValueChunks), or none (rows 0) when more
+/// than max(2 chunks, 1/kBudgetDivisor) of the eligible rows lie outside whole chunks (a mask of many short runs).
+[[nodiscard]] EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mask);
 
 /// Soft: the exact scan, or pruned (top_k, epsilon) or estimated (error_target) as `path` says, within
 /// the planner's budget (an index not built yet: the exact scan).

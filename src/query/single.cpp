@@ -101,6 +101,10 @@ std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, con
   return answer;
 }
 
+EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mask) {
+  return impl.eligible_totals(mask, std::max(2 * ValueChunks::kRows, mask.count / kBudgetDivisor));
+}
+
 // One soft query on its own (prepared and split: q, f), pruned or exact, contributors included.
 SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const QueryOptions& options, SinglePath path) {
   const auto lock = impl.read_lock();
@@ -244,9 +248,11 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       const std::size_t rows = mask ? mask->count : span.rows;
       // top_m clamped to the rows it could list (a TopScores reserves room for all of them).
       EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), std::min(options.top_m, rows)};
-      // The control variates' totals (summed at the first such query, before the attempt's timing starts).
-      const MomentTotals totals = mask ? MomentTotals{} : impl.moment_totals();
-      if (!mask) sample.moments = &totals;
+      // The control variates' totals (summed at the first such query, before the attempt's timing starts);
+      // with a mask, the eligible rows' value sums from the collection's chunk sums (masked_totals).
+      const EligibleTotals eligible = mask ? masked_totals(impl, *mask) : EligibleTotals{};
+      const MomentTotals totals = mask ? eligible.view() : impl.moment_totals();
+      if (totals.rows > 0) sample.moments = &totals;
       // A walk that handed its rows on is judged by this sample, which then runs whatever the sample's own
       // memory says (else the walk's one try in 16 would meet the sample's one in 16 once in 256 queries).
       // (The walk is charged the sample's time too: what it cost to hand the query on, or to answer it.)

@@ -391,13 +391,15 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
   // centre[c])^2 for rows [0, rows) in order and every column, v stored at Pr: one read of each value for
   // the four sums (the block sample's control variates, the bound on their rounding, its unseen spread).
   // Columns in groups of CV vectors, five live per vector (four sums and the centre) besides the row's
-  // value, its offset and the score: CV = 4 with 32 vector registers (avx512: 23 live), 2 with 16.
+  // value, its offset and the score: CV = 4 on avx512 (32 vector registers: 23 live), 2 elsewhere.
   template <Precision Pr>
   static void value_sums(const float* s, const void* v, std::size_t rows, std::size_t dv, float* u, float* sv, float* a,
                          const float* centre, float* sq) {
     constexpr std::size_t CV = W >= 16 ? kBlendVecs / 2 : kBlendVecs / 4;
     std::size_t c = 0;
     for (; c + CV * W <= dv; c += CV * W) value_sums_cols<Pr, CV>(s, v, rows, dv, c, u, sv, a, centre, sq);
+    if constexpr (CV > 2)  // (dv = 32, 96 on avx512: two vectors at a time before one)
+      for (; c + 2 * W <= dv; c += 2 * W) value_sums_cols<Pr, 2>(s, v, rows, dv, c, u, sv, a, centre, sq);
     for (; c + W <= dv; c += W) value_sums_cols<Pr, 1>(s, v, rows, dv, c, u, sv, a, centre, sq);
     for (; c < dv; ++c)
       for (std::size_t r = 0; r < rows; ++r) {

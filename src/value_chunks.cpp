@@ -1,0 +1,134 @@
+// ValueChunks (value_chunks.hpp): per-chunk sums of the values in double, summed again when a write made
+// them stale, combined into the totals over a mask's eligible rows with a bound on every rounding.
+#include "value_chunks.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace softkv::detail {
+namespace {
+
+constexpr double kUnit = 0x1p-53;  // double rounding
+
+// Adds rows [begin, end) of span into sum and square (dv each); returns their largest |v_j|.
+double add_rows(const RowSpan& span, std::size_t begin, std::size_t end, double* sum, double* square, std::vector<float>& row) {
+  const std::size_t dv = span.value_dim;
+  double abs_max = 0;
+  for (std::size_t r = begin; r < end; ++r) {
+    value_row(span, r, row.data());
+    for (std::size_t k = 0; k < dv; ++k) {
+      const double x = row[k];
+      sum[k] += x;
+      square[k] += x * x;
+      abs_max = std::max(abs_max, std::fabs(x));
+    }
+  }
+  return abs_max;
+}
+
+// What a sum of n terms of magnitude at most m, added one by one in double, may be off by: each addition
+// rounds by at most kUnit of the partial sum, itself at most n m (a term's own rounding, x * x, adds n
+// kUnit m more: counted for the squares by the caller's m and the extra n).
+double sum_error(double n, double m) { return 1.01 * n * n * kUnit * m; }
+
+}  // namespace
+
+MomentTotals EligibleTotals::view() const {
+  MomentTotals t;
+  if (rows == 0) return t;
+  t.value_sum = value_sum.data();
+  t.value_square = value_square.data();
+  t.rows = rows;
+  t.value_error = value_error;
+  t.value_square_error = value_square_error;
+  return t;
+}
+
+void ValueChunks::touch(std::size_t row) noexcept {
+  const std::size_t c = row / kRows;
+  if (c >= chunks_.size()) {
+    try {
+      chunks_.resize(c + 1);
+    } catch (...) {  // (out of memory: no chunk is trusted until the next query sums them again)
+      all_stale_ = true;
+      return;
+    }
+  }
+  chunks_[c].fresh = false;
+}
+
+void ValueChunks::clear() noexcept {
+  for (Chunk& c : chunks_) c.fresh = false;
+}
+
+EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& eligible, std::size_t loose_limit) const {
+  EligibleTotals out;
+  const std::size_t dv = span.value_dim;
+  if (eligible.count == 0 || dv == 0) return out;
+  // The whole chunks the runs cover, and the eligible rows outside them.
+  std::vector<std::size_t> whole;
+  std::vector<RowRun> loose;
+  std::size_t loose_rows = 0;
+  for (const RowRun& run : eligible.runs) {
+    const std::size_t end = std::min(run.begin + run.count, span.rows);
+    for (std::size_t r = run.begin; r < end;) {
+      const std::size_t first = r / kRows * kRows, last = std::min(first + kRows, span.rows);
+      if (r == first && end >= last) {
+        whole.push_back(r / kRows);
+        r = last;
+      } else {
+        const std::size_t stop = std::min(end, last);
+        loose.push_back({r, stop - r});
+        loose_rows += stop - r;
+        r = stop;
+      }
+    }
+  }
+  if (loose_rows > loose_limit) return out;
+  out.value_sum.assign(dv, 0.0);
+  out.value_square.assign(dv, 0.0);
+  std::vector<float> row(dv);
+  double abs_max = 0;  // over every row summed
+  {
+    const std::lock_guard lock(mutex_);
+    if (chunks_.size() * kRows < span.rows) chunks_.resize((span.rows + kRows - 1) / kRows);
+    if (all_stale_) {
+      for (Chunk& c : chunks_) c.fresh = false;
+      all_stale_ = false;
+    }
+    for (const std::size_t c : whole) {
+      Chunk& chunk = chunks_[c];
+      const std::size_t first = c * kRows, last = std::min(first + kRows, span.rows);
+      if (!chunk.fresh) {
+        chunk.sum.assign(dv, 0.0);
+        chunk.square.assign(dv, 0.0);
+        chunk.abs_max = add_rows(span, first, last, chunk.sum.data(), chunk.square.data(), row);
+        chunk.fresh = true;
+      }
+      const double n = static_cast<double>(last - first), m = chunk.abs_max;
+      for (std::size_t k = 0; k < dv; ++k) out.value_sum[k] += chunk.sum[k], out.value_square[k] += chunk.square[k];
+      out.value_error += sum_error(n, m);
+      out.value_square_error += sum_error(n, m * m) + 1.01 * n * kUnit * m * m;
+      abs_max = std::max(abs_max, m);
+    }
+  }
+  // The loose rows, one by one into their own sums (then added like one more chunk).
+  std::vector<double> sum(dv, 0.0), square(dv, 0.0);
+  double loose_max = 0;
+  for (const RowRun& run : loose) loose_max = std::max(loose_max, add_rows(span, run.begin, run.begin + run.count, sum.data(), square.data(), row));
+  for (std::size_t k = 0; k < dv; ++k) out.value_sum[k] += sum[k], out.value_square[k] += square[k];
+  const double n = static_cast<double>(loose_rows);
+  out.value_error += sum_error(n, loose_max);
+  out.value_square_error += sum_error(n, loose_max * loose_max) + 1.01 * n * kUnit * loose_max * loose_max;
+  abs_max = std::max(abs_max, loose_max);
+  // Adding the chunks' sums and the loose rows' together: each addition rounds by at most kUnit of the
+  // partial total, itself at most rows x abs_max.
+  const double terms = static_cast<double>(whole.size() + 1), rows = static_cast<double>(eligible.count);
+  out.value_error += 1.01 * terms * kUnit * rows * abs_max;
+  out.value_square_error += 1.01 * terms * kUnit * rows * abs_max * abs_max;
+  out.rows = eligible.count;
+  if (!std::isfinite(out.value_error) || !std::isfinite(out.value_square_error)) return {};  // (values near FLT_MAX squared)
+  return out;
+}
+
+}  // namespace softkv::detail

@@ -1,0 +1,54 @@
+// Sums of the values per chunk of rows, kept lazily: the known totals of a masked block sample (the sum v_j
+// and sum v_j^2 over the eligible rows), which a mask made of long runs (a causal range of tags over rows
+// stored in order) covers mostly with whole chunks (estimate.hpp; docs/PRUNING.md, "Masks").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "scan.hpp"
+#include "value_moments.hpp"
+
+namespace softkv::detail {
+
+/// The totals of a set of eligible rows, owning their sums: view() is the MomentTotals a masked block
+/// sample reads (sum v_j and sum v_j^2 with their rounding bounds; no key totals).
+struct EligibleTotals {
+  std::vector<double> value_sum, value_square;  ///< dv each
+  std::size_t rows = 0;                         ///< the eligible rows (0: no totals)
+  double value_error = 0, value_square_error = 0;
+  /// The totals as the sample reads them (valid while this object lives).
+  [[nodiscard]] MomentTotals view() const;
+};
+
+/// Per chunk of kRows rows in storage order, sum v_j and sum v_j^2 per coordinate in double, with the
+/// chunk's largest |v_j|; a write marks its rows' chunks stale (touch, under the collection's exclusive
+/// lock) and a query sums the stale chunks it needs again (under the collection's shared lock and a mutex
+/// of its own).
+class ValueChunks {
+ public:
+  /// Rows per chunk (a chunk's sums take 16 dv bytes: 2 MiB at 1M rows of dv = 128).
+  static constexpr std::size_t kRows = 1024;
+  /// Row `row` was written, moved or removed: its chunk's sums are stale.
+  void touch(std::size_t row) noexcept;
+  /// Every chunk is stale (a restore replaced the rows).
+  void clear() noexcept;
+  /// The totals over the eligible rows of span: whole chunks from their sums (summed again where stale),
+  /// the other eligible rows summed now. Empty (rows 0) when those other rows number more than
+  /// loose_limit: summing them would cost a share of the sample it serves.
+  [[nodiscard]] EligibleTotals totals(const RowSpan& span, const EligibleRows& eligible, std::size_t loose_limit) const;
+
+ private:
+  struct Chunk {
+    std::vector<double> sum, square;  // dv each (empty: never summed)
+    double abs_max = 0;               // the chunk's largest |v_j|
+    bool fresh = false;               // sums match the rows
+  };
+  mutable std::mutex mutex_;
+  mutable std::vector<Chunk> chunks_;
+  mutable bool all_stale_ = false;  // a touch could not grow chunks_: every chunk is stale
+};
+
+}  // namespace softkv::detail
