@@ -107,9 +107,11 @@ class CollectionImpl {
   /// The rows' totals for the block sample's control variates (summed at the first call). Under the read lock.
   [[nodiscard]] detail::MomentTotals moment_totals() const { return moments_.totals(detail::kernels(), span()); }
   /// The totals over a mask's eligible rows (value sums and squares), or empty ones (rows 0) when more than
-  /// loose_limit of them lie outside whole chunks (ValueChunks::totals).
-  [[nodiscard]] detail::EligibleTotals eligible_totals(const detail::EligibleRows& rows, std::size_t loose_limit) const {
-    return chunks_.totals(span(), rows, loose_limit);
+  /// loose_limit of them lie outside whole chunks or its stale chunks hold more than stale_limit rows
+  /// (ValueChunks::totals).
+  [[nodiscard]] detail::EligibleTotals eligible_totals(const detail::EligibleRows& rows, std::size_t loose_limit,
+                                                       std::size_t stale_limit) const {
+    return chunks_.totals(span(), rows, loose_limit, stale_limit);
   }
   /// Whether writes keep the totals (a query summed them and nothing made them be forgotten since).
   [[nodiscard]] bool moments_kept() const noexcept { return moments_.kept(); }

@@ -24,7 +24,8 @@ struct EstimateTarget {
   /// estimate_over_lists: where drawn lists are scored (a batch's shared reads); null: the lists' own.
   ListScorer* scorer = nullptr;
   /// The block sample: the totals of the rows it draws from (every row of span, or a mask's eligible
-  /// rows: value sums only) for its control variates and unseen spread; null, or totals of other rows: none.
+  /// rows: value sums only) for its control variates and unseen spread, or null. The caller passes the
+  /// totals of exactly those rows; the sample checks only their count (another count: used as null).
   const MomentTotals* moments = nullptr;
 };
 

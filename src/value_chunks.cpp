@@ -34,6 +34,8 @@ double sum_error(double n, double m) { return 1.01 * n * n * kUnit * m; }
 }  // namespace
 
 MomentTotals EligibleTotals::view() const {
+  // (No key totals: key_value null keeps the sample to the x_b regressor, and key_norm_max 0 only enters
+  // the y_b regressor's bounds.)
   MomentTotals t;
   if (rows == 0) return t;
   t.value_sum = value_sum.data();
@@ -61,7 +63,8 @@ void ValueChunks::clear() noexcept {
   for (Chunk& c : chunks_) c.fresh = false;
 }
 
-EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& eligible, std::size_t loose_limit) const {
+EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& eligible, std::size_t loose_limit,
+                                   std::size_t stale_limit) const {
   EligibleTotals out;
   const std::size_t dv = span.value_dim;
   if (eligible.count == 0 || dv == 0) return out;
@@ -80,11 +83,11 @@ EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& elig
         const std::size_t stop = std::min(end, last);
         loose.push_back({r, stop - r});
         loose_rows += stop - r;
+        if (loose_rows > loose_limit) return out;  // (a mask of many short runs: no totals)
         r = stop;
       }
     }
   }
-  if (loose_rows > loose_limit) return out;
   out.value_sum.assign(dv, 0.0);
   out.value_square.assign(dv, 0.0);
   std::vector<float> row(dv);
@@ -96,15 +99,27 @@ EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& elig
       for (Chunk& c : chunks_) c.fresh = false;
       all_stale_ = false;
     }
+    // Stale chunks first, up to stale_limit rows; any left stale: no totals this time.
+    std::size_t summed = 0;
+    bool complete = true;
     for (const std::size_t c : whole) {
       Chunk& chunk = chunks_[c];
+      if (chunk.fresh) continue;
       const std::size_t first = c * kRows, last = std::min(first + kRows, span.rows);
-      if (!chunk.fresh) {
-        chunk.sum.assign(dv, 0.0);
-        chunk.square.assign(dv, 0.0);
-        chunk.abs_max = add_rows(span, first, last, chunk.sum.data(), chunk.square.data(), row);
-        chunk.fresh = true;
+      if (summed + (last - first) > stale_limit) {
+        complete = false;
+        break;
       }
+      chunk.sum.assign(dv, 0.0);
+      chunk.square.assign(dv, 0.0);
+      chunk.abs_max = add_rows(span, first, last, chunk.sum.data(), chunk.square.data(), row);
+      chunk.fresh = true;
+      summed += last - first;
+    }
+    if (!complete) return {};
+    for (const std::size_t c : whole) {
+      const Chunk& chunk = chunks_[c];
+      const std::size_t first = c * kRows, last = std::min(first + kRows, span.rows);
       const double n = static_cast<double>(last - first), m = chunk.abs_max;
       for (std::size_t k = 0; k < dv; ++k) out.value_sum[k] += chunk.sum[k], out.value_square[k] += chunk.square[k];
       out.value_error += sum_error(n, m);

@@ -37,8 +37,11 @@ class ValueChunks {
   void clear() noexcept;
   /// The totals over the eligible rows of span: whole chunks from their sums (summed again where stale),
   /// the other eligible rows summed now. Empty (rows 0) when those other rows number more than
-  /// loose_limit: summing them would cost a share of the sample it serves.
-  [[nodiscard]] EligibleTotals totals(const RowSpan& span, const EligibleRows& eligible, std::size_t loose_limit) const;
+  /// loose_limit (summing them would cost a share of the sample it serves), or when the stale chunks it
+  /// covers hold more than stale_limit rows: it then sums stale chunks up to that many rows (a mask's
+  /// first queries warm its chunks a share at a time, each query's cost bounded) and returns none.
+  [[nodiscard]] EligibleTotals totals(const RowSpan& span, const EligibleRows& eligible, std::size_t loose_limit,
+                                      std::size_t stale_limit) const;
 
  private:
   struct Chunk {

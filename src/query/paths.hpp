@@ -69,7 +69,9 @@ void check_best(const ArgMax& best);
 
 /// A masked block sample's known totals (soft_one and soft_estimated, under the read lock): the eligible
 /// rows' value sums and squares from the collection's chunk sums (ValueChunks), or none (rows 0) when more
-/// than max(2 chunks, 1/kBudgetDivisor) of the eligible rows lie outside whole chunks (a mask of many short runs).
+/// than max(2 chunks, 1/kBudgetDivisor) of the eligible rows lie outside whole chunks (a mask of many short
+/// runs), while its stale chunks hold more than max(16 chunks, 1/8) of them (summed a share per query),
+/// or when memory ran out.
 [[nodiscard]] EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mask);
 
 /// Soft: the exact scan, or pruned (top_k, epsilon) or estimated (error_target) as `path` says, within

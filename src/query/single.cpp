@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <optional>
 
 #include "collection_impl.hpp"
@@ -102,7 +103,12 @@ std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, con
 }
 
 EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mask) {
-  return impl.eligible_totals(mask, std::max(2 * ValueChunks::kRows, mask.count / kBudgetDivisor));
+  try {
+    return impl.eligible_totals(mask, std::max(2 * ValueChunks::kRows, mask.count / kBudgetDivisor),
+                                std::max(16 * ValueChunks::kRows, mask.count / 8));
+  } catch (const std::bad_alloc&) {  // (the sample runs without totals, as before it had them)
+    return {};
+  }
 }
 
 // One soft query on its own (prepared and split: q, f), pruned or exact, contributors included.
