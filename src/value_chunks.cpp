@@ -27,8 +27,8 @@ double add_rows(const RowSpan& span, std::size_t begin, std::size_t end, double*
 }
 
 // What a sum of n terms of magnitude at most m, added one by one in double, may be off by: each addition
-// rounds by at most kUnit of the partial sum, itself at most n m (a term's own rounding, x * x, adds n
-// kUnit m more: counted for the squares by the caller's m and the extra n).
+// rounds by at most kUnit of the partial sum, itself at most n m. (A float's square is exact in double: the
+// callers' extra n kUnit m^2 for the squares is slack.)
 double sum_error(double n, double m) { return 1.01 * n * n * kUnit * m; }
 
 }  // namespace
