@@ -96,6 +96,8 @@ void detail::CollectionImpl::put(std::uint64_t id, const float* key, const float
   keys_.set(slot, key);
   values_.set(slot, value);
   chunks_.touch(slot);
+  tag_totals_.touch(tags_[slot], slot);  // (the tag the row held: the new one's when it is new)
+  tag_totals_.touch(tag, slot);
   note_value(value);
   if (tags_[slot] != tag) zones_.set(slot, tag);
   tags_[slot] = tag;
@@ -211,7 +213,9 @@ void detail::CollectionImpl::remove(std::span<const std::uint64_t> ids) {
     const std::size_t last = ids_.size() - 1;
     chunks_.touch(slot);
     chunks_.touch(last);
+    tag_totals_.touch(tags_[slot], slot);
     if (slot != last) {
+      tag_totals_.moved(tags_[last], last, slot);
       keys_.copy_row(last, slot);
       values_.copy_row(last, slot);
       ids_[slot] = ids_[last];
@@ -284,6 +288,7 @@ std::string detail::CollectionImpl::restore(CollectionImage image) {
   value_max_ = 0;
   moments_.clear();
   chunks_.clear();
+  tag_totals_.clear();
   for (std::size_t r = 0; r < n; ++r) {
     keys_.set(r, rows.keys.data() + r * dim());
     values_.set(r, rows.values.data() + r * value_dim());

@@ -22,6 +22,7 @@
 #include "id_map.hpp"
 #include "query/pass_choice.hpp"
 #include "stored_rows.hpp"
+#include "tag_totals.hpp"
 #include "value_chunks.hpp"
 #include "value_moments.hpp"
 #include "coalescer.hpp"
@@ -112,6 +113,13 @@ class CollectionImpl {
   [[nodiscard]] detail::EligibleTotals eligible_totals(const detail::EligibleRows& rows, std::size_t loose_limit,
                                                        std::size_t stale_limit) const {
     return chunks_.totals(span(), rows, loose_limit, stale_limit);
+  }
+  /// The totals over the rows whose tag is one of tags, which number eligible_rows, or empty ones while
+  /// those tags' sums are stale (summed a share per query: sweep_limit values) or when they number
+  /// otherwise (TagTotals::totals).
+  [[nodiscard]] detail::EligibleTotals tag_totals(std::span<const std::uint64_t> tags, std::size_t eligible_rows,
+                                                  std::size_t sweep_limit) const {
+    return tag_totals_.totals(span(), tags_, tags, eligible_rows, sweep_limit);
   }
   /// Whether writes keep the totals (a query summed them and nothing made them be forgotten since).
   [[nodiscard]] bool moments_kept() const noexcept { return moments_.kept(); }
@@ -207,6 +215,7 @@ class CollectionImpl {
   mutable detail::ValueMoments moments_;
   // sum v and sum v^2 per chunk of rows, marked stale by writes (a masked error_target's known totals)
   mutable detail::ValueChunks chunks_;
+  mutable detail::TagTotals tag_totals_;  // per-tag value sums (a tags_any mask's totals), touched like chunks_
   std::unique_ptr<detail::PruningIndex> index_;  // null for IndexKind::exact; updated under the write lock
   std::atomic<std::size_t> size_hint_{0};        // ids_.size(), published after each write (read without the lock)
   // Coalescing is query-side machinery, not collection state: usable through a const collection.

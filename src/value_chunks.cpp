@@ -26,12 +26,11 @@ double add_rows(const RowSpan& span, std::size_t begin, std::size_t end, double*
   return abs_max;
 }
 
-// What a sum of n terms of magnitude at most m, added one by one in double, may be off by: each addition
-// rounds by at most kUnit of the partial sum, itself at most n m. (A float's square is exact in double: the
-// callers' extra n kUnit m^2 for the squares is slack.)
-double sum_error(double n, double m) { return 1.01 * n * n * kUnit * m; }
-
 }  // namespace
+
+// Each addition rounds by at most kUnit of the partial sum, itself at most n m. (A float's square is exact
+// in double: the callers' extra n kUnit m^2 for the squares is slack.)
+double sum_error(double n, double m) { return 1.01 * n * n * kUnit * m; }
 
 MomentTotals EligibleTotals::view() const {
   // (No key totals: key_value null keeps the sample to the x_b regressor, and key_norm_max 0 only enters

@@ -23,6 +23,9 @@ struct EligibleTotals {
   [[nodiscard]] MomentTotals view() const;
 };
 
+/// What a sum of n terms of magnitude at most m, added one by one in double, may be off by.
+double sum_error(double n, double m);
+
 /// Per chunk of kRows rows in storage order, sum v_j and sum v_j^2 per coordinate in double, with the
 /// chunk's largest |v_j|; a write marks its rows' chunks stale (touch, under the collection's exclusive
 /// lock) and a query sums the stale chunks it needs again (under the collection's shared lock and a mutex

@@ -88,6 +88,38 @@ std::vector<float> heavy_tailed_values(const std::vector<float>& keys, std::size
   return values;
 }
 
+// Runs nq queries (dv = 1) at T = 0.5, 1 and 2 and targets 0.01 / 0.03 through soft_one with mask's fields
+// (the estimated path) and checks the estimated answers against the exact blend of the eligible rows
+// (eligible_keys, eligible_values): at least 80 estimated, at most 1% over the target, at most 7% with
+// error_estimate below the true error.
+void check_masked_coverage(const detail::CollectionImpl& impl, const std::vector<float>& queries, std::size_t nq, std::size_t d,
+                           const std::vector<float>& eligible_keys, const std::vector<float>& eligible_values, double value_max,
+                           const QueryOptions& mask) {
+  const std::size_t count = eligible_values.size();
+  REQUIRE(eligible_keys.size() == count * d);  // (one value coordinate)
+  std::size_t answers = 0, over = 0, below = 0;
+  for (const float temperature : {0.5f, 1.0f, 2.0f})
+    for (std::size_t b = 0; b < nq; ++b) {
+      const float* q = queries.data() + b * d;
+      const float scale = 1.0f / (std::sqrt(static_cast<float>(d)) * temperature);
+      const float target = b % 2 == 0 ? 0.01f : 0.03f;
+      QueryOptions options = mask;
+      options.temperature = temperature;
+      options.error_target = target;
+      const SoftResult got = detail::soft_one(impl, q, scale, options, detail::SinglePath::estimated);
+      if (got.rows_scored >= count) continue;
+      const test::SoftReference ref = test::soft_reference(q, eligible_keys.data(), eligible_values.data(), count, d, 1, scale);
+      const double err = test::max_abs_diff(got.value, ref.value) / value_max;
+      ++answers;
+      over += err > target;
+      below += err > got.error_estimate;
+    }
+  INFO(answers << " estimated answers: " << over << " over the target, " << below << " with the estimate below the true error");
+  REQUIRE(answers >= 80);
+  CHECK(over * 100 <= answers);
+  CHECK(below * 100 <= answers * 7);
+}
+
 }  // namespace
 
 TEST_CASE("the control variates' totals match a long-double sum, summed at once or kept by adds and removes", "[estimate][moments]") {
@@ -444,7 +476,7 @@ TEST_CASE("a mask's eligible totals come from chunk sums that every write marks 
     const auto check = [&](const QueryOptions& options, bool expected) {
       const auto lock = at->read_lock();
       const detail::EligibleRows rows = at->eligible(options);
-      const detail::EligibleTotals t = detail::masked_totals(*at, rows);
+      const detail::EligibleTotals t = detail::masked_totals(*at, rows, options);
       INFO(detail::precision_name(vp) << ": " << rows.count << " eligible rows in " << rows.runs.size() << " runs");
       if (!expected) {
         CHECK(t.rows == 0);
@@ -567,6 +599,103 @@ TEST_CASE("masked error_target on heavy-tailed values: the eligible rows' totals
   CHECK(below[1] * 100 <= answers[1] * 7);
 }
 
+TEST_CASE("a tags_any mask's totals come from per-tag sums that writes mark stale, wherever the rows lie", "[estimate][moments][masks]") {
+  // Rows of 5 tags interleaved in storage order (no whole chunk is one tag's), sums per tag (TagTotals) after
+  // adds, overwrites that move rows between tags, removes (the last row fills each hole) and a restore, each
+  // checked against a long-double sum of the rows as stored; a sweep reads a share a query; a mask of more
+  // tags than one sweep sums takes several; a count that does not match gets none.
+  const std::size_t n = 12000, d = 4, dv = 3;
+  std::vector<float> keys = test::normal_floats(n * d, 95), values = test::normal_floats(n * dv, 96);
+  for (float& v : values) v = v * 2 + 3;
+  std::vector<std::uint64_t> tags(n);
+  for (std::size_t r = 0; r < n; ++r) tags[r] = r % 5;
+  detail::CollectionImpl impl({d, dv});
+  const std::vector<std::uint64_t> ids = impl.add(impl.prepare({}, keys, values, tags));
+  const detail::CollectionImpl* at = &impl;
+  // The totals of tags_any = want (at most limit values read a call): none (expect_none), or after at most
+  // `calls` calls those of the rows as stored.
+  const auto check = [&](const std::vector<std::uint64_t>& want, std::size_t limit, std::size_t calls) {
+    const auto lock = at->read_lock();
+    std::vector<long double> sum(dv, 0.0L), square(dv, 0.0L);
+    long double mass = 0;
+    std::size_t count = 0;
+    for (std::size_t r = 0; r < at->tags().size(); ++r) {
+      if (std::find(want.begin(), want.end(), at->tags()[r]) == want.end()) continue;
+      const std::vector<float> v = at->value_of(r);
+      for (std::size_t k = 0; k < dv; ++k) sum[k] += v[k], square[k] += static_cast<long double>(v[k]) * v[k], mass += std::fabs(v[k]);
+      ++count;
+    }
+    detail::EligibleTotals t;
+    std::size_t used = 0;
+    while (t.rows == 0 && used < calls) t = at->tag_totals(want, count, limit), ++used;
+    INFO(want.size() << " tags, " << count << " rows: totals after " << used << " calls");
+    REQUIRE(t.rows == count);
+    for (std::size_t k = 0; k < dv; ++k) {
+      CHECK(static_cast<double>(std::fabs(t.value_sum[k] - sum[k])) <= t.value_error);
+      CHECK(static_cast<double>(std::fabs(t.value_square[k] - square[k])) <= t.value_square_error);
+    }
+    CHECK(t.value_error <= 1e-9 * static_cast<double>(mass));
+    CHECK(at->tag_totals(want, count + 1, limit).rows == 0);  // (a mask that leaves some of them out)
+    return used;
+  };
+  CHECK(check({0, 2}, 1000, 10) == 5);  // 4,800 rows read 1,000 a call: the fifth call has the totals
+  CHECK(check({2, 0, 2}, 1000, 1) == 1);  // (kept: the same tags in any order, repeated)
+  // Overwrites: rows of tag 0 take tag 3 and +50 (the sums of 0 and 3 stale), one row of tag 1 its value +50.
+  std::vector<std::uint64_t> changed;
+  std::vector<float> changed_keys, changed_values;
+  for (std::size_t r = 0; r < 3000; r += 5) {
+    changed.push_back(ids[r]);
+    changed_keys.insert(changed_keys.end(), keys.begin() + static_cast<std::ptrdiff_t>(r * d), keys.begin() + static_cast<std::ptrdiff_t>((r + 1) * d));
+    for (std::size_t k = 0; k < dv; ++k) changed_values.push_back(values[r * dv + k] + 50.0f);
+  }
+  impl.apply(impl.prepare(changed, changed_keys, changed_values, std::vector<std::uint64_t>(changed.size(), 3)));
+  impl.apply(impl.prepare(std::vector<std::uint64_t>{ids[6]}, {keys.data() + 6 * d, d}, std::vector<float>(dv, 60.0f), std::vector<std::uint64_t>{1}));
+  CHECK(check({0, 2}, 1000, 10) == 2);  // (tag 0's 1,800 rows summed again, 1,000 a call; tag 2's kept)
+  check({3, 1}, n, 1);
+  // A sweep in progress (tag 4: 500 of its 2,400 rows read, the sweep at row ~2,500) and writes around it.
+  const auto sweep_begins = [&] {
+    const auto lock = impl.read_lock();
+    CHECK(impl.tag_totals(std::vector<std::uint64_t>{4}, 2400, 500).rows == 0);
+  };
+  sweep_begins();
+  // A remove behind it whose hole the last row (tag 4, ahead of the sweep) fills: the sweep would never
+  // meet that row; tag 4 leaves it and a new sweep sums it (5 calls of 500 rows).
+  impl.remove(std::vector<std::uint64_t>{ids[100]});
+  CHECK(check({4}, 500, 30) == 5);
+  // Appends and an overwrite ahead of the sweep leave it going: 2,700 rows, 500 read before them, in 5 more calls.
+  const auto overwrite = [&](std::size_t r, float plus) {
+    std::vector<float> v(values.begin() + static_cast<std::ptrdiff_t>(r * dv), values.begin() + static_cast<std::ptrdiff_t>((r + 1) * dv));
+    for (float& x : v) x += plus;
+    impl.apply(impl.prepare(std::vector<std::uint64_t>{ids[r]}, {keys.data() + r * d, d}, v, std::vector<std::uint64_t>{tags[r]}));
+  };
+  overwrite(11994, 1.0f);  // (tag 4 stale again)
+  sweep_begins();
+  (void)impl.add(impl.prepare({}, {keys.data(), 300 * d}, {values.data(), 300 * dv}, std::vector<std::uint64_t>(300, 4)));
+  overwrite(11989, 2.0f);
+  CHECK(check({4}, 500, 30) == 5);
+  // Removes (the last rows fill the holes), then appended rows of a kept tag.
+  impl.remove(std::vector<std::uint64_t>{ids[9], ids[5000]});  // (tags 4 and 0)
+  check({4}, 500, 30);
+  check({0, 2}, 500, 30);
+  (void)impl.add(impl.prepare({}, {keys.data(), 300 * d}, {values.data(), 300 * dv}, std::vector<std::uint64_t>(300, 2)));
+  check({0, 2}, n, 2);
+  // More tags than a sweep sums (64): 100 tags, 60 of which no row holds.
+  std::vector<std::uint64_t> many;
+  for (std::uint64_t t = 0; t < 100; ++t) many.push_back(t * 7919 % 1000 + (t < 40 ? 0 : 1000));
+  std::vector<float> tagged_values(40 * dv, 1.5f);
+  std::vector<std::uint64_t> tagged(40);
+  for (std::size_t i = 0; i < 40; ++i) tagged[i] = many[i];
+  (void)impl.add(impl.prepare({}, {keys.data(), 40 * d}, tagged_values, tagged));
+  CHECK(check(many, n, 10) == 2);  // two sweeps
+  // A restored snapshot (values +50 again) sums its tags afresh.
+  CollectionImage image = impl.image();
+  for (float& v : image.rows.values) v += 50.0f;
+  detail::CollectionImpl restored({d, dv});
+  (void)restored.restore(std::move(image));
+  at = &restored;
+  check({0, 2, 3}, n, 2);
+}
+
 TEST_CASE("a masked error_target query on values near the float range answers finite and within its target", "[estimate][moments][masks]") {
   // Values of 1e37 under a tag_range (the chunk totals' squares ~1e78 in double): the sample must leave out
   // the control variates (a block's float sums would pass FLT_MAX) and answer from the plain ratio.
@@ -616,26 +745,39 @@ TEST_CASE("a masked error_target query through the collection uses its chunk tot
     const detail::EligibleRows rows = impl.eligible({.tag_range = range});
     REQUIRE(rows.count == count);
     std::size_t warming = 0;
-    while (detail::masked_totals(impl, rows).rows == 0 && warming < 10) ++warming;
+    while (detail::masked_totals(impl, rows, {.tag_range = range}).rows == 0 && warming < 10) ++warming;
     CHECK(warming == 2);  // 48 whole chunks, stale, summed 16 a query: the third query has the totals
   }
-  std::size_t answers = 0, over = 0, below = 0;
-  for (const float temperature : {0.5f, 1.0f, 2.0f})
-    for (std::size_t b = 0; b < nq; ++b) {
-      const float* q = queries.data() + b * d;
-      const float scale = 1.0f / (std::sqrt(static_cast<float>(d)) * temperature);
-      const float target = b % 2 == 0 ? 0.01f : 0.03f;
-      const SoftResult got = detail::soft_one(impl, q, scale, {.temperature = temperature, .error_target = target, .tag_range = range},
-                                              detail::SinglePath::estimated);
-      if (got.rows_scored >= count) continue;
-      const test::SoftReference ref = test::soft_reference(q, eligible_keys.data(), eligible_values.data(), count, d, dv, scale);
-      const double err = test::max_abs_diff(got.value, ref.value) / value_max;
-      ++answers;
-      over += err > target;
-      below += err > got.error_estimate;
-    }
-  INFO(answers << " estimated answers: " << over << " over the target, " << below << " with the estimate below the true error");
-  REQUIRE(answers >= 80);
-  CHECK(over * 100 <= answers);
-  CHECK(below * 100 <= answers * 7);
+  check_masked_coverage(impl, queries, nq, d, eligible_keys, eligible_values, value_max, {.tag_range = range});
+}
+
+TEST_CASE("a tags_any error_target query over interleaved rows uses the per-tag totals once they are summed", "[estimate][moments][masks]") {
+  // The heavy-tailed values above (following the keys), rows of three tags interleaved in storage order
+  // and tags_any = {0, 1}: 40,000 of 60,000 rows in runs of two, so no chunk is whole and only the per-tag
+  // sums give the sample its totals (swept 16,384 values a query: the third query has them).
+  const std::size_t n = 60000, d = 32, dv = 1, nq = 40;
+  const std::vector<float> keys = test::normal_floats(n * d, 97), queries = test::normal_floats(nq * d, 98);
+  const std::vector<float> values = heavy_tailed_values(keys, n, d, true, 99);
+  std::vector<std::uint64_t> tags(n);
+  for (std::size_t r = 0; r < n; ++r) tags[r] = r % 3;
+  detail::CollectionImpl impl({d, dv});
+  (void)impl.add(impl.prepare({}, keys, values, tags));
+  std::vector<float> eligible_keys, eligible_values;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (tags[r] == 2) continue;
+    eligible_keys.insert(eligible_keys.end(), keys.begin() + static_cast<std::ptrdiff_t>(r * d), keys.begin() + static_cast<std::ptrdiff_t>((r + 1) * d));
+    eligible_values.push_back(values[r]);
+  }
+  const std::size_t count = eligible_values.size();
+  const std::vector<std::uint64_t> wanted{0, 1};
+  {
+    const auto lock = impl.read_lock();
+    const detail::EligibleRows rows = impl.eligible({.tags_any = wanted});
+    REQUIRE(rows.count == count);
+    std::size_t warming = 0;
+    while (detail::masked_totals(impl, rows, {.tags_any = wanted}).rows == 0 && warming < 10) ++warming;
+    CHECK(warming == 2);
+  }
+  const double value_max = test::max_abs(values);
+  check_masked_coverage(impl, queries, nq, d, eligible_keys, eligible_values, value_max, {.tags_any = wanted});
 }

@@ -100,8 +100,8 @@ struct QueryOptions {
   /// Estimated soft retrieval: the answer within this error, relative to max_i ||v_i||_inf, at 95%
   /// confidence (SoftResult::error_estimate), reading as few rows as the data allow (docs/PRUNING.md,
   /// "Estimated answers"). Finite and >= 0 (0: the exact answer); exclusive with top_k and epsilon; not on
-  /// multi-head collections or with a mask. When the target needs more rows than the planner's budget,
-  /// the exact scan answers.
+  /// multi-head collections; with a mask only the eligible entries are sampled. When the target needs more
+  /// rows than the planner's budget, the exact scan answers.
   std::optional<float> error_target;
   /// HNSW: candidate list size of the graph search (>= top_k is useful; 64 at least is advised);
   /// any value is accepted and clamped to [k, index size].

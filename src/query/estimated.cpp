@@ -115,7 +115,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     std::vector<std::vector<std::size_t>> rest_strata(rest.size());
     for (std::size_t i = 0; i < rest.size(); ++i) rest_strata[i] = std::move(strata[rest[i]]);
     EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(rq.data(), d, rows), std::min(options.top_m, rows)};
-    const EligibleTotals eligible = mask ? masked_totals(impl, *mask) : EligibleTotals{};  // (control variates)
+    const EligibleTotals eligible = mask ? masked_totals(impl, *mask, options) : EligibleTotals{};  // (control variates)
     const MomentTotals totals = mask ? eligible.view() : impl.moment_totals();
     if (totals.rows > 0) sample.moments = &totals;
     const auto t0 = std::chrono::steady_clock::now();

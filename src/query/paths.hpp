@@ -68,11 +68,13 @@ void check_best(const ArgMax& best);
                                                                ListScorer* scorer = nullptr, const BoundsSummary* summary = nullptr);
 
 /// A masked block sample's known totals (soft_one and soft_estimated, under the read lock): the eligible
-/// rows' value sums and squares from the collection's chunk sums (ValueChunks), or none (rows 0) when more
-/// than max(2 chunks, 1/kBudgetDivisor) of the eligible rows lie outside whole chunks (a mask of many short
-/// runs), while its stale chunks hold more than max(16 chunks, 1/8) of them (summed a share per query),
-/// or when memory ran out.
-[[nodiscard]] EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mask);
+/// rows' value sums and squares. A mask of tags_any alone (options) takes them from the collection's
+/// per-tag sums (TagTotals), none (rows 0) while its tags are being summed (a sweep reading max(16 chunks,
+/// 1/8) of the eligible rows' values a query); any other mask from the chunk sums (ValueChunks), none when
+/// more than max(2 chunks, 1/kBudgetDivisor) of the eligible rows lie outside whole chunks (a mask of many
+/// short runs) or while its stale chunks hold more than max(16 chunks, 1/8) of them (summed a share per
+/// query). None when memory ran out.
+[[nodiscard]] EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mask, const QueryOptions& options);
 
 /// Soft: the exact scan, or pruned (top_k, epsilon) or estimated (error_target) as `path` says, within
 /// the planner's budget (an index not built yet: the exact scan).

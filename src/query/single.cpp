@@ -102,8 +102,12 @@ std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, con
   return answer;
 }
 
-EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mask) {
+EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mask, const QueryOptions& options) {
   try {
+    // A mask of tags_any alone: the sums of its tags, wherever their rows lie; any other mask: the chunks
+    // its runs cover, when they are long.
+    if (!options.tags_any.empty() && !options.tag_range && options.exclude_ids.empty())
+      return impl.tag_totals(options.tags_any, mask.count, std::max(16 * ValueChunks::kRows, mask.count / 8));
     return impl.eligible_totals(mask, std::max(2 * ValueChunks::kRows, mask.count / kBudgetDivisor),
                                 std::max(16 * ValueChunks::kRows, mask.count / 8));
   } catch (const std::bad_alloc&) {  // (the sample runs without totals, as before it had them)
@@ -255,8 +259,8 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
       // top_m clamped to the rows it could list (a TopScores reserves room for all of them).
       EstimateTarget sample{target, impl.value_max(), rows / 8, seed_of(q, impl.dim(), rows), std::min(options.top_m, rows)};
       // The control variates' totals (summed at the first such query, before the attempt's timing starts);
-      // with a mask, the eligible rows' value sums from the collection's chunk sums (masked_totals).
-      const EligibleTotals eligible = mask ? masked_totals(impl, *mask) : EligibleTotals{};
+      // with a mask, the eligible rows' value sums from the collection's tag or chunk sums (masked_totals).
+      const EligibleTotals eligible = mask ? masked_totals(impl, *mask, options) : EligibleTotals{};
       const MomentTotals totals = mask ? eligible.view() : impl.moment_totals();
       if (totals.rows > 0) sample.moments = &totals;
       // A walk that handed its rows on is judged by this sample, which then runs whatever the sample's own
