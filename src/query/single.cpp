@@ -102,14 +102,47 @@ std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, con
   return answer;
 }
 
+namespace {
+
+// The totals of a mask of tags_any (and exclude_ids: at most loose_limit of them) from the per-tag sums:
+// the excluded rows that hold one of the tags are taken out of them one by one.
+EligibleTotals tag_mask_totals(const CollectionImpl& impl, const EligibleRows& mask, const QueryOptions& options, std::size_t loose_limit) {
+  std::vector<std::size_t> excluded;  // rows of the tags that exclude_ids leaves out
+  if (!options.exclude_ids.empty()) {
+    if (options.exclude_ids.size() > loose_limit) return {};
+    std::vector<std::uint64_t> wanted(options.tags_any);
+    std::sort(wanted.begin(), wanted.end());
+    for (const std::uint64_t id : options.exclude_ids)
+      if (const std::optional<std::size_t> row = impl.row_of(id); row && std::binary_search(wanted.begin(), wanted.end(), impl.tags()[*row]))
+        excluded.push_back(*row);
+    std::sort(excluded.begin(), excluded.end());
+    excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());  // (an id given twice)
+  }
+  EligibleTotals out = impl.tag_totals(options.tags_any, mask.count + excluded.size(), std::max(16 * ValueChunks::kRows, mask.count / 8));
+  if (out.rows == 0 || excluded.empty()) return out;
+  // Each subtraction rounds by at most 2^-53 of its partial total, itself at most (rows + excluded) x value_max.
+  const std::size_t dv = impl.value_dim();
+  const double m = impl.value_max(), n = static_cast<double>(excluded.size()), all = static_cast<double>(out.rows);
+  for (const std::size_t row : excluded) {
+    const std::vector<float> v = impl.value_of(row);
+    for (std::size_t k = 0; k < dv; ++k) out.value_sum[k] -= v[k], out.value_square[k] -= static_cast<double>(v[k]) * v[k];
+  }
+  out.value_error += 1.01 * n * 0x1p-53 * all * m;
+  out.value_square_error += 1.01 * n * 0x1p-53 * all * m * m;
+  out.rows = mask.count;
+  if (!std::isfinite(out.value_error) || !std::isfinite(out.value_square_error)) return {};
+  return out;
+}
+
+}  // namespace
+
 EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mask, const QueryOptions& options) {
   try {
-    // A mask of tags_any alone: the sums of its tags, wherever their rows lie; any other mask: the chunks
-    // its runs cover, when they are long.
-    if (!options.tags_any.empty() && !options.tag_range && options.exclude_ids.empty())
-      return impl.tag_totals(options.tags_any, mask.count, std::max(16 * ValueChunks::kRows, mask.count / 8));
-    return impl.eligible_totals(mask, std::max(2 * ValueChunks::kRows, mask.count / kBudgetDivisor),
-                                std::max(16 * ValueChunks::kRows, mask.count / 8));
+    // A mask of tags_any (and exclude_ids): the sums of its tags, wherever their rows lie; any other mask:
+    // the chunks its runs cover, when they are long.
+    const std::size_t loose_limit = std::max(2 * ValueChunks::kRows, mask.count / kBudgetDivisor);
+    if (!options.tags_any.empty() && !options.tag_range) return tag_mask_totals(impl, mask, options, loose_limit);
+    return impl.eligible_totals(mask, loose_limit, std::max(16 * ValueChunks::kRows, mask.count / 8));
   } catch (const std::bad_alloc&) {  // (the sample runs without totals, as before it had them)
     return {};
   }
