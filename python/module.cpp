@@ -2,6 +2,7 @@
 // answers with, the error translation (softkv::Error -> softkv.Error subclasses) and module functions.
 #include <pybind11/stl.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,12 @@ std::size_t non_negative(long long v, const char* field) {
 }
 
 std::optional<float> maybe_float(const std::optional<double>& v) {
-  return v ? std::optional<float>(static_cast<float>(*v)) : std::nullopt;
+  if (!v) return std::nullopt;
+  const auto f = static_cast<float>(*v);
+  // A negative value too small for a float stays negative (the smallest one), so that the options' checks
+  // refuse it as negative instead of taking it as 0 (error_target = -1e-300 would ask for the exact answer).
+  if (*v < 0 && f == 0) return -std::numeric_limits<float>::denorm_min();
+  return f;
 }
 
 namespace {

@@ -49,7 +49,7 @@ def test_spread_attention_is_estimated_within_the_target_from_a_few_percent_of_t
     assert exact.rows_scored == n and exact.error_estimate == 0.0
 
 
-@pytest.mark.parametrize("bad", [float("nan"), -0.5, float("inf")])
+@pytest.mark.parametrize("bad", [float("nan"), -0.5, float("inf"), -1e-300])  # (-1e-300: below the float range, still negative)
 def test_a_bad_target_is_invalid_argument(bad):
     c = softkv.Collection(2, 1)
     c.add([1, 0], [1])
