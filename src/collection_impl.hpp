@@ -115,7 +115,7 @@ class CollectionImpl {
     return chunks_.totals(span(), rows, loose_limit, stale_limit);
   }
   /// The totals over the rows whose tag is one of tags, which number eligible_rows, or empty ones while
-  /// those tags' sums are stale (summed a share per query: sweep_limit values) or when they number
+  /// those tags' sums are stale (summed a share per query: the values of sweep_limit rows) or when they number
   /// otherwise (TagTotals::totals).
   [[nodiscard]] detail::EligibleTotals tag_totals(std::span<const std::uint64_t> tags, std::size_t eligible_rows,
                                                   std::size_t sweep_limit) const {

@@ -4,12 +4,9 @@
 #include "tag_totals.hpp"
 
 #include <algorithm>
-#include <cmath>
 
 namespace softkv::detail {
 namespace {
-
-constexpr double kUnit = 0x1p-53;  // double rounding
 
 // One bit of 64 per tag (a multiplicative hash's top six bits): most rows of other tags are passed over
 // with a shift and a test.
@@ -18,6 +15,7 @@ std::uint64_t tag_bit(std::uint64_t tag) { return std::uint64_t{1} << ((tag * 0x
 }  // namespace
 
 void TagTotals::touch(std::uint64_t tag, std::size_t row) noexcept {
+  if (entries_.empty()) return;  // (no tags_any mask has asked: every write passes here)
   const auto it = entries_.find(tag);
   if (it == entries_.end()) return;
   it->second.fresh = false;
@@ -66,13 +64,7 @@ void TagTotals::advance(const RowSpan& span, std::span<const std::uint64_t> row_
     const auto at = std::lower_bound(summing.begin(), summing.end(), tag, [](const auto& e, std::uint64_t t) { return e.first < t; });
     if (at == summing.end() || at->first != tag) continue;
     Entry& entry = *at->second;
-    value_row(span, r, row.data());
-    for (std::size_t k = 0; k < dv; ++k) {
-      const double x = row[k];
-      entry.sum[k] += x;
-      entry.square[k] += x * x;
-      entry.abs_max = std::max(entry.abs_max, std::fabs(x));
-    }
+    entry.abs_max = std::max(entry.abs_max, add_rows(span, r, r + 1, entry.sum.data(), entry.square.data(), row));
     ++entry.rows;
     ++read;
   }
@@ -128,29 +120,15 @@ EligibleTotals TagTotals::totals(const RowSpan& span, std::span<const std::uint6
     if (std::any_of(found.begin(), found.end(), [](const Entry* e) { return !e->fresh; })) return {};
   }
   std::size_t rows = 0;
-  double abs_max = 0;
-  EligibleTotals out;
-  out.value_sum.assign(dv, 0.0);
-  out.value_square.assign(dv, 0.0);
+  TotalsSum total(dv);
   for (const Entry* entry : found) {
     if (entry->rows == 0) continue;  // (a tag no row holds)
     rows += entry->rows;
-    const double n = static_cast<double>(entry->rows), m = entry->abs_max;
-    for (std::size_t k = 0; k < dv; ++k) out.value_sum[k] += entry->sum[k], out.value_square[k] += entry->square[k];
-    out.value_error += sum_error(n, m);
-    out.value_square_error += sum_error(n, m * m) + 1.01 * n * kUnit * m * m;
-    abs_max = std::max(abs_max, m);
+    total.add(entry->sum.data(), entry->square.data(), static_cast<double>(entry->rows), entry->abs_max);
   }
   // Rows of these tags that the mask leaves out (another mask field): not these totals.
   if (rows != eligible_rows) return {};
-  // Adding the tags' sums together: each addition rounds by at most kUnit of the partial total, itself at
-  // most rows x abs_max.
-  const double terms = static_cast<double>(found.size()), all = static_cast<double>(rows);
-  out.value_error += 1.01 * terms * kUnit * all * abs_max;
-  out.value_square_error += 1.01 * terms * kUnit * all * abs_max * abs_max;
-  out.rows = rows;
-  if (!std::isfinite(out.value_error) || !std::isfinite(out.value_square_error)) return {};  // (values near FLT_MAX squared)
-  return out;
+  return total.finish(rows);
 }
 
 }  // namespace softkv::detail

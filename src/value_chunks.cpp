@@ -10,7 +10,13 @@ namespace {
 
 constexpr double kUnit = 0x1p-53;  // double rounding
 
-// Adds rows [begin, end) of span into sum and square (dv each); returns their largest |v_j|.
+// What a sum of n terms of magnitude at most m, added one by one in double, may be off by: each addition
+// rounds by at most kUnit of the partial sum, itself at most n m. (A float's square is exact in double: the
+// extra n kUnit m^2 TotalsSum adds for the squares is slack.)
+double sum_error(double n, double m) { return 1.01 * n * n * kUnit * m; }
+
+}  // namespace
+
 double add_rows(const RowSpan& span, std::size_t begin, std::size_t end, double* sum, double* square, std::vector<float>& row) {
   const std::size_t dv = span.value_dim;
   double abs_max = 0;
@@ -26,11 +32,29 @@ double add_rows(const RowSpan& span, std::size_t begin, std::size_t end, double*
   return abs_max;
 }
 
-}  // namespace
+TotalsSum::TotalsSum(std::size_t dv) {
+  out_.value_sum.assign(dv, 0.0);
+  out_.value_square.assign(dv, 0.0);
+}
 
-// Each addition rounds by at most kUnit of the partial sum, itself at most n m. (A float's square is exact
-// in double: the callers' extra n kUnit m^2 for the squares is slack.)
-double sum_error(double n, double m) { return 1.01 * n * n * kUnit * m; }
+void TotalsSum::add(const double* sum, const double* square, double rows, double abs_max) {
+  for (std::size_t k = 0; k < out_.value_sum.size(); ++k) out_.value_sum[k] += sum[k], out_.value_square[k] += square[k];
+  out_.value_error += sum_error(rows, abs_max);
+  out_.value_square_error += sum_error(rows, abs_max * abs_max) + 1.01 * rows * kUnit * abs_max * abs_max;
+  abs_max_ = std::max(abs_max_, abs_max);
+  parts_ += 1;
+}
+
+EligibleTotals TotalsSum::finish(std::size_t rows) {
+  // Adding the parts together: each addition rounds by at most kUnit of the partial total, itself at most
+  // rows x abs_max.
+  const double all = static_cast<double>(rows);
+  out_.value_error += 1.01 * parts_ * kUnit * all * abs_max_;
+  out_.value_square_error += 1.01 * parts_ * kUnit * all * abs_max_ * abs_max_;
+  out_.rows = rows;
+  if (!std::isfinite(out_.value_error) || !std::isfinite(out_.value_square_error)) return {};
+  return std::move(out_);
+}
 
 MomentTotals EligibleTotals::view() const {
   // (No key totals: key_value null keeps the sample to the x_b regressor, and key_norm_max 0 only enters
@@ -64,9 +88,8 @@ void ValueChunks::clear() noexcept {
 
 EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& eligible, std::size_t loose_limit,
                                    std::size_t stale_limit) const {
-  EligibleTotals out;
   const std::size_t dv = span.value_dim;
-  if (eligible.count == 0 || dv == 0) return out;
+  if (eligible.count == 0 || dv == 0) return {};
   // The whole chunks the runs cover, and the eligible rows outside them.
   std::vector<std::size_t> whole;
   std::vector<RowRun> loose;
@@ -82,15 +105,13 @@ EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& elig
         const std::size_t stop = std::min(end, last);
         loose.push_back({r, stop - r});
         loose_rows += stop - r;
-        if (loose_rows > loose_limit) return out;  // (a mask of many short runs: no totals)
+        if (loose_rows > loose_limit) return {};  // (a mask of many short runs: no totals)
         r = stop;
       }
     }
   }
-  out.value_sum.assign(dv, 0.0);
-  out.value_square.assign(dv, 0.0);
+  TotalsSum total(dv);
   std::vector<float> row(dv);
-  double abs_max = 0;  // over every row summed
   {
     const std::lock_guard lock(mutex_);
     if (chunks_.size() * kRows < span.rows) chunks_.resize((span.rows + kRows - 1) / kRows);
@@ -119,30 +140,15 @@ EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& elig
     for (const std::size_t c : whole) {
       const Chunk& chunk = chunks_[c];
       const std::size_t first = c * kRows, last = std::min(first + kRows, span.rows);
-      const double n = static_cast<double>(last - first), m = chunk.abs_max;
-      for (std::size_t k = 0; k < dv; ++k) out.value_sum[k] += chunk.sum[k], out.value_square[k] += chunk.square[k];
-      out.value_error += sum_error(n, m);
-      out.value_square_error += sum_error(n, m * m) + 1.01 * n * kUnit * m * m;
-      abs_max = std::max(abs_max, m);
+      total.add(chunk.sum.data(), chunk.square.data(), static_cast<double>(last - first), chunk.abs_max);
     }
   }
   // The loose rows, one by one into their own sums (then added like one more chunk).
   std::vector<double> sum(dv, 0.0), square(dv, 0.0);
   double loose_max = 0;
   for (const RowRun& run : loose) loose_max = std::max(loose_max, add_rows(span, run.begin, run.begin + run.count, sum.data(), square.data(), row));
-  for (std::size_t k = 0; k < dv; ++k) out.value_sum[k] += sum[k], out.value_square[k] += square[k];
-  const double n = static_cast<double>(loose_rows);
-  out.value_error += sum_error(n, loose_max);
-  out.value_square_error += sum_error(n, loose_max * loose_max) + 1.01 * n * kUnit * loose_max * loose_max;
-  abs_max = std::max(abs_max, loose_max);
-  // Adding the chunks' sums and the loose rows' together: each addition rounds by at most kUnit of the
-  // partial total, itself at most rows x abs_max.
-  const double terms = static_cast<double>(whole.size() + 1), rows = static_cast<double>(eligible.count);
-  out.value_error += 1.01 * terms * kUnit * rows * abs_max;
-  out.value_square_error += 1.01 * terms * kUnit * rows * abs_max * abs_max;
-  out.rows = eligible.count;
-  if (!std::isfinite(out.value_error) || !std::isfinite(out.value_square_error)) return {};  // (values near FLT_MAX squared)
-  return out;
+  total.add(sum.data(), square.data(), static_cast<double>(loose_rows), loose_max);
+  return total.finish(eligible.count);
 }
 
 }  // namespace softkv::detail

@@ -23,8 +23,25 @@ struct EligibleTotals {
   [[nodiscard]] MomentTotals view() const;
 };
 
-/// What a sum of n terms of magnitude at most m, added one by one in double, may be off by.
-double sum_error(double n, double m);
+/// Adds rows [begin, end) of span, as stored, into sum and square (dv each, in double); returns their
+/// largest |v_j|. row: scratch of dv floats.
+double add_rows(const RowSpan& span, std::size_t begin, std::size_t end, double* sum, double* square, std::vector<float>& row);
+
+/// EligibleTotals added up from parts (a chunk's, a tag's or loose rows' double sums of v_j and v_j^2), each
+/// with its rows and largest |v_j|, with a bound on every rounding: each part's own and their adding together.
+class TotalsSum {
+ public:
+  explicit TotalsSum(std::size_t dv);
+  /// Adds a part: sum and square (dv each) over `rows` rows whose largest |v_j| is abs_max.
+  void add(const double* sum, const double* square, double rows, double abs_max);
+  /// The totals over `rows` rows (the parts' together), or empty ones if a bound left the double range
+  /// (values near FLT_MAX squared).
+  [[nodiscard]] EligibleTotals finish(std::size_t rows);
+
+ private:
+  EligibleTotals out_;
+  double abs_max_ = 0, parts_ = 0;
+};
 
 /// Per chunk of kRows rows in storage order, sum v_j and sum v_j^2 per coordinate in double, with the
 /// chunk's largest |v_j|; a write marks its rows' chunks stale (touch, under the collection's exclusive

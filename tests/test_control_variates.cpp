@@ -687,6 +687,11 @@ TEST_CASE("a tags_any mask's totals come from per-tag sums that writes mark stal
   for (std::size_t i = 0; i < 40; ++i) tagged[i] = many[i];
   (void)impl.add(impl.prepare({}, {keys.data(), 40 * d}, tagged_values, tagged));
   CHECK(check(many, n, 10) == 2);  // two sweeps
+  // The largest tag there is, beside 0.
+  const std::uint64_t top = ~std::uint64_t{0};
+  (void)impl.add(impl.prepare({}, {keys.data(), 10 * d}, {values.data(), 10 * dv}, std::vector<std::uint64_t>(10, top)));
+  check({top}, n, 2);
+  check({top, 0}, n, 2);
   // tags_any with exclude_ids through masked_totals: the excluded rows of those tags come out of the sums
   // (ids of other tags and unknown ids are ignored, an id twice counts once).
   {
@@ -724,8 +729,9 @@ TEST_CASE("a tags_any mask's totals come from per-tag sums that writes mark stal
 }
 
 TEST_CASE("a masked error_target query on values near the float range answers finite and within its target", "[estimate][moments][masks]") {
-  // Values of 1e37 under a tag_range (the chunk totals' squares ~1e78 in double): the sample must leave out
-  // the control variates (a block's float sums would pass FLT_MAX) and answer from the plain ratio.
+  // Values of 1e37 under a tag_range (the chunk totals' squares ~1e78 in double), and the same rows as one
+  // tag under tags_any (the per-tag totals): the sample must leave out the control variates (a block's float
+  // sums would pass FLT_MAX) and answer from the plain ratio.
   const std::size_t n = 60000, d = 16, dv = 8, first = 4000, count = 50000;
   const std::vector<float> keys = test::normal_floats(n * d, 91), q = test::normal_floats(d, 93);
   std::vector<float> values = test::normal_floats(n * dv, 92);
@@ -738,14 +744,22 @@ TEST_CASE("a masked error_target query on values near the float range answers fi
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const test::SoftReference ref = test::soft_reference(q.data(), keys.data() + first * d, values.data() + first * dv, count, d, dv, scale);
   const double value_max = test::max_abs(values);
-  for (int repeat = 0; repeat < 4; ++repeat) {  // (the first queries warm the chunk sums a share at a time)
-    const SoftResult got = detail::soft_one(impl, q.data(), scale, {.error_target = 0.05f, .tag_range = range}, detail::SinglePath::estimated);
-    for (float v : got.value) CHECK(std::isfinite(v));
-    INFO("query " << repeat << ": rows " << got.rows_scored << ", estimate " << got.error_estimate);
-    CHECK(got.rows_scored < count);  // sampled
-    CHECK(std::isfinite(got.error_estimate));
-    CHECK(test::max_abs_diff(got.value, ref.value) / value_max <= 0.05);
-  }
+  std::vector<std::uint64_t> one_tag(n, 0);
+  for (std::size_t r = first; r < first + count; ++r) one_tag[r] = 1;
+  detail::CollectionImpl tagged({d, dv});
+  (void)tagged.add(tagged.prepare({}, keys, values, one_tag));
+  for (const auto& [at, mask] : {std::pair{&impl, QueryOptions{.tag_range = range}}, std::pair{&tagged, QueryOptions{.tags_any = {1}}}})
+    for (int repeat = 0; repeat < 4; ++repeat) {  // (the first queries warm the chunk or tag sums a share at a time)
+      QueryOptions options = mask;
+      options.error_target = 0.05f;
+      const SoftResult got = detail::soft_one(*at, q.data(), scale, options, detail::SinglePath::estimated);
+      for (float v : got.value) CHECK(std::isfinite(v));
+      INFO((mask.tag_range ? "tag_range" : "tags_any") << " query " << repeat << ": rows " << got.rows_scored << ", estimate "
+                                                       << got.error_estimate);
+      CHECK(got.rows_scored < count);  // sampled
+      CHECK(std::isfinite(got.error_estimate));
+      CHECK(test::max_abs_diff(got.value, ref.value) / value_max <= 0.05);
+    }
 }
 
 TEST_CASE("a masked error_target query through the collection uses its chunk totals once they are summed", "[estimate][moments][masks]") {

@@ -70,11 +70,11 @@ void check_best(const ArgMax& best);
 /// A masked block sample's known totals (soft_one and soft_estimated, under the read lock): the eligible
 /// rows' value sums and squares. A mask of tags_any (options; with exclude_ids, at most max(2 chunks,
 /// 1/kBudgetDivisor) of them, whose rows are taken out one by one) takes them from the collection's
-/// per-tag sums (TagTotals), none (rows 0) while its tags are being summed (a sweep reading max(16 chunks,
-/// 1/8) of the eligible rows' values a query); a tag_range or no tags_any from the chunk sums (ValueChunks), none when
-/// more than max(2 chunks, 1/kBudgetDivisor) of the eligible rows lie outside whole chunks (a mask of many
-/// short runs) or while its stale chunks hold more than max(16 chunks, 1/8) of them (summed a share per
-/// query). None when memory ran out.
+/// per-tag sums (TagTotals), none (rows 0) while its tags are being summed (a sweep reading the values of
+/// max(16 chunks, 1/8 of the eligible rows) rows a query); a tag_range or no tags_any from the chunk sums
+/// (ValueChunks), none when more than max(2 chunks, 1/kBudgetDivisor) of the eligible rows lie outside
+/// whole chunks (a mask of many short runs) or while its stale chunks hold more than max(16 chunks, 1/8)
+/// of them (summed a share per query). None when memory ran out.
 [[nodiscard]] EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mask, const QueryOptions& options);
 
 /// Soft: the exact scan, or pruned (top_k, epsilon) or estimated (error_target) as `path` says, within

@@ -106,7 +106,8 @@ namespace {
 
 // The totals of a mask of tags_any (and exclude_ids: at most loose_limit of them) from the per-tag sums:
 // the excluded rows that hold one of the tags are taken out of them one by one.
-EligibleTotals tag_mask_totals(const CollectionImpl& impl, const EligibleRows& mask, const QueryOptions& options, std::size_t loose_limit) {
+EligibleTotals tag_mask_totals(const CollectionImpl& impl, const EligibleRows& mask, const QueryOptions& options, std::size_t loose_limit,
+                               std::size_t sweep_limit) {
   std::vector<std::size_t> excluded;  // rows of the tags that exclude_ids leaves out
   if (!options.exclude_ids.empty()) {
     if (options.exclude_ids.size() > loose_limit) return {};
@@ -118,7 +119,7 @@ EligibleTotals tag_mask_totals(const CollectionImpl& impl, const EligibleRows& m
     std::sort(excluded.begin(), excluded.end());
     excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());  // (an id given twice)
   }
-  EligibleTotals out = impl.tag_totals(options.tags_any, mask.count + excluded.size(), std::max(16 * ValueChunks::kRows, mask.count / 8));
+  EligibleTotals out = impl.tag_totals(options.tags_any, mask.count + excluded.size(), sweep_limit);
   if (out.rows == 0 || excluded.empty()) return out;
   // Each subtraction rounds by at most 2^-53 of its partial total, itself at most (rows + excluded) x value_max.
   const std::size_t dv = impl.value_dim();
@@ -140,9 +141,12 @@ EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mas
   try {
     // A mask of tags_any (and exclude_ids): the sums of its tags, wherever their rows lie; any other mask:
     // the chunks its runs cover, when they are long.
+    // (Rows outside whole chunks, or excluded ids, summed at the query: at most loose_limit; stale sums
+    // brought up to date: at most summed_limit rows a query.)
     const std::size_t loose_limit = std::max(2 * ValueChunks::kRows, mask.count / kBudgetDivisor);
-    if (!options.tags_any.empty() && !options.tag_range) return tag_mask_totals(impl, mask, options, loose_limit);
-    return impl.eligible_totals(mask, loose_limit, std::max(16 * ValueChunks::kRows, mask.count / 8));
+    const std::size_t summed_limit = std::max(16 * ValueChunks::kRows, mask.count / 8);
+    if (!options.tags_any.empty() && !options.tag_range) return tag_mask_totals(impl, mask, options, loose_limit, summed_limit);
+    return impl.eligible_totals(mask, loose_limit, summed_limit);
   } catch (const std::bad_alloc&) {  // (the sample runs without totals, as before it had them)
     return {};
   }
