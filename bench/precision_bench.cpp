@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "timed rounds, each setting once per round, interleaved (medians reported)");
   app.add_option("--error-rows", error_rows, "entries of the error measurement against float64");
   app.add_option("--threads", threads, "threads per query (0: softkv's choice)");
+  bool tune = false;
+  app.add_flag("--tune-scans", tune, "measure the scans' prefetch settings first (softkv::tune_scans, as softkv-server --tune-scans)");
   CLI11_PARSE(app, argc, argv);
 
   std::string cpu = "unknown CPU";
@@ -87,6 +89,7 @@ int main(int argc, char** argv) {
     }
   std::printf("%s; simd path: %s; N = %zu, d = %zu, dv = %zu, batch %zu (median of %d runs), threads %zu (0: auto)\n\n", cpu.c_str(),
               std::string(softkv::simd_path()).c_str(), n, d, dv, batch, reps, threads);
+  if (tune) std::printf("tune_scans: %s\n\n", softkv::tune_scans().c_str());
   std::printf("%-10s %9s %9s %11s %9s %9s %13s %9s\n", "precision", "bytes/row", "RSS MiB", "single ms", "GB/s", "speedup",
               "batch ms/query", "speedup");
   const std::vector<float> keys = softkv::bench::uniform_floats(n * d, 1), values = softkv::bench::uniform_floats(n * dv, 2);

@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
   std::string only = "all";
   app.add_option("--only", only, "all: softkv next to its baselines; softkv: softkv's calls alone (ratios then read 1.00x)")
       ->check(CLI::IsMember({"all", "softkv"}));
+  bool tune = false;
+  app.add_flag("--tune-scans", tune, "measure the scans' prefetch settings first (softkv::tune_scans, as softkv-server --tune-scans)");
   CLI11_PARSE(app, argc, argv);
 
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -141,6 +143,7 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   std::printf("softkv %s bench, %s, %s, %u cores, kernel path %s\n", softkv::kVersion, date,
               softkv::bench::cpu_model().c_str(), cores, std::string(softkv::simd_path()).c_str());
+  if (tune) std::printf("tune_scans: %s\n", softkv::tune_scans().c_str());
 
   const auto bw_bytes = static_cast<std::size_t>(bw_gib * (1ull << 30));
   Limits limits;

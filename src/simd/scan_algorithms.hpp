@@ -128,8 +128,9 @@ class Prefetcher {
 // Key rows of ScanTuning::page_stride_from bytes and more are prefetched a page apart: on Zen 5, from
 // memory that kept the key stream at the read bandwidth (a hard scan at d = 128 went from ~80% to ~100%
 // of it) where every-line prefetching spent the instructions; below it (d = 32) every line, which kept
-// soft scans at the bandwidth where page strides did not. Value passes always prefetch every line (on
-// AVX2 a page stride there cost ~10%).
+// soft scans at the bandwidth where page strides did not. On Ice Lake every line won at every row size
+// (the default there: scan_tuning.hpp). Value passes always prefetch every line (on AVX2 a page stride
+// there cost ~10%).
 
 // Key rows are scored two per load of the query (P::chains2_as) when a row is at most
 // kPairedKeyRowBytes or the part's keys at most kPairedSpanBytes; otherwise one at a time, in address
