@@ -150,6 +150,7 @@ def main():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     lines = [f"# Coalesced queries ({datetime.date.today()}, {cpu}, {os.cpu_count()} cores, kernel path {softkv.simd_path()})", "",
+             "The latest run; runs kept from other CPU kinds are in [runs/](runs/) (bench/analysis.md compares them).", "",
              f"`bench/coalescing_bench.py --n {a.n} --seconds {a.seconds:g} --rounds {a.rounds}` (run by `make bench`): softkv-server "
              f"with `--coalesce on` and `off` side by side (each case measured on one, then the other, {a.rounds} times, both servers "
              "started afresh for each round; the round with the median rate kept), d = dv = 128, `--fsync never`; each connection sends its own single query as soon "
