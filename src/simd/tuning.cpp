@@ -23,7 +23,10 @@ namespace softkv {
 namespace detail::scan {
 
 std::uint32_t default_page_stride_from() {
-  static const std::uint32_t from = __builtin_cpu_is("amd") ? 256u : kEveryLine;
+  static const std::uint32_t from = [] {
+    __builtin_cpu_init();  // safe even if this first runs before the CPU-model constructor
+    return __builtin_cpu_is("amd") ? 256u : kEveryLine;
+  }();
   return from;
 }
 
