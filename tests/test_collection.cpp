@@ -13,6 +13,7 @@
 #include "id_map.hpp"
 #include "reference.hpp"
 #include "kernel_paths.hpp"
+#include "simd/scan_tuning.hpp"
 #include "softkv/softkv.hpp"
 
 using namespace softkv;
@@ -272,6 +273,32 @@ TEST_CASE("tune_scans keeps one of its candidate prefetch settings and changes n
   CHECK(soft_after.value == soft_before.value);  // bit for bit: prefetching moves no arithmetic
   CHECK(soft_after.lse == soft_before.lse);
   CHECK(c.query_hard(q).id == hard_before.id);
+}
+
+TEST_CASE("the key-stream prefetch stride changes no answer, at every precision and row size", "[kernels]") {
+  // Each CPU vendor starts with its own stride (scan_tuning.hpp): page apart from 256-byte rows on AMD, every
+  // line elsewhere. Both must give the same bits, for rows below, at and above the 256-byte threshold.
+  detail::scan::ScanTuning& t = detail::scan::tuning();
+  const std::uint32_t before = t.page_stride_from;
+  for (const std::size_t d : {32, 64, 128, 512})
+    for (const Precision p : {Precision::f32, Precision::f16, Precision::bf16, Precision::i8}) {
+      CollectionConfig config{d, 16};
+      config.key_precision = p;
+      Collection c(config);
+      const std::size_t n = 3000;
+      c.add_batch(test::normal_floats(n * d, 81), test::normal_floats(n * 16, 82));
+      const auto q = test::normal_floats(d, 83);
+      t.page_stride_from = 256;
+      const SoftResult soft_page = c.query_soft(q);
+      const HardResult hard_page = c.query_hard(q);
+      t.page_stride_from = detail::scan::kEveryLine;
+      const SoftResult soft_line = c.query_soft(q);
+      INFO("d = " << d << ", key precision " << static_cast<int>(p));
+      CHECK(soft_line.value == soft_page.value);
+      CHECK(soft_line.lse == soft_page.lse);
+      CHECK(c.query_hard(q).id == hard_page.id);
+    }
+  t.page_stride_from = before;
 }
 
 TEST_CASE("the id map agrees with a reference map through inserts, overwrites and erases of every id pattern", "[collection][ids]") {
