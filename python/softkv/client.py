@@ -86,11 +86,27 @@ def _u64_array(values, what: str) -> np.ndarray:
     return np.array([_u64(v, f"{what}: element") for v in values], dtype=np.uint64)
 
 
+_DENORM_MIN = struct.unpack("<f", struct.pack("<I", 1))[0]  # the smallest positive float32
+
+
+def _as_f32(v) -> float:
+    """v rounded to float32 (an overflow raises, as struct.pack would)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", v))[0]
+    except (struct.error, OverflowError):
+        return float("inf")
+
+
 class _Writer:
     def __init__(self):
         self.parts = []
 
     def put(self, fmt: str, *values):
+        # A negative float field below the float range would pack as -0 and be taken as 0 (error_target =
+        # -1e-300 would ask for the exact answer): it goes as the smallest negative float, which the server
+        # refuses as negative, as the native module does.
+        values = tuple(-_DENORM_MIN if c == "f" and isinstance(v, (int, float)) and v < 0 and _as_f32(v) == 0 else v
+                       for c, v in zip(fmt, values))
         try:
             self.parts.append(struct.pack("<" + fmt, *values))
         except (struct.error, OverflowError, TypeError) as e:  # a field outside its wire type: the caller's mistake

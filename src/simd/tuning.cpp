@@ -3,7 +3,7 @@
 // A hard scan over 256 MiB of float32 keys (d = 128: 512-byte rows), split over the pool's threads as a
 // query's is, is timed with each candidate setting, three times round, best of three. Out of cache on
 // purpose: a 32 MiB scan ran from the L3 of a Zen 5 VM, where the ranking of the settings differs. A
-// candidate replaces the defaults only when it is at least 5% faster (the noise of a shared VM is a few
+// candidate replaces the settings in force only when it is at least 5% faster (the noise of a shared VM is a few
 // percent). Prefetching changes no result: only how fast the rows arrive.
 #include "simd/scan_tuning.hpp"
 
@@ -67,9 +67,11 @@ std::string tune_scans() {
     double ns = std::numeric_limits<double>::infinity();
   };
   std::vector<Candidate> candidates{{default_ahead, default_from}};
-  // Page strides from 256-byte rows on, or every line of every row, at three distances (the measured rows
-  // are 512 bytes long: what wins for them is taken for every row size).
-  for (const std::uint32_t from : {256u, detail::scan::kEveryLine})
+  // Page strides from 256-byte rows on, or every line of these 512-byte rows, at three distances. Where
+  // every line wins, it is kept for longer rows too on CPUs whose default is every line (Ice Lake: no loss
+  // at 2 KiB rows); on AMD rows of 1 KiB and more stay a page apart (every line unmeasured there).
+  const std::uint32_t every_line = detail::scan::default_page_stride_from() == detail::scan::kEveryLine ? detail::scan::kEveryLine : 1024u;
+  for (const std::uint32_t from : {256u, every_line})
     for (const std::uint32_t ahead : {2048u, 4096u, 8192u})
       if (ahead != default_ahead || from != default_from) candidates.push_back({ahead, from});
   (void)detail::hard_scan_split(kernels, query.data(), 1.0f, span, parts);  // the first pass faults the pages in

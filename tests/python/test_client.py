@@ -125,6 +125,11 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(exact.error_estimate, 0.0)
             with self.assertRaises(softkv.InvalidArgument):
                 c.query_soft("est", q, error_target=float("nan"))
+            for negative in (-0.5, -1e-300):  # -1e-300: below the float range, still negative (not -0, the exact answer)
+                with self.assertRaises(softkv.InvalidArgument):
+                    c.query_soft("est", q, error_target=negative)
+            with self.assertRaises(softkv.InvalidArgument):
+                c.query_soft("est", q, epsilon=-1e-300)
             # check_sample above the wire's u32 means what 2^32 - 1 does (PROTOCOL.md): sent as that.
             self.assertEqual(c.query_soft("est", q, error_target=0.05, check_sample=1 << 40).rows_scored, want.rows_scored)
             with self.assertRaises(softkv.InvalidArgument):
