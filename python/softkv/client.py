@@ -90,7 +90,7 @@ _DENORM_MIN = struct.unpack("<f", struct.pack("<I", 1))[0]  # the smallest posit
 
 
 def _as_f32(v) -> float:
-    """v rounded to float32 (an overflow raises, as struct.pack would)."""
+    """v rounded to float32; inf where it overflows (put's struct.pack then reports the overflow)."""
     try:
         return struct.unpack("<f", struct.pack("<f", v))[0]
     except (struct.error, OverflowError):
