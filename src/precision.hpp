@@ -43,6 +43,20 @@ inline float element_as_float(const void* base, std::size_t i, float scale) noex
   else return static_cast<float>(static_cast<const std::int8_t*>(base)[i]) * scale;
 }
 
+/// The i8 row scales for which a kernel may sum a query's products with a row's stored integers and
+/// scale the sum once (the same bits as scaling every element): s in [lo, hi]; empty by default.
+struct I8Deferral {
+  float lo = 1.0f;  ///< smallest scale covered
+  float hi = 0.0f;  ///< largest scale covered
+  /// Whether a row of scale s is covered.
+  [[nodiscard]] bool covers(float s) const noexcept { return s >= lo && s <= hi; }
+  /// The scales both windows cover.
+  void narrow(const I8Deferral& o) noexcept {
+    lo = lo > o.lo ? lo : o.lo;
+    hi = hi < o.hi ? hi : o.hi;
+  }
+};
+
 /// The i8 scale of a row: the smallest power of two s with max|x| / s <= 127 (1 for an all-zero row).
 /// A power of two makes q * s exact in float32, so dequantising and quantising again returns the same
 /// row: snapshots, replay and the FAISS copies all see the same numbers.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <string>
 #include <tuple>
 
@@ -550,6 +551,83 @@ TEST_CASE("a row scores the same bits whether the key pass takes it eight, two o
       k->scores(q.data(), scale, s.compact(), whole.data());
       for (std::size_t a = 0; a < n; a += 37) k->scores(q.data(), scale, s.compact().sub(a, std::min<std::size_t>(37, n - a)), pieces.data() + a);
       REQUIRE(same_bits(whole, pieces));
+    }
+  }
+}
+
+TEST_CASE("i8 keys score as their float32 widening, bit for bit, at the ends of the float range", "[precision][kernels]") {
+  // The kernels sum q . k over the stored integers and apply the row's power-of-two scale to the sums
+  // (exact); keys and queries from 1e-37 to 1e36 test that no product or sum leaves the normal float range
+  // on one side and not on the other (overflow, or rounding among subnormals).
+  const std::vector<float> key_sizes = {1e-37f, 1e-30f, 1e-10f, 1.0f, 1e10f, 1e30f, 1e36f};
+  const std::vector<float> query_sizes = {1e-38f, 1e-36f, 1e-20f, 1.0f, 1e20f, 1e34f, 1e36f, 1e37f};
+  for (const KernelTable* k : all_paths()) {
+    for (std::size_t d : {std::size_t{16}, std::size_t{33}, std::size_t{128}}) {
+      for (float ks : key_sizes) {
+        const Slice s(Case{Precision::i8, Precision::f32}, 40, d, 3, 11 + d, ks);
+        for (float qsz : query_sizes) {
+          INFO(k->name << " d=" << d << " keys ~" << ks << " query ~" << qsz);
+          std::vector<float> q = test::normal_floats(d, 3 + d, qsz);
+          std::vector<float> sc(s.n), sf(s.n);
+          k->scores(q.data(), 0.25f, s.compact(), sc.data());
+          k->scores(q.data(), 0.25f, s.widened(), sf.data());
+          REQUIRE(same_bits(sc, sf));
+          ArgMax hc, hf;
+          k->hard_scan(q.data(), 0.25f, s.compact(), hc);
+          k->hard_scan(q.data(), 0.25f, s.widened(), hf);
+          REQUIRE(hc.row == hf.row);
+          REQUIRE(bits(hc.score) == bits(hf.score));
+          const std::vector<float> qs2(2, 0.25f);
+          std::vector<float> q2(q);
+          q2.insert(q2.end(), q.begin(), q.end());
+          std::vector<float> mc(2 * s.n), mf(2 * s.n);
+          k->scores_multi(q2.data(), 2, qs2.data(), s.compact(), mc.data(), s.n);
+          k->scores_multi(q2.data(), 2, qs2.data(), s.widened(), mf.data(), s.n);
+          REQUIRE(same_bits(mc, mf));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("i8 keys score as their float32 widening at the edges of the kernels' unscaled-sum window", "[precision][kernels]") {
+  // The kernels sum an i8 row's products unscaled only for row scales inside a window computed from the
+  // query; just outside it, scaling once would round differently (a sum cancelling to a subnormal) or
+  // overflow (a sum above FLT_MAX before the scale brings it back). Rows at the window's edge and one and
+  // two powers of two beyond it must all score as their widening.
+  std::mt19937_64 rng(5);
+  const std::size_t d = 64, n = 8;
+  std::vector<std::uint64_t> ids(n);
+  const auto check = [&](const KernelTable* k, const std::vector<float>& q, float s, float key_sign_bias) {
+    std::vector<float> keys(n * d);
+    for (auto& x : keys) x = 127.0f * s * ((rng() % 100) < 50 + key_sign_bias ? 1.0f : -1.0f);
+    const Stored st(Precision::i8, keys, n, d);
+    REQUIRE(st.scales[0] == s);
+    const RowSpan cs{st.bytes.data(), nullptr, ids.data(), n, d, 0, Precision::i8, Precision::f32, st.scales.data()};
+    const RowSpan fs{st.widened.data(), nullptr, ids.data(), n, d, 0};
+    std::vector<float> sc(n), sf(n);
+    k->scores(q.data(), 1.0f, cs, sc.data());
+    k->scores(q.data(), 1.0f, fs, sf.data());
+    REQUIRE(same_bits(sc, sf));
+  };
+  for (const KernelTable* k : all_paths()) {
+    for (int beyond : {0, 1, 2}) {
+      INFO(k->name << ", " << beyond << " powers of two beyond the window");
+      for (int trial = 0; trial < 300; ++trial) {
+        // Low edge: |q| in [2^-10, 2^-9) with full mantissas, keys +-127 s: sums that cancel land among
+        // the subnormals once scaled; the window starts at s = 2^-116 for this query.
+        std::vector<float> q(d);
+        for (auto& x : q) x = std::ldexp(1.0f + std::ldexp(static_cast<float>(rng() % (1u << 23)), -23), -10) * ((rng() & 1) ? 1.0f : -1.0f);
+        check(k, q, std::ldexp(1.0f, -116 - beyond), 0);
+      }
+      // High edge: q from 2^118 to 2^121, keys +127 s with s = 2^-10: the products' sums overflow a
+      // vector lane unscaled (4 terms of 127 * 2^120 on avx512), not scaled; the window (bound 127 * 64 *
+      // max|q| <= 2^126, conservative by the lane count) leaves these rows scaled element by element.
+      for (int trial = 0; trial < 20; ++trial) {
+        std::vector<float> q(d);
+        for (auto& x : q) x = std::ldexp(1.0f + std::ldexp(static_cast<float>(rng() % (1u << 23)), -23), 120 - beyond);
+        check(k, q, std::ldexp(1.0f, -10), 50);
+      }
     }
   }
 }

@@ -24,13 +24,16 @@ struct ScalarPrimitives {
 
   // a . row, the row stored at precision Pr (for i8, times row_scale) and converted element by element.
   template <Precision Pr>
-  static float dot_as(const float* a, const void* row, std::size_t n, float row_scale) {
+  static float dot_as(const float* a, const void* row, std::size_t n, float row_scale, bool /*defer*/ = false) {
     float s = 0.0f;
     for (std::size_t i = 0; i < n; ++i) s += a[i] * element_as_float<Pr>(row, i, row_scale);
     return s;
   }
 
   static float dot(const float* a, const float* b, std::size_t n) { return dot_as<Precision::f32>(a, b, n, 1.0f); }
+
+  // This path scales every i8 element (dot_as ignores defer): no row is deferred.
+  static I8Deferral i8_deferral(const float* /*a*/, std::size_t /*n*/) { return {}; }
 
   // The scans score heads one dot_as at a time on this path (no joint reduction).
   static constexpr bool kJointHeads = false;

@@ -95,7 +95,8 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
   // W elements of a stored array from index i, widened to float32 in registers (exactly; i8 times
   // scale): AVX-512F vcvtph2ps / vpmovzxwd / vpmovsxbd on the avx512 path, F16C and AVX2 on the avx2
   // path, SSE2 unpacks on the sse2 path (f16 there through the portable decoder).
-  template <Precision Pr>
+  // kScaled = false: i8 elements as their stored integers (scale unused), for sums scaled once (chains_as).
+  template <Precision Pr, bool kScaled = true>
   static V load_as(const void* base, std::size_t i, float scale) {
     if constexpr (Pr == Precision::f32) {
       return load(static_cast<const float*>(base) + i);
@@ -131,12 +132,12 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
       if constexpr (W == 16) {
 #if defined(__AVX512F__)
         const __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-        return V(_mm512_cvtepi32_ps(x)) * V(scale);
+        return kScaled ? V(_mm512_cvtepi32_ps(x)) * V(scale) : V(_mm512_cvtepi32_ps(x));
 #endif
       } else if constexpr (W == 8) {
 #if defined(__AVX2__)
         const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
-        return V(_mm256_cvtepi32_ps(x)) * V(scale);
+        return kScaled ? V(_mm256_cvtepi32_ps(x)) * V(scale) : V(_mm256_cvtepi32_ps(x));
 #endif
       } else {
         int bits;
@@ -144,7 +145,8 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
         __m128i x = _mm_cvtsi32_si128(bits);
         x = _mm_unpacklo_epi8(x, x);   // each byte in a 16-bit lane's top
         x = _mm_unpacklo_epi16(x, x);  // ... in a 32-bit lane's top
-        return V(_mm_cvtepi32_ps(_mm_srai_epi32(x, 24))) * V(scale);
+        const V f(_mm_cvtepi32_ps(_mm_srai_epi32(x, 24)));
+        return kScaled ? f * V(scale) : f;
       }
     }
   }
@@ -186,43 +188,110 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
   }
 
   // The vector part of a . row over its first n - n % W elements (four chains hide the FMA latency),
-  // the chains added in a fixed order; dot_as reduces it and adds the tail.
+  // the chains added in a fixed order; dot_as reduces it and adds the tail. For i8 rows with defer
+  // (the row's scale inside the query's i8_deferral window), the chains sum the products with the
+  // stored integers and the sum is scaled once: the same bits as scaling every element (a power of two
+  // commutes with each rounding while every value stays in the normal range, which the window ensures),
+  // one multiply a row instead of one a vector.
   template <Precision Pr>
-  [[gnu::always_inline]] static V chains_as(const float* a, const void* row, std::size_t n, float row_scale) {
-    V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
-    std::size_t i = 0;
-    for (; i + 4 * W <= n; i += 4 * W) {
-      s0 = xsimd::fma(load(a + i), load_as<Pr>(row, i, row_scale), s0);
-      s1 = xsimd::fma(load(a + i + W), load_as<Pr>(row, i + W, row_scale), s1);
-      s2 = xsimd::fma(load(a + i + 2 * W), load_as<Pr>(row, i + 2 * W, row_scale), s2);
-      s3 = xsimd::fma(load(a + i + 3 * W), load_as<Pr>(row, i + 3 * W, row_scale), s3);
-    }
-    for (; i + W <= n; i += W) s0 = xsimd::fma(load(a + i), load_as<Pr>(row, i, row_scale), s0);
-    return (s0 + s1) + (s2 + s3);
+  [[gnu::always_inline]] static V chains_as(const float* a, const void* row, std::size_t n, float row_scale, bool defer = false) {
+    if constexpr (Pr == Precision::i8)
+      if (defer) return chains_of<Pr, false>(a, row, n, row_scale) * V(row_scale);
+    return chains_of<Pr, true>(a, row, n, row_scale);
   }
 
   // chains_as for two rows at once, each with its own chains in the same order (so the same bits as
-  // two calls), sharing each load of a: a row costs 1.5 loads a vector instead of 2.
+  // two calls), sharing each load of a: a row costs 1.5 loads a vector instead of 2. defer: both rows'.
   template <Precision Pr>
   [[gnu::always_inline]] static void chains2_as(const float* a, const void* row0, const void* row1, std::size_t n,
+                                                float scale0, float scale1, V& out0, V& out1, bool defer = false) {
+    if constexpr (Pr == Precision::i8) {
+      if (defer) {
+        chains2_of<Pr, false>(a, row0, row1, n, scale0, scale1, out0, out1);
+        out0 = out0 * V(scale0);
+        out1 = out1 * V(scale1);
+        return;
+      }
+    }
+    chains2_of<Pr, true>(a, row0, row1, n, scale0, scale1, out0, out1);
+  }
+
+  // Where an i8 row's products may be summed unscaled (chains_as' defer) for the query a of n floats.
+  // With g the spacing of the floats as small as a's smallest nonzero |a_i|, every sum of products with
+  // integers is a multiple of g (scaled: of g * s), so no value is rounded among the subnormals when
+  // g * min(1, s) >= 2^-149; and nothing overflows while the sums' bound 127 * n * max|a_i| * max(1, s)
+  // stays below 2^126 (a factor 4 below FLT_MAX for the roundings).
+  static I8Deferral i8_deferral(const float* a, std::size_t n) {
+    const V inf(std::numeric_limits<float>::infinity());
+    V big(0.0f), small = inf;
+    std::size_t i = 0;
+    for (; i + W <= n; i += W) {
+      const V x = xsimd::abs(load(a + i));
+      big = xsimd::max(big, x);
+      small = xsimd::min(small, xsimd::select(x == V(0.0f), inf, x));
+    }
+    alignas(64) float bl[W], sl[W];
+    big.store_aligned(bl);
+    small.store_aligned(sl);
+    float mx = 0.0f, mn = std::numeric_limits<float>::infinity();
+    for (std::size_t j = 0; j < W; ++j) {
+      mx = std::max(mx, bl[j]);
+      mn = std::min(mn, sl[j]);
+    }
+    for (; i < n; ++i) {
+      const float x = std::fabs(a[i]);
+      mx = std::max(mx, x);
+      if (x != 0.0f) mn = std::min(mn, x);
+    }
+    I8Deferral w;
+    if (mx == 0.0f) return {0.0f, std::numeric_limits<float>::infinity()};  // every product is a zero
+    const double bound = 127.0 * static_cast<double>(n) * mx;
+    if (!(bound <= 0x1p126)) return w;  // (a NaN or infinite query too: empty)
+    w.hi = static_cast<float>(std::min(0x1p126 / bound, static_cast<double>(std::numeric_limits<float>::max())));
+    if (mn < std::numeric_limits<float>::min()) {
+      w.lo = 1.0f;  // g = 2^-149 already: only scales >= 1
+    } else {
+      int e;
+      std::frexp(mn, &e);  // mn in [2^(e-1), 2^e): g = 2^(e - 24), g * s >= 2^-149 for s >= 2^(-125 - e)
+      w.lo = std::ldexp(1.0f, std::max(-125 - e, -149));
+    }
+    return w;
+  }
+
+  template <Precision Pr, bool kScaled>
+  [[gnu::always_inline]] static V chains_of(const float* a, const void* row, std::size_t n, float row_scale) {
+    V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
+    std::size_t i = 0;
+    for (; i + 4 * W <= n; i += 4 * W) {
+      s0 = xsimd::fma(load(a + i), load_as<Pr, kScaled>(row, i, row_scale), s0);
+      s1 = xsimd::fma(load(a + i + W), load_as<Pr, kScaled>(row, i + W, row_scale), s1);
+      s2 = xsimd::fma(load(a + i + 2 * W), load_as<Pr, kScaled>(row, i + 2 * W, row_scale), s2);
+      s3 = xsimd::fma(load(a + i + 3 * W), load_as<Pr, kScaled>(row, i + 3 * W, row_scale), s3);
+    }
+    for (; i + W <= n; i += W) s0 = xsimd::fma(load(a + i), load_as<Pr, kScaled>(row, i, row_scale), s0);
+    return (s0 + s1) + (s2 + s3);
+  }
+
+  template <Precision Pr, bool kScaled>
+  [[gnu::always_inline]] static void chains2_of(const float* a, const void* row0, const void* row1, std::size_t n,
                                                 float scale0, float scale1, V& out0, V& out1) {
     V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f), t0(0.0f), t1(0.0f), t2(0.0f), t3(0.0f);
     std::size_t i = 0;
     for (; i + 4 * W <= n; i += 4 * W) {
       const V a0 = load(a + i), a1 = load(a + i + W), a2 = load(a + i + 2 * W), a3 = load(a + i + 3 * W);
-      s0 = xsimd::fma(a0, load_as<Pr>(row0, i, scale0), s0);
-      t0 = xsimd::fma(a0, load_as<Pr>(row1, i, scale1), t0);
-      s1 = xsimd::fma(a1, load_as<Pr>(row0, i + W, scale0), s1);
-      t1 = xsimd::fma(a1, load_as<Pr>(row1, i + W, scale1), t1);
-      s2 = xsimd::fma(a2, load_as<Pr>(row0, i + 2 * W, scale0), s2);
-      t2 = xsimd::fma(a2, load_as<Pr>(row1, i + 2 * W, scale1), t2);
-      s3 = xsimd::fma(a3, load_as<Pr>(row0, i + 3 * W, scale0), s3);
-      t3 = xsimd::fma(a3, load_as<Pr>(row1, i + 3 * W, scale1), t3);
+      s0 = xsimd::fma(a0, load_as<Pr, kScaled>(row0, i, scale0), s0);
+      t0 = xsimd::fma(a0, load_as<Pr, kScaled>(row1, i, scale1), t0);
+      s1 = xsimd::fma(a1, load_as<Pr, kScaled>(row0, i + W, scale0), s1);
+      t1 = xsimd::fma(a1, load_as<Pr, kScaled>(row1, i + W, scale1), t1);
+      s2 = xsimd::fma(a2, load_as<Pr, kScaled>(row0, i + 2 * W, scale0), s2);
+      t2 = xsimd::fma(a2, load_as<Pr, kScaled>(row1, i + 2 * W, scale1), t2);
+      s3 = xsimd::fma(a3, load_as<Pr, kScaled>(row0, i + 3 * W, scale0), s3);
+      t3 = xsimd::fma(a3, load_as<Pr, kScaled>(row1, i + 3 * W, scale1), t3);
     }
     for (; i + W <= n; i += W) {
       const V a0 = load(a + i);
-      s0 = xsimd::fma(a0, load_as<Pr>(row0, i, scale0), s0);
-      t0 = xsimd::fma(a0, load_as<Pr>(row1, i, scale1), t0);
+      s0 = xsimd::fma(a0, load_as<Pr, kScaled>(row0, i, scale0), s0);
+      t0 = xsimd::fma(a0, load_as<Pr, kScaled>(row1, i, scale1), t0);
     }
     out0 = (s0 + s1) + (s2 + s3);
     out1 = (t0 + t1) + (t2 + t3);
@@ -231,8 +300,8 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
   // a . row, the row stored at precision Pr and widened in registers; the same chains and reduction
   // for every precision, so a compact row scores what its float32 widening scores.
   template <Precision Pr>
-  static float dot_as(const float* a, const void* row, std::size_t n, float row_scale) {
-    float s = reduce(chains_as<Pr>(a, row, n, row_scale));
+  static float dot_as(const float* a, const void* row, std::size_t n, float row_scale, bool defer = false) {
+    float s = reduce(chains_as<Pr>(a, row, n, row_scale, defer));
     for (std::size_t i = n - n % W; i < n; ++i) s = madd(a[i], element_as_float<Pr>(row, i, row_scale), s);
     return s;
   }

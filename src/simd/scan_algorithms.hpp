@@ -187,6 +187,8 @@ template <class P, Precision KP>
   const std::size_t d = span.dim, row_bytes = span.key_row_bytes();
   const char* keys = static_cast<const char*>(span.keys) + start * row_bytes;
   Prefetcher pf = key_prefetcher(span, start);
+  I8Deferral deferral;  // (i8 rows: the scales whose products are summed unscaled, P::chains_as)
+  if constexpr (KP == Precision::i8) deferral = P::i8_deferral(q, d);
   std::size_t r = 0;
   if constexpr (P::kJointHeads) {
     if (d % P::W == 0 && (row_bytes <= kPairedKeyRowBytes || span.rows * row_bytes <= kPairedSpanBytes)) {
@@ -195,7 +197,8 @@ template <class P, Precision KP>
         const float s1 = KP == Precision::i8 ? span.key_scales[start + r + 1] : 1.0f;
         pf.upto(keys + (r + 2) * row_bytes);
         typename P::V v0, v1;
-        P::template chains2_as<KP>(q, keys + r * row_bytes, keys + (r + 1) * row_bytes, d, s0, s1, v0, v1);
+        P::template chains2_as<KP>(q, keys + r * row_bytes, keys + (r + 1) * row_bytes, d, s0, s1, v0, v1,
+                                   deferral.covers(s0) && deferral.covers(s1));
         scores[r] = scale * P::reduce(v0);
         scores[r + 1] = scale * P::reduce(v1);
       }
@@ -204,7 +207,7 @@ template <class P, Precision KP>
   for (; r < rows; ++r) {
     const float row_scale = KP == Precision::i8 ? span.key_scales[start + r] : 1.0f;
     pf.upto(keys + (r + 1) * row_bytes);
-    scores[r] = scale * P::template dot_as<KP>(q, keys + r * row_bytes, d, row_scale);
+    scores[r] = scale * P::template dot_as<KP>(q, keys + r * row_bytes, d, row_scale, deferral.covers(row_scale));
   }
 }
 

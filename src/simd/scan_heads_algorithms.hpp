@@ -20,14 +20,19 @@ void score_heads_joint(const float* q, const float* scales, std::size_t heads, c
   Prefetcher pf = key_prefetcher(span, start);
   thread_local std::vector<float> by_row;  // rows x heads, row-major
   if (by_row.size() < rows * heads) by_row.resize(rows * heads);
+  // i8 rows: the scales whose products are summed unscaled (P::chains_as); the whole query's window holds
+  // for each head's slice (no larger maximum, no smaller minimum).
+  I8Deferral deferral;
+  if constexpr (KP == Precision::i8) deferral = P::i8_deferral(q, span.dim);
   for (std::size_t r = 0; r < rows; ++r) {
     const float row_scale = KP == Precision::i8 ? span.key_scales[start + r] : 1.0f;
+    const bool defer = deferral.covers(row_scale);
     const char* k = keys + r * row_bytes;
     pf.upto(k + row_bytes);
     for (std::size_t g = 0; g < heads; g += 8) {
       typename P::V v[8];
       for (std::size_t h = 0; h < 8; ++h) {
-        v[h] = P::template chains_as<KP>(q + (g + h) * DH, k + (g + h) * DH * bytes, DH, row_scale);
+        v[h] = P::template chains_as<KP>(q + (g + h) * DH, k + (g + h) * DH * bytes, DH, row_scale, defer);
         // On AVX-512 the compiler interleaved the eight heads' loads, reading a 2 KiB row's lines out
         // of address order (the first KiB scrambled, then a stall on the second); a compiler barrier
         // per head keeps them in order. Zen 5, d = 512, h = 8, 250k rows, 7 alternating process pairs:
@@ -62,12 +67,15 @@ template <class P, Precision KP>
   }
   const char* keys = static_cast<const char*>(span.keys) + start * row_bytes;
   Prefetcher pf = key_prefetcher(span, start);
+  I8Deferral deferral;  // (as in score_heads_joint)
+  if constexpr (KP == Precision::i8) deferral = P::i8_deferral(q, span.dim);
   for (std::size_t r = 0; r < rows; ++r) {
     const float row_scale = KP == Precision::i8 ? span.key_scales[start + r] : 1.0f;
+    const bool defer = deferral.covers(row_scale);
     const char* k = keys + r * row_bytes;
     pf.upto(k + row_bytes);
     for (std::size_t j = 0; j < heads; ++j)
-      scores[j * kScanBlockRows + r] = scales[j] * P::template dot_as<KP>(q + j * dh, k + j * slice_bytes, dh, row_scale);
+      scores[j * kScanBlockRows + r] = scales[j] * P::template dot_as<KP>(q + j * dh, k + j * slice_bytes, dh, row_scale, defer);
   }
 }
 
