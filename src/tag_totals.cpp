@@ -56,7 +56,7 @@ void TagTotals::advance(const RowSpan& span, std::span<const std::uint64_t> row_
     return;
   }
   std::sort(summing.begin(), summing.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<float> row(dv);
+  std::vector<float> row(dv), key(span.dim);
   std::size_t read = 0, r = sweep_at_;
   for (; r < n && read < sweep_limit; ++r) {
     const std::uint64_t tag = row_tags[r];
@@ -65,6 +65,10 @@ void TagTotals::advance(const RowSpan& span, std::span<const std::uint64_t> row_
     if (at == summing.end() || at->first != tag) continue;
     Entry& entry = *at->second;
     entry.abs_max = std::max(entry.abs_max, add_rows(span, r, r + 1, entry.sum.data(), entry.square.data(), row));
+    if (entry.keys.kept()) {  // (row: the value add_rows read)
+      key_row(span, r, key.data());
+      entry.keys.add(key.data(), row.data());
+    }
     ++entry.rows;
     ++read;
   }
@@ -112,6 +116,7 @@ EligibleTotals TagTotals::totals(const RowSpan& span, std::span<const std::uint6
         if (sweep_.size() == kSweepTags) break;
         Entry& entry = entries_[tag];
         entry.sum.assign(dv, 0.0), entry.square.assign(dv, 0.0);  // (may throw: the tag then stays out)
+        entry.keys.reset(span.dim, dv, kKeyValueElements);
         entry.rows = 0, entry.abs_max = 0, entry.sweeping = true;
         sweep_.push_back(tag);
       }
@@ -125,6 +130,7 @@ EligibleTotals TagTotals::totals(const RowSpan& span, std::span<const std::uint6
     if (entry->rows == 0) continue;  // (a tag no row holds)
     rows += entry->rows;
     total.add(entry->sum.data(), entry->square.data(), static_cast<double>(entry->rows), entry->abs_max);
+    total.add_keys(entry->keys);
   }
   // Rows of these tags that the mask leaves out (another mask field): not these totals.
   if (rows != eligible_rows) return {};

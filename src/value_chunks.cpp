@@ -45,20 +45,66 @@ void TotalsSum::add(const double* sum, const double* square, double rows, double
   parts_ += 1;
 }
 
+void KeySums::reset(std::size_t d, std::size_t dv, std::size_t limit) {
+  key_value.clear(), key_sum.clear();
+  rows = kv_mass = k_mass = norm_max = 0;
+  if (d * dv > limit || d == 0) return;
+  key_value.assign(d * dv, 0.0);
+  key_sum.assign(d, 0.0);
+}
+
+void KeySums::add(const float* key, const float* value) {
+  const std::size_t d = key_sum.size(), dv = d == 0 ? 0 : key_value.size() / d;
+  double kmax = 0, vmax = 0, norm = 0;
+  for (std::size_t c = 0; c < dv; ++c) vmax = std::max(vmax, std::fabs(static_cast<double>(value[c])));
+  for (std::size_t i = 0; i < d; ++i) {
+    const double k = key[i];
+    double* row = key_value.data() + i * dv;
+    for (std::size_t c = 0; c < dv; ++c) row[c] += k * value[c];
+    key_sum[i] += k;
+    kmax = std::max(kmax, std::fabs(k));
+    norm += k * k;
+  }
+  rows += 1;
+  kv_mass += kmax * vmax;
+  k_mass += kmax;
+  norm_max = std::max(norm_max, std::sqrt(norm) * (1 + 0x1p-30));  // (d exact squares summed in double, a root)
+}
+
+void TotalsSum::add_keys(const KeySums& keys) {
+  if (!keys.kept() || (out_.key_sum.size() != 0 && out_.key_sum.size() != keys.key_sum.size())) return;
+  if (out_.key_sum.empty()) out_.key_value.assign(keys.key_value.size(), 0.0), out_.key_sum.assign(keys.key_sum.size(), 0.0);
+  for (std::size_t e = 0; e < keys.key_value.size(); ++e) out_.key_value[e] += keys.key_value[e];
+  for (std::size_t i = 0; i < keys.key_sum.size(); ++i) out_.key_sum[i] += keys.key_sum[i];
+  out_.key_value_error += 1.01 * keys.rows * kUnit * keys.kv_mass;
+  out_.key_sum_error += 1.01 * keys.rows * kUnit * keys.k_mass;
+  out_.key_norm_max = std::max(out_.key_norm_max, keys.norm_max);
+  kv_mass_ += keys.kv_mass, k_mass_ += keys.k_mass;
+  key_parts_ += 1;
+}
+
 EligibleTotals TotalsSum::finish(std::size_t rows) {
   // Adding the parts together: each addition rounds by at most kUnit of the partial total, itself at most
-  // rows x abs_max.
+  // rows x abs_max (the key sums: at most their parts' masses together).
   const double all = static_cast<double>(rows);
   out_.value_error += 1.01 * parts_ * kUnit * all * abs_max_;
   out_.value_square_error += 1.01 * parts_ * kUnit * all * abs_max_ * abs_max_;
   out_.rows = rows;
   if (!std::isfinite(out_.value_error) || !std::isfinite(out_.value_square_error)) return {};
+  out_.key_value_error += 1.01 * key_parts_ * kUnit * kv_mass_;
+  out_.key_sum_error += 1.01 * key_parts_ * kUnit * k_mass_;
+  out_.key_value_abs = kv_mass_ + out_.key_value_error;
+  // Key sums from only some parts, or bounds past the double range: the totals without them.
+  if (key_parts_ != parts_ || !std::isfinite(out_.key_value_abs) || !std::isfinite(out_.key_sum_error)) {
+    out_.key_value.clear(), out_.key_sum.clear();
+    out_.key_value_error = out_.key_value_abs = out_.key_sum_error = out_.key_norm_max = 0;
+  }
   return std::move(out_);
 }
 
 MomentTotals EligibleTotals::view() const {
-  // (No key totals: key_value null keeps the sample to the x_b regressor, and key_norm_max 0 only enters
-  // the y_b regressor's bounds.)
+  // (Without key totals: key_value null keeps the sample to the x_b regressor, and key_norm_max 0 only
+  // enters the y_b regressor's bounds.)
   MomentTotals t;
   if (rows == 0) return t;
   t.value_sum = value_sum.data();
@@ -66,6 +112,14 @@ MomentTotals EligibleTotals::view() const {
   t.rows = rows;
   t.value_error = value_error;
   t.value_square_error = value_square_error;
+  if (!key_value.empty()) {
+    t.key_value = key_value.data();
+    t.key_sum = key_sum.data();
+    t.key_value_error = key_value_error;
+    t.key_value_abs = key_value_abs;
+    t.key_sum_error = key_sum_error;
+    t.key_norm_max = key_norm_max;
+  }
   return t;
 }
 

@@ -14,13 +14,34 @@
 namespace softkv::detail {
 
 /// The totals of a set of eligible rows, owning their sums: view() is the MomentTotals a masked block
-/// sample reads (sum v_j and sum v_j^2 with their rounding bounds; no key totals).
+/// sample reads (sum v_j and sum v_j^2 with their rounding bounds; sum k_j v_j^T and sum k_j with theirs
+/// where every part kept them: the per-tag sums of small d x dv).
 struct EligibleTotals {
   std::vector<double> value_sum, value_square;  ///< dv each
   std::size_t rows = 0;                         ///< the eligible rows (0: no totals)
   double value_error = 0, value_square_error = 0;
+  std::vector<double> key_value;  ///< d x dv, row i: sum of k_ji v_j (empty: no key totals)
+  std::vector<double> key_sum;    ///< d: sum of k_j (with key_value)
+  double key_value_error = 0;     ///< >= |key_value[e] - the exact sum| for every element
+  double key_value_abs = 0;       ///< >= |key_value[e]| and the exact sum, for every element
+  double key_sum_error = 0;       ///< >= |key_sum[i] - the exact sum| for every i
+  double key_norm_max = 0;        ///< >= max ||k_j||_2 over the rows
   /// The totals as the sample reads them (valid while this object lives).
   [[nodiscard]] MomentTotals view() const;
+};
+
+/// Sums over some rows of k_j v_j^T and k_j in double (products of floats, exact in double), with what
+/// bounds their rounding: kv_mass >= sum over the rows of |k_ji v_jc| for every (i, c), k_mass >= sum of
+/// |k_ji| for every i (each sum's error is at most rows x 2^-53 x its mass), and the rows' largest ||k_j||.
+struct KeySums {
+  std::vector<double> key_value, key_sum;  ///< d x dv, d (empty: not kept)
+  double rows = 0, kv_mass = 0, k_mass = 0, norm_max = 0;
+  /// Whether these sums are kept.
+  [[nodiscard]] bool kept() const noexcept { return !key_sum.empty(); }
+  /// Starts the sums of d x dv (kept when d * dv <= limit), zero.
+  void reset(std::size_t d, std::size_t dv, std::size_t limit);
+  /// Adds one row (key of d floats, value of dv floats).
+  void add(const float* key, const float* value);
 };
 
 /// Adds rows [begin, end) of span, as stored, into sum and square (dv each, in double); returns their
@@ -34,6 +55,9 @@ class TotalsSum {
   explicit TotalsSum(std::size_t dv);
   /// Adds a part: sum and square (dv each) over `rows` rows whose largest |v_j| is abs_max.
   void add(const double* sum, const double* square, double rows, double abs_max);
+  /// With the part just added, its key sums (KeySums of the same rows); the totals keep key sums only if
+  /// every part gave them.
+  void add_keys(const KeySums& keys);
   /// The totals over `rows` rows (the parts' together), or empty ones if a bound left the double range
   /// (values near FLT_MAX squared).
   [[nodiscard]] EligibleTotals finish(std::size_t rows);
@@ -41,6 +65,7 @@ class TotalsSum {
  private:
   EligibleTotals out_;
   double abs_max_ = 0, parts_ = 0;
+  double key_parts_ = 0, kv_mass_ = 0, k_mass_ = 0;  // parts with key sums; their masses (KeySums)
 };
 
 /// Per chunk of kRows rows in storage order, sum v_j and sum v_j^2 per coordinate in double, with the

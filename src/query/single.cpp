@@ -121,6 +121,9 @@ EligibleTotals tag_mask_totals(const CollectionImpl& impl, const EligibleRows& m
   }
   EligibleTotals out = impl.tag_totals(options.tags_any, mask.count + excluded.size(), sweep_limit);
   if (out.rows == 0 || excluded.empty()) return out;
+  // (The excluded rows come out of the value sums; the key sums are dropped: the x_b regressor only.)
+  out.key_value.clear(), out.key_sum.clear();
+  out.key_value_error = out.key_value_abs = out.key_sum_error = out.key_norm_max = 0;
   // Each subtraction rounds by at most 2^-53 of its partial total, itself at most (rows + excluded) x value_max.
   const std::size_t dv = impl.value_dim();
   const double m = impl.value_max(), n = static_cast<double>(excluded.size()), all = static_cast<double>(out.rows);
