@@ -753,8 +753,23 @@ TEST_CASE("a tags_any mask's totals come from per-tag sums that writes mark stal
       CHECK(static_cast<double>(std::fabs(t.value_square[k] - square[k])) <= t.value_square_error);
     }
     CHECK(t.value_error <= 1e-9 * static_cast<double>(rows.count) * impl.value_max());
-    CHECK(t.key_value.empty());  // (excluded rows: the key sums are dropped, the value sums kept)
-    CHECK(t.view().key_value == nullptr);
+    // The key sums with the excluded rows taken out too.
+    std::vector<long double> key_value(d * dv, 0.0L), key_sum(d, 0.0L);
+    for (const detail::RowRun& run : rows.runs)
+      for (std::size_t r = run.begin; r < run.begin + run.count; ++r) {
+        const std::vector<float> v = impl.value_of(r), k = impl.key_of(r);
+        for (std::size_t i = 0; i < d; ++i) {
+          for (std::size_t c = 0; c < dv; ++c) key_value[i * dv + c] += static_cast<long double>(k[i]) * v[c];
+          key_sum[i] += k[i];
+        }
+      }
+    REQUIRE(t.key_value.size() == d * dv);
+    for (std::size_t e = 0; e < d * dv; ++e) {
+      CHECK(static_cast<double>(std::fabs(t.key_value[e] - key_value[e])) <= t.key_value_error);
+      CHECK(static_cast<double>(std::fabs(key_value[e])) <= t.key_value_abs);
+    }
+    for (std::size_t i = 0; i < d; ++i) CHECK(static_cast<double>(std::fabs(t.key_sum[i] - key_sum[i])) <= t.key_sum_error);
+    CHECK(t.key_value_error <= 1e-9 * t.key_value_abs);
     // More excluded ids than max(2 chunks, eligible / 32): none.
     for (std::uint64_t i = 0; i < 3000; ++i) options.exclude_ids.push_back((std::uint64_t{1} << 41) + i);
     CHECK(detail::masked_totals(impl, impl.eligible(options), options).rows == 0);

@@ -121,18 +121,28 @@ EligibleTotals tag_mask_totals(const CollectionImpl& impl, const EligibleRows& m
   }
   EligibleTotals out = impl.tag_totals(options.tags_any, mask.count + excluded.size(), sweep_limit);
   if (out.rows == 0 || excluded.empty()) return out;
-  // (The excluded rows come out of the value sums; the key sums are dropped: the x_b regressor only.)
-  out.key_value.clear(), out.key_sum.clear();
-  out.key_value_error = out.key_value_abs = out.key_sum_error = out.key_norm_max = 0;
-  // Each subtraction rounds by at most 2^-53 of its partial total, itself at most (rows + excluded) x value_max.
-  const std::size_t dv = impl.value_dim();
+  // Each subtraction rounds by at most 2^-53 of its partial total, itself at most (rows + excluded) x value_max
+  // (the key sums: at most key_value_abs, and rows x key_norm_max for sum k; their rows' largest ||k|| holds).
+  const std::size_t d = impl.dim(), dv = impl.value_dim();
+  const bool keys = !out.key_value.empty();
   const double m = impl.value_max(), n = static_cast<double>(excluded.size()), all = static_cast<double>(out.rows);
   for (const std::size_t row : excluded) {
     const std::vector<float> v = impl.value_of(row);
     for (std::size_t k = 0; k < dv; ++k) out.value_sum[k] -= v[k], out.value_square[k] -= static_cast<double>(v[k]) * v[k];
+    if (!keys) continue;
+    const std::vector<float> key = impl.key_of(row);
+    for (std::size_t i = 0; i < d; ++i) {
+      for (std::size_t k = 0; k < dv; ++k) out.key_value[i * dv + k] -= static_cast<double>(key[i]) * v[k];
+      out.key_sum[i] -= key[i];
+    }
   }
   out.value_error += 1.01 * n * 0x1p-53 * all * m;
   out.value_square_error += 1.01 * n * 0x1p-53 * all * m * m;
+  if (keys) {
+    out.key_value_error += 1.01 * n * 0x1p-53 * out.key_value_abs;
+    out.key_value_abs += 1.01 * n * 0x1p-53 * out.key_value_abs;
+    out.key_sum_error += 1.01 * n * 0x1p-53 * all * out.key_norm_max;
+  }
   out.rows = mask.count;
   if (!std::isfinite(out.value_error) || !std::isfinite(out.value_square_error)) return {};
   return out;
