@@ -16,7 +16,8 @@
 namespace softkv::detail {
 
 /// Per tag asked for, sum v_j and sum v_j^2 per coordinate in double over the rows holding it, with their
-/// count and largest |v_j|, and for d x dv up to kKeyValueElements sum k_j v_j^T and sum k_j (KeySums). A tag's sums are stale after a write to one of its rows (touch, under the
+/// count and largest |v_j|, and for d x dv up to kKeySumElements sum k_j v_j^T and sum k_j (KeySums; 64 MiB
+/// at kMaxTags). A tag's sums are stale after a write to one of its rows (touch, under the
 /// collection's exclusive lock); stale tags are summed again by one sweep in storage order over the rows'
 /// tags, a share of it per query (under the collection's shared lock and a mutex of its own). Per-tag sums
 /// do not depend on where the rows are stored; a sweep in progress does: a tag leaves it (to be swept
@@ -28,9 +29,7 @@ class TagTotals {
   static constexpr std::size_t kMaxTags = 4096;
   /// Most tags one sweep sums at once (a mask of more tags takes several sweeps).
   static constexpr std::size_t kSweepTags = 64;
-  /// Largest d x dv whose sums of k_j v_j^T a tag keeps (16 KiB a tag; 64 MiB at kMaxTags): the y_b control
-  /// variate of a masked sample, where one value coordinate needs it most (estimate.cpp).
-  static constexpr std::size_t kKeyValueElements = 2048;
+
   /// Row `row`, holding tag, was written or removed: the tag's sums are stale (and, if the row lies behind
   /// the sweep in progress, its partial sums too).
   void touch(std::uint64_t tag, std::size_t row) noexcept;

@@ -71,6 +71,16 @@ void KeySums::add(const float* key, const float* value) {
   norm_max = std::max(norm_max, std::sqrt(norm) * (1 + 0x1p-30));  // (d exact squares summed in double, a root)
 }
 
+void KeySums::add_rows(const RowSpan& span, std::size_t begin, std::size_t end, std::vector<float>& key, std::vector<float>& value) {
+  if (!kept()) return;
+  key.resize(span.dim), value.resize(span.value_dim);
+  for (std::size_t r = begin; r < end; ++r) {
+    key_row(span, r, key.data());
+    value_row(span, r, value.data());
+    add(key.data(), value.data());
+  }
+}
+
 void TotalsSum::add_keys(const KeySums& keys) {
   if (!keys.kept() || (out_.key_sum.size() != 0 && out_.key_sum.size() != keys.key_sum.size())) return;
   if (out_.key_sum.empty()) out_.key_value.assign(keys.key_value.size(), 0.0), out_.key_sum.assign(keys.key_sum.size(), 0.0);
@@ -165,7 +175,7 @@ EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& elig
     }
   }
   TotalsSum total(dv);
-  std::vector<float> row(dv);
+  std::vector<float> row(dv), key, value;
   {
     const std::lock_guard lock(mutex_);
     if (chunks_.size() * kRows < span.rows) chunks_.resize((span.rows + kRows - 1) / kRows);
@@ -187,6 +197,8 @@ EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& elig
       chunk.sum.assign(dv, 0.0);
       chunk.square.assign(dv, 0.0);
       chunk.abs_max = add_rows(span, first, last, chunk.sum.data(), chunk.square.data(), row);
+      chunk.keys.reset(span.dim, dv, kKeySumElements);
+      chunk.keys.add_rows(span, first, last, key, value);
       chunk.fresh = true;
       summed += last - first;
     }
@@ -195,13 +207,20 @@ EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& elig
       const Chunk& chunk = chunks_[c];
       const std::size_t first = c * kRows, last = std::min(first + kRows, span.rows);
       total.add(chunk.sum.data(), chunk.square.data(), static_cast<double>(last - first), chunk.abs_max);
+      total.add_keys(chunk.keys);
     }
   }
   // The loose rows, one by one into their own sums (then added like one more chunk).
   std::vector<double> sum(dv, 0.0), square(dv, 0.0);
+  KeySums loose_keys;
+  loose_keys.reset(span.dim, dv, kKeySumElements);
   double loose_max = 0;
-  for (const RowRun& run : loose) loose_max = std::max(loose_max, add_rows(span, run.begin, run.begin + run.count, sum.data(), square.data(), row));
+  for (const RowRun& run : loose) {
+    loose_max = std::max(loose_max, add_rows(span, run.begin, run.begin + run.count, sum.data(), square.data(), row));
+    loose_keys.add_rows(span, run.begin, run.begin + run.count, key, value);
+  }
   total.add(sum.data(), square.data(), static_cast<double>(loose_rows), loose_max);
+  total.add_keys(loose_keys);
   return total.finish(eligible.count);
 }
 

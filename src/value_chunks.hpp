@@ -30,6 +30,11 @@ struct EligibleTotals {
   [[nodiscard]] MomentTotals view() const;
 };
 
+/// Largest d x dv whose sums of k_j v_j^T a chunk or a tag keeps (16 KiB each; about 3% of the rows they
+/// sum at d = 128, dv = 16): the y_b control variate of a masked sample, where one value coordinate needs
+/// it most (estimate.cpp).
+inline constexpr std::size_t kKeySumElements = 2048;
+
 /// Sums over some rows of k_j v_j^T and k_j in double (products of floats, exact in double), with what
 /// bounds their rounding: kv_mass >= sum over the rows of |k_ji v_jc| for every (i, c), k_mass >= sum of
 /// |k_ji| for every i (each sum's error is at most rows x 2^-53 x its mass), and the rows' largest ||k_j||.
@@ -42,6 +47,8 @@ struct KeySums {
   void reset(std::size_t d, std::size_t dv, std::size_t limit);
   /// Adds one row (key of d floats, value of dv floats).
   void add(const float* key, const float* value);
+  /// Adds rows [begin, end) of span, as stored (if kept). key, value: scratch.
+  void add_rows(const RowSpan& span, std::size_t begin, std::size_t end, std::vector<float>& key, std::vector<float>& value);
 };
 
 /// Adds rows [begin, end) of span, as stored, into sum and square (dv each, in double); returns their
@@ -69,12 +76,13 @@ class TotalsSum {
 };
 
 /// Per chunk of kRows rows in storage order, sum v_j and sum v_j^2 per coordinate in double, with the
-/// chunk's largest |v_j|; a write marks its rows' chunks stale (touch, under the collection's exclusive
+/// chunk's largest |v_j| (and KeySums where d x dv <= kKeySumElements); a write marks its rows' chunks stale (touch, under the collection's exclusive
 /// lock) and a query sums the stale chunks it needs again (under the collection's shared lock and a mutex
 /// of its own).
 class ValueChunks {
  public:
-  /// Rows per chunk (a chunk's sums take 16 dv bytes: 2 MiB at 1M rows of dv = 128).
+  /// Rows per chunk (a chunk's sums take 16 dv bytes, 2 MiB at 1M rows of dv = 128; and 8 d dv more where
+  /// d x dv <= kKeySumElements).
   static constexpr std::size_t kRows = 1024;
   /// Row `row` was written, moved or removed: its chunk's sums are stale.
   void touch(std::size_t row) noexcept;
@@ -91,6 +99,7 @@ class ValueChunks {
  private:
   struct Chunk {
     std::vector<double> sum, square;  // dv each (empty: never summed)
+    KeySums keys;                     // sum k v^T and sum k (d x dv <= kKeySumElements)
     double abs_max = 0;               // the chunk's largest |v_j|
     bool fresh = false;               // sums match the rows
   };

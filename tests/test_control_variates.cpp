@@ -89,6 +89,42 @@ std::vector<float> heavy_tailed_values(const std::vector<float>& keys, std::size
   return values;
 }
 
+// Checks t's key sums (kept: d x dv <= kKeySumElements) against long-double sums over `rows` of at, as
+// stored: sum k v^T and sum k within their bounds (which are tight), key_value_abs above every sum and
+// below rows x max|k| x max|v|, key_norm_max the rows' largest ||k|| (barely raised), and view() passing them.
+void check_key_sums(const detail::CollectionImpl& at, const std::vector<std::size_t>& rows, const detail::EligibleTotals& t) {
+  const std::size_t d = at.dim(), dv = at.value_dim();
+  std::vector<long double> key_value(d * dv, 0.0L), key_sum(d, 0.0L);
+  long double norm_max = 0, k_max = 0, v_max = 0;
+  for (const std::size_t r : rows) {
+    const std::vector<float> v = at.value_of(r), k = at.key_of(r);
+    long double norm = 0;
+    for (std::size_t i = 0; i < d; ++i) {
+      for (std::size_t c = 0; c < dv; ++c) key_value[i * dv + c] += static_cast<long double>(k[i]) * v[c];
+      key_sum[i] += k[i];
+      norm += static_cast<long double>(k[i]) * k[i];
+      k_max = std::max(k_max, static_cast<long double>(std::fabs(k[i])));
+    }
+    for (const float x : v) v_max = std::max(v_max, static_cast<long double>(std::fabs(x)));
+    norm_max = std::max(norm_max, std::sqrt(norm));
+  }
+  REQUIRE(t.key_value.size() == d * dv);
+  REQUIRE(t.key_sum.size() == d);
+  for (std::size_t e = 0; e < d * dv; ++e) {
+    CHECK(static_cast<double>(std::fabs(t.key_value[e] - key_value[e])) <= t.key_value_error);
+    CHECK(static_cast<double>(std::fabs(key_value[e])) <= t.key_value_abs);
+    CHECK(std::fabs(t.key_value[e]) <= t.key_value_abs);
+  }
+  for (std::size_t i = 0; i < d; ++i) CHECK(static_cast<double>(std::fabs(t.key_sum[i] - key_sum[i])) <= t.key_sum_error);
+  CHECK(t.key_norm_max >= static_cast<double>(norm_max));
+  CHECK(t.key_norm_max <= static_cast<double>(norm_max) * (1 + 1e-6));
+  CHECK(t.key_value_error <= 1e-9 * t.key_value_abs);
+  CHECK(t.key_value_abs <= 1.01 * static_cast<double>(rows.size() * k_max * v_max));
+  const detail::MomentTotals view = t.view();
+  CHECK(view.key_value == t.key_value.data());
+  CHECK(view.key_sum == t.key_sum.data());
+}
+
 // Counts of estimated answers: all, over the target, and with error_estimate below the true error.
 struct Coverage {
   std::size_t answers = 0, over = 0, below = 0;
@@ -472,7 +508,8 @@ TEST_CASE("a mask's eligible totals come from chunk sums that every write marks 
   // The value sums and squares over a mask's eligible rows (ValueChunks: whole chunks of 1,024 rows from
   // sums kept between queries, the rest summed per query) after overwrites, appends and removes (the last
   // row moved into the hole) must be those of the rows as stored, within their stated bounds: a write
-  // that left a chunk's sums fresh would leave them 50 or more off. A mask of many short runs gets none.
+  // that left a chunk's sums fresh would leave them 50 or more off. So must the key sums (sum k v^T, sum
+  // k). A mask of many short runs gets none.
   const std::size_t n = 9000, d = 4, dv = 5;
   for (const Precision vp : {Precision::f32, Precision::f16}) {
     std::vector<float> keys = test::normal_floats(n * d, 71), values = test::normal_floats(n * dv, 72);
@@ -498,11 +535,14 @@ TEST_CASE("a mask's eligible totals come from chunk sums that every write marks 
       REQUIRE(t.rows == rows.count);
       std::vector<long double> sum(dv, 0.0L), square(dv, 0.0L);
       long double mass = 0;
+      std::vector<std::size_t> eligible_rows;
       for (const detail::RowRun& run : rows.runs)
         for (std::size_t r = run.begin; r < run.begin + run.count; ++r) {
           const std::vector<float> v = at->value_of(r);
           for (std::size_t k = 0; k < dv; ++k) sum[k] += v[k], square[k] += static_cast<long double>(v[k]) * v[k], mass += std::fabs(v[k]);
+          eligible_rows.push_back(r);
         }
+      check_key_sums(*at, eligible_rows, t);  // (d x dv = 20: the chunks and the loose rows keep them)
       for (std::size_t k = 0; k < dv; ++k) {
         CHECK(static_cast<double>(std::fabs(t.value_sum[k] - sum[k])) <= t.value_error);
         CHECK(static_cast<double>(std::fabs(t.value_square[k] - square[k])) <= t.value_square_error);
@@ -629,24 +669,16 @@ TEST_CASE("a tags_any mask's totals come from per-tag sums that writes mark stal
   // `calls` calls those of the rows as stored.
   const auto check = [&](const std::vector<std::uint64_t>& want, std::size_t limit, std::size_t calls) {
     const auto lock = at->read_lock();
-    std::vector<long double> sum(dv, 0.0L), square(dv, 0.0L), key_value(d * dv, 0.0L), key_sum(d, 0.0L);
-    long double mass = 0, norm_max = 0, k_max = 0, v_max = 0;
-    std::size_t count = 0;
+    std::vector<long double> sum(dv, 0.0L), square(dv, 0.0L);
+    long double mass = 0;
+    std::vector<std::size_t> held;  // the rows of those tags
     for (std::size_t r = 0; r < at->tags().size(); ++r) {
       if (std::find(want.begin(), want.end(), at->tags()[r]) == want.end()) continue;
-      const std::vector<float> v = at->value_of(r), k = at->key_of(r);
+      const std::vector<float> v = at->value_of(r);
       for (std::size_t c = 0; c < dv; ++c) sum[c] += v[c], square[c] += static_cast<long double>(v[c]) * v[c], mass += std::fabs(v[c]);
-      long double norm = 0;
-      for (std::size_t i = 0; i < d; ++i) {
-        for (std::size_t c = 0; c < dv; ++c) key_value[i * dv + c] += static_cast<long double>(k[i]) * v[c];
-        key_sum[i] += k[i];
-        norm += static_cast<long double>(k[i]) * k[i];
-      }
-      norm_max = std::max(norm_max, std::sqrt(norm));
-      for (const float x : k) k_max = std::max(k_max, static_cast<long double>(std::fabs(x)));
-      for (const float x : v) v_max = std::max(v_max, static_cast<long double>(std::fabs(x)));
-      ++count;
+      held.push_back(r);
     }
+    const std::size_t count = held.size();
     detail::EligibleTotals t;
     std::size_t used = 0;
     while (t.rows == 0 && used < calls) t = at->tag_totals(want, count, limit), ++used;
@@ -657,22 +689,7 @@ TEST_CASE("a tags_any mask's totals come from per-tag sums that writes mark stal
       CHECK(static_cast<double>(std::fabs(t.value_square[k] - square[k])) <= t.value_square_error);
     }
     CHECK(t.value_error <= 1e-9 * static_cast<double>(mass));
-    // The key sums (d x dv = 12: kept), within their bounds, which are tight.
-    REQUIRE(t.key_value.size() == d * dv);
-    REQUIRE(t.key_sum.size() == d);
-    for (std::size_t e = 0; e < d * dv; ++e) {
-      CHECK(static_cast<double>(std::fabs(t.key_value[e] - key_value[e])) <= t.key_value_error);
-      CHECK(static_cast<double>(std::fabs(key_value[e])) <= t.key_value_abs);
-      CHECK(std::fabs(t.key_value[e]) <= t.key_value_abs);
-    }
-    for (std::size_t i = 0; i < d; ++i) CHECK(static_cast<double>(std::fabs(t.key_sum[i] - key_sum[i])) <= t.key_sum_error);
-    CHECK(t.key_norm_max >= static_cast<double>(norm_max));
-    CHECK(t.key_norm_max <= static_cast<double>(norm_max) * (1 + 1e-6));
-    CHECK(t.key_value_error <= 1e-9 * t.key_value_abs);
-    CHECK(t.key_value_abs <= 1.01 * static_cast<double>(count * k_max * v_max));
-    const detail::MomentTotals view = t.view();
-    CHECK(view.key_value == t.key_value.data());
-    CHECK(view.key_sum == t.key_sum.data());
+    check_key_sums(*at, held, t);  // (d x dv = 12: kept)
     CHECK(at->tag_totals(want, count + 1, limit).rows == 0);  // (a mask that leaves some of them out)
     return used;
   };
@@ -753,28 +770,15 @@ TEST_CASE("a tags_any mask's totals come from per-tag sums that writes mark stal
       CHECK(static_cast<double>(std::fabs(t.value_square[k] - square[k])) <= t.value_square_error);
     }
     CHECK(t.value_error <= 1e-9 * static_cast<double>(rows.count) * impl.value_max());
-    // The key sums with the excluded rows taken out too.
-    std::vector<long double> key_value(d * dv, 0.0L), key_sum(d, 0.0L);
+    std::vector<std::size_t> kept_rows;  // (the key sums with the excluded rows taken out too)
     for (const detail::RowRun& run : rows.runs)
-      for (std::size_t r = run.begin; r < run.begin + run.count; ++r) {
-        const std::vector<float> v = impl.value_of(r), k = impl.key_of(r);
-        for (std::size_t i = 0; i < d; ++i) {
-          for (std::size_t c = 0; c < dv; ++c) key_value[i * dv + c] += static_cast<long double>(k[i]) * v[c];
-          key_sum[i] += k[i];
-        }
-      }
-    REQUIRE(t.key_value.size() == d * dv);
-    for (std::size_t e = 0; e < d * dv; ++e) {
-      CHECK(static_cast<double>(std::fabs(t.key_value[e] - key_value[e])) <= t.key_value_error);
-      CHECK(static_cast<double>(std::fabs(key_value[e])) <= t.key_value_abs);
-    }
-    for (std::size_t i = 0; i < d; ++i) CHECK(static_cast<double>(std::fabs(t.key_sum[i] - key_sum[i])) <= t.key_sum_error);
-    CHECK(t.key_value_error <= 1e-9 * t.key_value_abs);
+      for (std::size_t r = run.begin; r < run.begin + run.count; ++r) kept_rows.push_back(r);
+    check_key_sums(impl, kept_rows, t);
     // More excluded ids than max(2 chunks, eligible / 32): none.
     for (std::uint64_t i = 0; i < 3000; ++i) options.exclude_ids.push_back((std::uint64_t{1} << 41) + i);
     CHECK(detail::masked_totals(impl, impl.eligible(options), options).rows == 0);
   }
-  // d x dv above TagTotals::kKeyValueElements: value sums only.
+  // d x dv above kKeySumElements: value sums only.
   {
     const std::size_t wd = 64, wdv = 33;
     detail::CollectionImpl wide({wd, wdv});
