@@ -50,11 +50,6 @@ struct I8Deferral {
   float hi = 0.0f;  ///< largest scale covered
   /// Whether a row of scale s is covered.
   [[nodiscard]] bool covers(float s) const noexcept { return s >= lo && s <= hi; }
-  /// The scales both windows cover.
-  void narrow(const I8Deferral& o) noexcept {
-    lo = lo > o.lo ? lo : o.lo;
-    hi = hi < o.hi ? hi : o.hi;
-  }
 };
 
 /// The i8 scale of a row: the smallest power of two s with max|x| / s <= 127 (1 for an all-zero row).

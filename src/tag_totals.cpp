@@ -116,7 +116,7 @@ EligibleTotals TagTotals::totals(const RowSpan& span, std::span<const std::uint6
         if (sweep_.size() == kSweepTags) break;
         Entry& entry = entries_[tag];
         entry.sum.assign(dv, 0.0), entry.square.assign(dv, 0.0);  // (may throw: the tag then stays out)
-        entry.keys.reset(span.dim, dv, kKeySumElements);
+        entry.keys.reset(span.dim, dv);
         entry.rows = 0, entry.abs_max = 0, entry.sweeping = true;
         sweep_.push_back(tag);
       }

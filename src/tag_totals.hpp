@@ -16,8 +16,8 @@
 namespace softkv::detail {
 
 /// Per tag asked for, sum v_j and sum v_j^2 per coordinate in double over the rows holding it, with their
-/// count and largest |v_j|, and for d x dv up to kKeySumElements sum k_j v_j^T and sum k_j (KeySums; 64 MiB
-/// at kMaxTags). A tag's sums are stale after a write to one of its rows (touch, under the
+/// count and largest |v_j|, and where keeps_key_sums sum k_j v_j^T and sum k_j (KeySums: at most 16 KiB a
+/// tag, 64 MiB at kMaxTags). A tag's sums are stale after a write to one of its rows (touch, under the
 /// collection's exclusive lock); stale tags are summed again by one sweep in storage order over the rows'
 /// tags, a share of it per query (under the collection's shared lock and a mutex of its own). Per-tag sums
 /// do not depend on where the rows are stored; a sweep in progress does: a tag leaves it (to be swept

@@ -45,10 +45,10 @@ void TotalsSum::add(const double* sum, const double* square, double rows, double
   parts_ += 1;
 }
 
-void KeySums::reset(std::size_t d, std::size_t dv, std::size_t limit) {
+void KeySums::reset(std::size_t d, std::size_t dv, bool keep) {
   key_value.clear(), key_sum.clear();
   rows = kv_mass = k_mass = norm_max = 0;
-  if (d * dv > limit || d == 0) return;
+  if (!keep || d == 0) return;
   key_value.assign(d * dv, 0.0);
   key_sum.assign(d, 0.0);
 }
@@ -197,7 +197,7 @@ EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& elig
       chunk.sum.assign(dv, 0.0);
       chunk.square.assign(dv, 0.0);
       chunk.abs_max = add_rows(span, first, last, chunk.sum.data(), chunk.square.data(), row);
-      chunk.keys.reset(span.dim, dv, kKeySumElements);
+      chunk.keys.reset(span.dim, dv);
       chunk.keys.add_rows(span, first, last, key, value);
       chunk.fresh = true;
       summed += last - first;
@@ -213,7 +213,8 @@ EligibleTotals ValueChunks::totals(const RowSpan& span, const EligibleRows& elig
   // The loose rows, one by one into their own sums (then added like one more chunk).
   std::vector<double> sum(dv, 0.0), square(dv, 0.0);
   KeySums loose_keys;
-  loose_keys.reset(span.dim, dv, kKeySumElements);
+  // (Summed at every query: only within its budget; else the totals have no key sums.)
+  loose_keys.reset(span.dim, dv, keeps_key_sums(span.dim, dv) && key_sums_fit(loose_rows, loose_limit, span.dim, dv));
   double loose_max = 0;
   for (const RowRun& run : loose) {
     loose_max = std::max(loose_max, add_rows(span, run.begin, run.begin + run.count, sum.data(), square.data(), row));

@@ -30,10 +30,21 @@ struct EligibleTotals {
   [[nodiscard]] MomentTotals view() const;
 };
 
-/// Largest d x dv whose sums of k_j v_j^T a chunk or a tag keeps (16 KiB each; about 3% of the rows they
-/// sum at d = 128, dv = 16): the y_b control variate of a masked sample, where one value coordinate needs
-/// it most (estimate.cpp).
-inline constexpr std::size_t kKeySumElements = 2048;
+/// Largest d x dv whose sums of k_j v_j^T a chunk or a tag keeps ((d x dv + d) doubles: at most 16 KiB).
+inline constexpr std::size_t kKeySumElements = 1024;
+
+/// Whether chunks and tags keep KeySums for rows of d x dv: d x dv <= kKeySumElements and at most 4 (d + dv)
+/// (a row's products cost at most four multiply-adds per element read), so for few value coordinates,
+/// where the y_b control variate matters most (one coordinate: docs/PRUNING.md).
+[[nodiscard]] constexpr bool keeps_key_sums(std::size_t d, std::size_t dv) noexcept {
+  return d > 0 && d * dv <= kKeySumElements && d * dv <= 4 * (d + dv);
+}
+
+/// Whether KeySums over `rows` rows summed at a query (a mask's rows outside whole chunks, or excluded rows)
+/// fit its budget: their products at most what reading `limit` whole rows reads, rows x d x dv <= limit x (d + dv).
+[[nodiscard]] constexpr bool key_sums_fit(std::size_t rows, std::size_t limit, std::size_t d, std::size_t dv) noexcept {
+  return rows * d * dv <= limit * (d + dv);
+}
 
 /// Sums over some rows of k_j v_j^T and k_j in double (products of floats, exact in double), with what
 /// bounds their rounding: kv_mass >= sum over the rows of |k_ji v_jc| for every (i, c), k_mass >= sum of
@@ -43,8 +54,10 @@ struct KeySums {
   double rows = 0, kv_mass = 0, k_mass = 0, norm_max = 0;
   /// Whether these sums are kept.
   [[nodiscard]] bool kept() const noexcept { return !key_sum.empty(); }
-  /// Starts the sums of d x dv (kept when d * dv <= limit), zero.
-  void reset(std::size_t d, std::size_t dv, std::size_t limit);
+  /// Starts the sums of d x dv at zero, kept if keep (keeps_key_sums by default).
+  void reset(std::size_t d, std::size_t dv, bool keep);
+  /// The same, kept as keeps_key_sums(d, dv) says.
+  void reset(std::size_t d, std::size_t dv) { reset(d, dv, keeps_key_sums(d, dv)); }
   /// Adds one row (key of d floats, value of dv floats).
   void add(const float* key, const float* value);
   /// Adds rows [begin, end) of span, as stored (if kept). key, value: scratch.
@@ -76,13 +89,13 @@ class TotalsSum {
 };
 
 /// Per chunk of kRows rows in storage order, sum v_j and sum v_j^2 per coordinate in double, with the
-/// chunk's largest |v_j| (and KeySums where d x dv <= kKeySumElements); a write marks its rows' chunks stale (touch, under the collection's exclusive
+/// chunk's largest |v_j| (and KeySums where keeps_key_sums); a write marks its rows' chunks stale (touch, under the collection's exclusive
 /// lock) and a query sums the stale chunks it needs again (under the collection's shared lock and a mutex
 /// of its own).
 class ValueChunks {
  public:
-  /// Rows per chunk (a chunk's sums take 16 dv bytes, 2 MiB at 1M rows of dv = 128; and 8 d dv more where
-  /// d x dv <= kKeySumElements).
+  /// Rows per chunk (a chunk's sums take 16 dv bytes, 2 MiB at 1M rows of dv = 128; and 8 (d x dv + d)
+  /// more where keeps_key_sums).
   static constexpr std::size_t kRows = 1024;
   /// Row `row` was written, moved or removed: its chunk's sums are stale.
   void touch(std::size_t row) noexcept;
@@ -99,7 +112,7 @@ class ValueChunks {
  private:
   struct Chunk {
     std::vector<double> sum, square;  // dv each (empty: never summed)
-    KeySums keys;                     // sum k v^T and sum k (d x dv <= kKeySumElements)
+    KeySums keys;                     // sum k v^T and sum k (where keeps_key_sums)
     double abs_max = 0;               // the chunk's largest |v_j|
     bool fresh = false;               // sums match the rows
   };

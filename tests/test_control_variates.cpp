@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <optional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "collection_impl.hpp"
@@ -89,10 +90,12 @@ std::vector<float> heavy_tailed_values(const std::vector<float>& keys, std::size
   return values;
 }
 
-// Checks t's key sums (kept: d x dv <= kKeySumElements) against long-double sums over `rows` of at, as
-// stored: sum k v^T and sum k within their bounds (which are tight), key_value_abs above every sum and
-// below rows x max|k| x max|v|, key_norm_max the rows' largest ||k|| (barely raised), and view() passing them.
-void check_key_sums(const detail::CollectionImpl& at, const std::vector<std::size_t>& rows, const detail::EligibleTotals& t) {
+// Checks t's key sums (kept: keeps_key_sums) against long-double sums over `rows` of at, as stored: sum k v^T
+// and sum k within their bounds (which are tight), key_value_abs above every sum and below rows x max|k| x
+// max|v|, key_norm_max at least the rows' largest ||k|| (and barely above it unless superset_norm: the
+// bound may be over more rows than these), and view() passing them.
+void check_key_sums(const detail::CollectionImpl& at, const std::vector<std::size_t>& rows, const detail::EligibleTotals& t,
+                    bool superset_norm = false) {
   const std::size_t d = at.dim(), dv = at.value_dim();
   std::vector<long double> key_value(d * dv, 0.0L), key_sum(d, 0.0L);
   long double norm_max = 0, k_max = 0, v_max = 0;
@@ -117,9 +120,9 @@ void check_key_sums(const detail::CollectionImpl& at, const std::vector<std::siz
   }
   for (std::size_t i = 0; i < d; ++i) CHECK(static_cast<double>(std::fabs(t.key_sum[i] - key_sum[i])) <= t.key_sum_error);
   CHECK(t.key_norm_max >= static_cast<double>(norm_max));
-  CHECK(t.key_norm_max <= static_cast<double>(norm_max) * (1 + 1e-6));
+  if (!superset_norm) CHECK(t.key_norm_max <= static_cast<double>(norm_max) * (1 + 1e-6));
   CHECK(t.key_value_error <= 1e-9 * t.key_value_abs);
-  CHECK(t.key_value_abs <= 1.01 * static_cast<double>(rows.size() * k_max * v_max));
+  if (!superset_norm) CHECK(t.key_value_abs <= 1.01 * static_cast<double>(rows.size() * k_max * v_max));
   const detail::MomentTotals view = t.view();
   CHECK(view.key_value == t.key_value.data());
   CHECK(view.key_sum == t.key_sum.data());
@@ -542,7 +545,19 @@ TEST_CASE("a mask's eligible totals come from chunk sums that every write marks 
           for (std::size_t k = 0; k < dv; ++k) sum[k] += v[k], square[k] += static_cast<long double>(v[k]) * v[k], mass += std::fabs(v[k]);
           eligible_rows.push_back(r);
         }
-      check_key_sums(*at, eligible_rows, t);  // (d x dv = 20: the chunks and the loose rows keep them)
+      // d x dv = 20: the chunks keep key sums, and the rows outside whole chunks while their products fit the
+      // query's budget (key_sums_fit; masked_totals' loose_limit is 2,048 rows here: up to 921 loose rows).
+      std::size_t loose = 0;  // (the eligible rows outside whole chunks, counted as ValueChunks::totals does)
+      const std::size_t stored = at->span().rows;
+      for (const detail::RowRun& run : rows.runs)
+        for (std::size_t r = run.begin, end = std::min(run.begin + run.count, stored); r < end;) {
+          const std::size_t first = r / 1024 * 1024, last = std::min(first + 1024, stored);
+          const std::size_t stop = r == first && end >= last ? last : std::min(end, last);
+          if (stop != last || r != first) loose += stop - r;
+          r = stop;
+        }
+      CHECK(t.key_value.empty() == !detail::key_sums_fit(loose, 2048, d, dv));
+      if (!t.key_value.empty()) check_key_sums(*at, eligible_rows, t);
       for (std::size_t k = 0; k < dv; ++k) {
         CHECK(static_cast<double>(std::fabs(t.value_sum[k] - sum[k])) <= t.value_error);
         CHECK(static_cast<double>(std::fabs(t.value_square[k] - square[k])) <= t.value_square_error);
@@ -773,14 +788,14 @@ TEST_CASE("a tags_any mask's totals come from per-tag sums that writes mark stal
     std::vector<std::size_t> kept_rows;  // (the key sums with the excluded rows taken out too)
     for (const detail::RowRun& run : rows.runs)
       for (std::size_t r = run.begin; r < run.begin + run.count; ++r) kept_rows.push_back(r);
-    check_key_sums(impl, kept_rows, t);
+    check_key_sums(impl, kept_rows, t, true);  // (the excluded rows' keys may bound the norm)
     // More excluded ids than max(2 chunks, eligible / 32): none.
     for (std::uint64_t i = 0; i < 3000; ++i) options.exclude_ids.push_back((std::uint64_t{1} << 41) + i);
     CHECK(detail::masked_totals(impl, impl.eligible(options), options).rows == 0);
   }
-  // d x dv above kKeySumElements: value sums only.
-  {
-    const std::size_t wd = 64, wdv = 33;
+  // d x dv above kKeySumElements, or above 4 (d + dv): value sums only.
+  for (const auto& [wd, wdv] : {std::pair<std::size_t, std::size_t>{64, 33}, {32, 16}}) {
+    CHECK_FALSE(detail::keeps_key_sums(wd, wdv));
     detail::CollectionImpl wide({wd, wdv});
     (void)wide.add(wide.prepare({}, test::normal_floats(300 * wd, 7), test::normal_floats(300 * wdv, 8), std::vector<std::uint64_t>(300, 1)));
     const auto lock = wide.read_lock();
@@ -789,6 +804,10 @@ TEST_CASE("a tags_any mask's totals come from per-tag sums that writes mark stal
     CHECK(t.key_value.empty());
     CHECK(t.view().key_value == nullptr);
   }
+  CHECK(detail::keeps_key_sums(32, 1));
+  CHECK(detail::keeps_key_sums(1024, 1));
+  CHECK(detail::keeps_key_sums(128, 4));
+  CHECK_FALSE(detail::keeps_key_sums(1025, 1));
   // A restored snapshot (values +50 again) sums its tags afresh.
   CollectionImage image = impl.image();
   for (float& v : image.rows.values) v += 50.0f;

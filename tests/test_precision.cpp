@@ -596,7 +596,7 @@ TEST_CASE("i8 keys score as their float32 widening at the edges of the kernels' 
   // overflow (a sum above FLT_MAX before the scale brings it back). Rows at the window's edge and one and
   // two powers of two beyond it must all score as their widening.
   std::mt19937_64 rng(5);
-  const std::size_t d = 64, n = 8;
+  const std::size_t d = 128, n = 8;  // (d = 128: chains of two or more blocks on every path, so sums round)
   std::vector<std::uint64_t> ids(n);
   const auto check = [&](const KernelTable* k, const std::vector<float>& q, float s, float key_sign_bias) {
     std::vector<float> keys(n * d);
@@ -621,8 +621,10 @@ TEST_CASE("i8 keys score as their float32 widening at the edges of the kernels' 
         check(k, q, std::ldexp(1.0f, -116 - beyond), 0);
       }
       // High edge: q from 2^118 to 2^121, keys +127 s with s = 2^-10: the products' sums overflow a
-      // vector lane unscaled (4 terms of 127 * 2^120 on avx512), not scaled; the window (bound 127 * 64 *
-      // max|q| <= 2^126, conservative by the lane count) leaves these rows scaled element by element.
+      // vector lane unscaled (8 terms of 127 * 2^120 on avx512), not scaled; the window (bound 127 * 128 *
+      // max|q| <= 2^126, conservative by the lane count) leaves these rows scaled element by element. (This
+      // catches a window without an upper edge, not one a few powers of two too wide: the bound is
+      // conservative by the lane count, so no query within a few powers of two of it overflows a lane.)
       for (int trial = 0; trial < 20; ++trial) {
         std::vector<float> q(d);
         for (auto& x : q) x = std::ldexp(1.0f + std::ldexp(static_cast<float>(rng() % (1u << 23)), -23), 120 - beyond);

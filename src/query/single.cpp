@@ -124,6 +124,10 @@ EligibleTotals tag_mask_totals(const CollectionImpl& impl, const EligibleRows& m
   // Each subtraction rounds by at most 2^-53 of its partial total, itself at most (rows + excluded) x value_max
   // (the key sums: at most key_value_abs, and rows x key_norm_max for sum k; their rows' largest ||k|| holds).
   const std::size_t d = impl.dim(), dv = impl.value_dim();
+  if (!key_sums_fit(excluded.size(), loose_limit, d, dv)) {  // (their products past the query's budget: no key sums)
+    out.key_value.clear(), out.key_sum.clear();
+    out.key_value_error = out.key_value_abs = out.key_sum_error = out.key_norm_max = 0;
+  }
   const bool keys = !out.key_value.empty();
   const double m = impl.value_max(), n = static_cast<double>(excluded.size()), all = static_cast<double>(out.rows);
   for (const std::size_t row : excluded) {
