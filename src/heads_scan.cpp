@@ -117,10 +117,12 @@ std::vector<ArgMax> heads_hard_scan(const KernelTable& k, const float* query, co
 
 namespace {
 
-// Rows of a batch's sub-block: about 256 KiB of keys and values, which stay in L2 (512 KiB and up on
-// every CPU kind we run on) while each query of the batch scans them.
+// Rows of a batch's sub-block: about 256 KiB of keys and values as float32, which stay in L2 (512 KiB and
+// up on every CPU kind we run on) while each query of the batch scans them. Counted at float32 whatever the
+// stored precision, so that compact rows are scanned in the same pieces as the float32 rows they widen to
+// (the online softmax rescales at the same rows: the same bits).
 std::size_t batch_sub_rows(const RowSpan& span) {
-  const std::size_t bytes = span.key_row_bytes() + (span.values != nullptr ? span.value_row_bytes() : 0);
+  const std::size_t bytes = 4 * (span.dim + (span.values != nullptr ? span.value_dim : 0));
   return std::clamp<std::size_t>(std::size_t{256 * 1024} / std::max<std::size_t>(1, bytes), 16, kScanBlockRows);
 }
 
