@@ -258,6 +258,7 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
     return w;
   }
 
+  // chains_as' loop: kScaled false sums the products with i8 rows' stored integers (the caller scales).
   template <Precision Pr, bool kScaled>
   [[gnu::always_inline]] static V chains_of(const float* a, const void* row, std::size_t n, float row_scale) {
     V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
@@ -272,6 +273,7 @@ struct XsimdPrimitives : XsimdBatchTiles<Arch> {
     return (s0 + s1) + (s2 + s3);
   }
 
+  // chains2_as' loop, kScaled as in chains_of.
   template <Precision Pr, bool kScaled>
   [[gnu::always_inline]] static void chains2_of(const float* a, const void* row0, const void* row1, std::size_t n,
                                                 float scale0, float scale1, V& out0, V& out1) {
