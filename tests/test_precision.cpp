@@ -14,6 +14,7 @@
 #include "reference.hpp"
 #include "scan.hpp"
 #include "simd/kernel_table.hpp"
+#include "simd/tile_gemm.hpp"
 #include "softkv/softkv.hpp"
 #include "temp_dir.hpp"
 #include "wire/protocol.hpp"
@@ -165,9 +166,22 @@ TEST_CASE("i8 scale: the smallest power of two that fits the largest magnitude i
   }
 }
 
+// The tile products a batch over path k can run: its own, and libxsmm's where tiles_for hands them out.
+static std::vector<TileProducts> tiles_of(const KernelTable& k) {
+  std::vector<TileProducts> all = {k.tiles};
+  if (have_libxsmm()) {
+    force_tile_products("libxsmm");
+    const TileProducts jit = tiles_for(k);
+    force_tile_products("auto");
+    if (jit.scores != k.tiles.scores || jit.blend != k.tiles.blend) all.push_back(jit);
+  }
+  return all;
+}
+
 TEST_CASE("every kernel path at every precision equals the float32 kernel on the stored rows, bit for bit", "[precision][kernels]") {
   const std::vector<std::size_t> dims = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 127, 128, 129, 300, 512, 768};
   for (const KernelTable* k : all_paths()) {
+    const std::vector<TileProducts> tile_sets = tiles_of(*k);
     for (const Case& c : kCases) {
       for (std::size_t d : dims) {
         const std::size_t n = d >= 300 ? 300 : 517, dv = d == 768 ? 129 : d;  // two and a bit blocks; d = 300/768 widen in chunks
@@ -229,21 +243,24 @@ TEST_CASE("every kernel path at every precision equals the float32 kernel on the
         for (std::size_t j = 0; j < dv; ++j) err = std::max(err, std::fabs(accc[j] / sumc - ref.value[j]));
         CHECK(err <= 1e-4 * 4);
 
-        // Batches of 3 and 19 queries (padding lanes, more than one lane vector).
+        // Batches of 3 and 19 queries (padding lanes, more than one lane vector), through the path's own
+        // tiles and through libxsmm's where this build and path have them: a GEMM's sums can depend on the
+        // rows a call gets, so compact and float32 rows must reach the tiles in the same chunks.
+        for (const TileProducts& tiles : tile_sets)
         for (std::size_t nq : {std::size_t{3}, std::size_t{19}}) {
           const std::vector<float> qs = test::normal_floats(nq * d, 11 + d + nq);
           const std::vector<float> scales(nq, scale);
           std::vector<float> scratch(batch_scratch_floats(nq, d));
           std::vector<float> maxc(nq, -INFINITY), sumbc(nq, 0.0f), acbc(nq * dv, 0.0f);
           std::vector<float> maxf(nq, -INFINITY), sumbf(nq, 0.0f), acbf(nq * dv, 0.0f);
-          k->soft_scan_batch(qs.data(), nq, scales.data(), cs, maxc.data(), sumbc.data(), acbc.data(), scratch.data(), k->tiles);
-          k->soft_scan_batch(qs.data(), nq, scales.data(), fs, maxf.data(), sumbf.data(), acbf.data(), scratch.data(), k->tiles);
+          k->soft_scan_batch(qs.data(), nq, scales.data(), cs, maxc.data(), sumbc.data(), acbc.data(), scratch.data(), tiles);
+          k->soft_scan_batch(qs.data(), nq, scales.data(), fs, maxf.data(), sumbf.data(), acbf.data(), scratch.data(), tiles);
           REQUIRE(same_bits(maxc, maxf));
           REQUIRE(same_bits(sumbc, sumbf));
           REQUIRE(same_bits(acbc, acbf));
           std::vector<ArgMax> bc(nq), bf(nq);
-          k->hard_scan_batch(qs.data(), nq, scales.data(), cs, bc.data(), scratch.data(), k->tiles);
-          k->hard_scan_batch(qs.data(), nq, scales.data(), fs, bf.data(), scratch.data(), k->tiles);
+          k->hard_scan_batch(qs.data(), nq, scales.data(), cs, bc.data(), scratch.data(), tiles);
+          k->hard_scan_batch(qs.data(), nq, scales.data(), fs, bf.data(), scratch.data(), tiles);
           for (std::size_t b = 0; b < nq; ++b) {
             REQUIRE(bc[b].row == bf[b].row);
             REQUIRE(bits(bc[b].score) == bits(bf[b].score));

@@ -46,9 +46,10 @@ inline constexpr std::size_t kWidenFloats = 4096;
 
 // Rows of a span as float32 for the batched scans, a chunk at a time: f32 rows are read in place,
 // compact rows are widened into scratch with P's conversions (exact) and handed to the float32 tiles
-// (a batch does many flops per element, so the widening is a small share of its work). A block is widened
-// in chunks of at most kWidenFloats floats; every loop below treats rows independently or in row
-// order, so the chunking never changes a result.
+// (a batch does many flops per element, so the widening is a small share of its work). A block goes to
+// the tiles in chunks of at most kWidenFloats floats whatever the precision: a GEMM's result can depend
+// on how many rows one call gets (libxsmm's kernels add into C after their own k-loop), and compact rows
+// answer bit for bit as float32 only if both take the same chunks.
 template <class P>
 class Widener {
  public:
@@ -65,13 +66,15 @@ class Widener {
  private:
   template <class Fn>
   void run(const void* base, Precision p, const float* scales, std::size_t width, std::size_t start, std::size_t rows, Fn& fn) {
-    if (p == Precision::f32) {
-      fn(static_cast<const float*>(base) + start * width, std::size_t{0}, rows);
-      return;
-    }
     std::size_t chunk = kWidenFloats / width;
     chunk = chunk < 1 ? 1 : chunk > kScanBlockRows ? kScanBlockRows : chunk;
     if (chunk > rows) chunk = rows;
+    if (p == Precision::f32) {
+      const float* rows_in_place = static_cast<const float*>(base) + start * width;
+      for (std::size_t off = 0; off < rows; off += chunk)
+        fn(rows_in_place + off * width, off, rows - off < chunk ? rows - off : chunk);
+      return;
+    }
     if (buffer_.size() < chunk * width) buffer_.resize(chunk * width);
     float* out = buffer_.data();
     const char* bytes = static_cast<const char*>(base) + start * width * RowSpan::bytes_of(p);
