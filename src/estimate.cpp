@@ -56,6 +56,26 @@ constexpr double kLeastGrowth = 1.1;
 constexpr std::size_t kOrderCheckBlocks = 16;
 constexpr double kMaxOrderRatio = 4.0;
 constexpr double kOrderNats = 0.25;
+// The leverage check's largest h_b: a block that alone decides its fit (h_b -> 1) counts 400 times its
+// squared residual, not infinitely many.
+constexpr double kMaxLeverage = 0.95;
+
+// What one coordinate's error adds to its sum of squared residuals (spread: the rounding term's scale;
+// offset; unseen), and the error as estimated. (Its model, the ratio and regression coefficients, is in
+// Models.)
+struct ErrorTerms {
+  double spread = 0, offset = 0, unseen = 0, error = 0;
+};
+
+// Each coordinate's model: the ratio r, the regression's coefficients on (u_b, s_b) and the inverse of
+// their Gram matrix (zeros for the plain ratio), by coordinate (the layout KernelTable::fold_leverage reads).
+struct Models {
+  explicit Models(std::size_t dv) : r(dv), beta1(dv), beta2(dv), i11(dv), i12(dv), i22(dv) {}
+  void set(std::size_t k, double r_k, double b1, double b2, double g11, double g12, double g22) {
+    r[k] = r_k, beta1[k] = b1, beta2[k] = b2, i11[k] = g11, i12[k] = g12, i22[k] = g22;
+  }
+  std::vector<double> r, beta1, beta2, i11, i12, i22;
+};
 
 // Offers a block's scores to one TopScores over every sampled block (its rows' ids from the block's
 // start), and with control variates adds the rows to the block's sums U_b = sum v_j, S_b = sum s_j v_j,
@@ -308,6 +328,9 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
     s.squares_fit = static_cast<double>(kEstimateBlockRows) * 4 * vmax * vmax < 0x1p126;
   }
   std::vector<double> y(dv), value(dv);
+  Models model(dv);                 // per coordinate: the estimate's model, for the leverage check
+  std::vector<ErrorTerms> terms(dv);  // per coordinate: its error's terms
+  std::vector<double> levered(dv);  // per coordinate: the leverage-weighted sum of squared residuals
   // Scans block b for query j into its slot (max, sum, acc at slot), folding the block's eligible rows,
   // piece by piece over the runs they fall in, into one state; sink (if any) gets their scores.
   // A query's stratum rows are left out (the pieces between them scanned).
@@ -467,6 +490,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       // error as it stands. Per coordinate the answer is the one of the plain ratio and the regressions
       // on x, on y and on both whose z standard errors plus offset are smallest (a regressor whose offset
       // outweighs what it explains is left out: the kernel's float scores weigh more in y as d grows).
+      // A sample that meets the target is then checked by leverage (below).
       const bool regress = s.cv && pi < 1 && s.nonempty > 8;
       const double rounding = static_cast<double>(drawn + 8) * 0x1p-52;
       const double held = s.cv ? static_cast<double>(s.rows_drawn) / static_cast<double>(s.frame) : 0.0;
@@ -498,6 +522,8 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         };
         double best_error = error_of(sum_e2, spread_k, 0.0, 0.0);
         value[k] = r;
+        model.set(k, r, 0, 0, 0, 0, 0);
+        terms[k] = ErrorTerms{spread_k, 0, unseen, 0};
         if (regress) {
           // What sum x_b and sum y_b may be off by: each drawn row's float sums and score mismatch (|v_jk|
           // from the blocks' sums of |v|), and the known totals' rounding in the share the sample holds.
@@ -507,19 +533,49 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
                                ua * static_cast<double>(s.rows_drawn) * (s.ds + s.smax * 0x1p-48) + held * s.known_s;
           const double b1 = (s.sut[k] - r * s.suw[k]) * g, b2 = (s.sst[k] - r * s.ssw[k]) * g;
           const double g11 = s.suu[k], g12 = s.sus[k], g22 = s.sss[k], det = g11 * g22 - g12 * g12;
-          const auto consider = [&](double beta1, double beta2, double used) {
+          const auto consider = [&](double beta1, double beta2, double used, double i11, double i12, double i22) {
             if (!std::isfinite(beta1) || !std::isfinite(beta2)) return;
             const double sum = sum_e2 - 2 * (beta1 * b1 + beta2 * b2) + beta1 * beta1 * g11 + 2 * beta1 * beta2 * g12 + beta2 * beta2 * g22;
             const double spread_sum = spread_k + std::fabs(beta1) * std::sqrt(g11) + std::fabs(beta2) * std::sqrt(g22);
             const double offset = (std::fabs(beta1) * off_u + std::fabs(beta2) * off_s) / zall;
             const double e = error_of(sum, spread_sum, offset, used);
-            if (std::isfinite(e) && e < best_error) best_error = e, value[k] = r - (beta1 * s.su[k] + beta2 * s.ss[k]) / zall;
+            if (std::isfinite(e) && e < best_error) {
+              best_error = e, value[k] = r - (beta1 * s.su[k] + beta2 * s.ss[k]) / zall;
+              model.set(k, r, beta1, beta2, i11, i12, i22);
+              terms[k] = ErrorTerms{spread_sum, offset, unseen, 0};
+            }
           };
-          if (g11 > 0) consider(b1 / g11, 0.0, 1);
-          if (s.cv_s && g22 > 0) consider(0.0, b2 / g22, 1);
-          if (s.cv_s && g11 > 0 && g22 > 0 && det > 1e-9 * g11 * g22) consider((g22 * b1 - g12 * b2) / det, (g11 * b2 - g12 * b1) / det, 2);
+          if (g11 > 0) consider(b1 / g11, 0.0, 1, 1 / g11, 0, 0);
+          if (s.cv_s && g22 > 0) consider(0.0, b2 / g22, 1, 0, 0, 1 / g22);
+          if (s.cv_s && g11 > 0 && g22 > 0 && det > 1e-9 * g11 * g22)
+            consider((g22 * b1 - g12 * b2) / det, (g11 * b2 - g12 * b1) / det, 2, g22 / det, -g12 / det, g11 / det);
         }
+        terms[k].error = best_error;
         worst = std::max(worst, best_error);
+      }
+      // The leverage check, where the sample would answer: each block's residual under the chosen model,
+      // divided by 1 - h_b (h_b its leverage), squared and summed (HC3: about the jackknife's variance);
+      // the error is the larger of the two. Blocks of far out weights or values are fitted by the model
+      // (the ratio's own weight, a regression's coefficient) and leave small residuals, so the plain sum
+      // of squares understates the variance exactly when a few such blocks were drawn (heavy tails); the
+      // division restores what each would leave if it had not been drawn.
+      if (target.value_max > 0 && worst <= target.error_target * target.value_max && pi < 1 && w2 > 0) {
+        std::fill(levered.begin(), levered.end(), 0.0);
+        for (std::size_t i = 0; i < s.maxes.size(); ++i) {
+          const double f = s.sums[i] != 0 ? std::exp(static_cast<double>(s.maxes[i]) - best) : 0.0;
+          const double w = static_cast<double>(s.sums[i]) * f;
+          const float* u = s.cv ? s.aux.data() + i * 4 * dv : nullptr;  // U_b, then S_b
+          kernels.fold_leverage({dv, static_cast<double>(s.counts[i]), s.score_sums[i], s.cv_s ? 1.0 : 0.0, f, w, w * w / w2, kMaxLeverage, u,
+                                 u == nullptr ? nullptr : u + dv, s.accs.data() + i * dv, s.ubar.data(), s.sbar.data(), model.r.data(),
+                                 model.beta1.data(), model.beta2.data(), model.i11.data(), model.i12.data(), model.i22.data(), levered.data()});
+        }
+        worst = 0;
+        for (std::size_t k = 0; k < dv; ++k) {
+          const ErrorTerms& m = terms[k];
+          const double tk = levered[k] + m.unseen + rounding * m.spread * m.spread;
+          const double e = z * std::sqrt((1 - pi) * tk) / zall + m.offset;
+          worst = std::max(worst, std::isfinite(e) ? std::max(m.error, e) : m.error);
+        }
       }
       const double error = target.value_max > 0 ? worst / target.value_max : 0.0;
       // The effective number of blocks, (sum W)^2 / sum W^2: when a few blocks hold most of the sampled

@@ -103,6 +103,20 @@ struct MomentFold {
   double *sut = nullptr, *suw = nullptr, *sst = nullptr, *ssw = nullptr;               ///< running sums with the weights
 };
 
+/// One drawn block's residuals under each coordinate's model, weighted by leverage (estimate.cpp's
+/// leverage check): per k < dv, with x, y as in MomentFold (x = y = 0 where u is null), a = acc[k] fa,
+/// e = a - r[k] w - beta1[k] x - beta2[k] y and h = hw + i11[k] x x + 2 i12[k] x y + i22[k] y y capped at
+/// cap, out[k] += e e / (1 - h)^2.
+struct LeverageFold {
+  std::size_t dv = 0;                                             ///< coordinates
+  double rows = 0, sigma = 0, sv_on = 0, fa = 0, w = 0, hw = 0, cap = 0;  ///< as MomentFold; hw: the weight's own leverage; cap: h's largest
+  const float *u = nullptr, *sv = nullptr, *acc = nullptr;       ///< the block's U_b, S_b (null: no control variates) and accumulator
+  const double *ubar = nullptr, *sbar = nullptr;                 ///< the known means per row (with u)
+  const double *r = nullptr, *beta1 = nullptr, *beta2 = nullptr;  ///< each coordinate's ratio and coefficients
+  const double *i11 = nullptr, *i12 = nullptr, *i22 = nullptr;     ///< each coordinate's inverse Gram matrix
+  double* out = nullptr;                                          ///< the leverage-weighted sums
+};
+
 /// Where KernelTable::value_sums adds a block's sums (each dv floats, added to what is there).
 struct ValueSums {
   float *u = nullptr, *sv = nullptr, *a = nullptr;  ///< sum v, sum s v, sum |v|
@@ -170,6 +184,9 @@ struct KernelTable {
 
   /// Folds one drawn block into the running sums (MomentFold), in double, in this path's vectors.
   void (*fold_moments)(const MomentFold& fold);
+
+  /// Adds one drawn block's leverage-weighted squared residuals (LeverageFold), in this path's vectors.
+  void (*fold_leverage)(const LeverageFold& fold);
 
   /// This path's own tile products (P::scores_block, P::blend_block).
   TileProducts tiles;

@@ -15,7 +15,7 @@ template <class P>
 KernelTable make_table(std::string_view name) {
   return KernelTable{name,         &P::dot,           &score_span<P>,       &score_span_multi<P>, &soft_scan<P>,
                      &soft_scan_batch<P>, &hard_scan<P>, &hard_scan_batch<P>, &top_scan<P>,
-                     &soft_scan_heads<P>, &hard_scan_heads<P>, &value_sums<P>, &fold_moments<P>,
+                     &soft_scan_heads<P>, &hard_scan_heads<P>, &value_sums<P>, &fold_moments<P>, &fold_leverage<P>,
                      TileProducts{&P::scores_block, &P::blend_block}};
 }
 

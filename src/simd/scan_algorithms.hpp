@@ -415,6 +415,41 @@ void fold_moments(const MomentFold& f) {
                        f.sut, f.suw, f.sst, f.ssw);
 }
 
+// KernelTable::fold_leverage: like fold_moments, a plain loop each path's flags vectorise.
+template <class P>
+void fold_leverage_loop(std::size_t dv, double rows, double sigma, double sv_on, double fa, double w, double hw, double cap,
+                        const float* __restrict u, const float* __restrict sv, const float* __restrict acc,
+                        const double* __restrict ubar, const double* __restrict sbar, const double* __restrict r,
+                        const double* __restrict beta1, const double* __restrict beta2, const double* __restrict i11,
+                        const double* __restrict i12, const double* __restrict i22, double* __restrict out) {
+  for (std::size_t k = 0; k < dv; ++k) {
+    const double x = static_cast<double>(u[k]) - rows * ubar[k];
+    const double y = (static_cast<double>(sv[k]) - ubar[k] * sigma - rows * sbar[k]) * sv_on;
+    const double e = static_cast<double>(acc[k]) * fa - r[k] * w - beta1[k] * x - beta2[k] * y;
+    const double h = hw + i11[k] * x * x + 2 * i12[k] * x * y + i22[k] * y * y;
+    const double left = 1 - (h < cap ? h : cap);
+    out[k] += e * e / (left * left);
+  }
+}
+template <class P>
+void fold_leverage_plain(std::size_t dv, double fa, double w, double left2, const float* __restrict acc, const double* __restrict r,
+                         double* __restrict out) {
+  for (std::size_t k = 0; k < dv; ++k) {
+    const double e = static_cast<double>(acc[k]) * fa - r[k] * w;
+    out[k] += e * e / left2;
+  }
+}
+template <class P>
+void fold_leverage(const LeverageFold& f) {
+  if (f.u == nullptr) {
+    const double left = 1 - (f.hw < f.cap ? f.hw : f.cap);
+    fold_leverage_plain<P>(f.dv, f.fa, f.w, left * left, f.acc, f.r, f.out);
+    return;
+  }
+  fold_leverage_loop<P>(f.dv, f.rows, f.sigma, f.sv_on, f.fa, f.w, f.hw, f.cap, f.u, f.sv, f.acc, f.ubar, f.sbar, f.r, f.beta1, f.beta2,
+                        f.i11, f.i12, f.i22, f.out);
+}
+
 // Single query: per block, a key pass (scores), one exp pass, a value pass; each row read once.
 template <class P>
 void soft_scan(const float* q, float scale, const RowSpan& span, float& max, float& sum, float* acc,
