@@ -133,6 +133,28 @@ struct Coverage {
   std::size_t answers = 0, over = 0, below = 0;
 };
 
+// Checks a mask's totals t against long-double sums over its eligible rows as stored: the row count, the
+// value sums and squares within their bounds (which are tight), and the key sums (check_key_sums; rows
+// taken out of them, such as excluded ids, may hold the largest ||k||).
+void check_mask_totals(const detail::CollectionImpl& impl, const detail::EligibleRows& rows, const detail::EligibleTotals& t) {
+  const std::size_t dv = impl.value_dim();
+  REQUIRE(t.rows == rows.count);
+  std::vector<long double> sum(dv, 0.0L), square(dv, 0.0L);
+  std::vector<std::size_t> held;
+  for (const detail::RowRun& run : rows.runs)
+    for (std::size_t r = run.begin; r < run.begin + run.count; ++r) {
+      const std::vector<float> v = impl.value_of(r);
+      for (std::size_t k = 0; k < dv; ++k) sum[k] += v[k], square[k] += static_cast<long double>(v[k]) * v[k];
+      held.push_back(r);
+    }
+  for (std::size_t k = 0; k < dv; ++k) {
+    CHECK(static_cast<double>(std::fabs(t.value_sum[k] - sum[k])) <= t.value_error);
+    CHECK(static_cast<double>(std::fabs(t.value_square[k] - square[k])) <= t.value_square_error);
+  }
+  CHECK(t.value_error <= 1e-9 * static_cast<double>(rows.count) * impl.value_max());
+  check_key_sums(impl, held, t, true);
+}
+
 // Runs nq queries (dv = 1, every row eligible, the span's own totals) at T = 0.5, 1 and 2 and targets 0.01
 // / 0.03 (alternating; seeds from seed) through estimated_soft and counts the estimated answers against
 // the exact blend into c.
@@ -845,22 +867,7 @@ TEST_CASE("a tags_any mask's totals come from per-tag sums that writes mark stal
     const detail::EligibleRows rows = impl.eligible(options);
     detail::EligibleTotals t;
     for (int call = 0; call < 10 && t.rows == 0; ++call) t = detail::masked_totals(impl, rows, options);
-    REQUIRE(t.rows == rows.count);
-    std::vector<long double> sum(dv, 0.0L), square(dv, 0.0L);
-    for (const detail::RowRun& run : rows.runs)
-      for (std::size_t r = run.begin; r < run.begin + run.count; ++r) {
-        const std::vector<float> v = impl.value_of(r);
-        for (std::size_t k = 0; k < dv; ++k) sum[k] += v[k], square[k] += static_cast<long double>(v[k]) * v[k];
-      }
-    for (std::size_t k = 0; k < dv; ++k) {
-      CHECK(static_cast<double>(std::fabs(t.value_sum[k] - sum[k])) <= t.value_error);
-      CHECK(static_cast<double>(std::fabs(t.value_square[k] - square[k])) <= t.value_square_error);
-    }
-    CHECK(t.value_error <= 1e-9 * static_cast<double>(rows.count) * impl.value_max());
-    std::vector<std::size_t> kept_rows;  // (the key sums with the excluded rows taken out too)
-    for (const detail::RowRun& run : rows.runs)
-      for (std::size_t r = run.begin; r < run.begin + run.count; ++r) kept_rows.push_back(r);
-    check_key_sums(impl, kept_rows, t, true);  // (the excluded rows' keys may bound the norm)
+    check_mask_totals(impl, rows, t);  // (the key sums with the excluded rows taken out too)
     // More excluded ids than max(2 chunks, eligible / 32): none.
     for (std::uint64_t i = 0; i < 3000; ++i) options.exclude_ids.push_back((std::uint64_t{1} << 41) + i);
     CHECK(detail::masked_totals(impl, impl.eligible(options), options).rows == 0);
@@ -887,6 +894,46 @@ TEST_CASE("a tags_any mask's totals come from per-tag sums that writes mark stal
   (void)restored.restore(std::move(image));
   at = &restored;
   check({0, 2, 3}, n, 2);
+}
+
+TEST_CASE("exclude_ids scattered over chunks and a tag_range over interleaved tags keep their masks' totals", "[estimate][moments][masks]") {
+  // A few excluded ids in different chunks cut each of those chunks into loose rows (past the budget of 2
+  // chunks here): the totals are the whole collection's (or the tag_range's runs') less the excluded rows.
+  // A tag_range over interleaved tags is runs of one row: the totals of the few tags it holds.
+  const std::size_t n = 12000, d = 4, dv = 3;
+  std::vector<float> values = test::normal_floats(n * dv, 76);
+  for (float& v : values) v = v * 2 + 3;
+  std::vector<std::uint64_t> tags(n);
+  for (std::size_t r = 0; r < n; ++r) tags[r] = r < 6000 ? r % 5 : 10 + (r / 1500) % 3;  // interleaved tags 0-4, then runs of 10-12
+  detail::CollectionImpl impl({d, dv});
+  const std::vector<std::uint64_t> ids = impl.add(impl.prepare({}, test::normal_floats(n * d, 75), values, tags));
+  const auto totals = [&](const QueryOptions& options) {
+    const auto lock = impl.read_lock();
+    const detail::EligibleRows rows = impl.eligible(options);
+    detail::EligibleTotals t;
+    for (int call = 0; call < 20 && t.rows == 0; ++call) t = detail::masked_totals(impl, rows, options);
+    INFO(rows.runs.size() << " runs, " << rows.count << " rows");
+    check_mask_totals(impl, rows, t);
+  };
+  QueryOptions scattered;  // 5 rows in 5 chunks, an id twice, an unknown id
+  for (const std::size_t r : {5u, 2000u, 4000u, 7000u, 11000u}) scattered.exclude_ids.push_back(ids[r]);
+  scattered.exclude_ids.push_back(ids[2000]);
+  scattered.exclude_ids.push_back(std::uint64_t{1} << 40);
+  totals(scattered);
+  totals({.tag_range = TagRange{1, 3}});  // 3 of the interleaved tags: one-row runs
+  QueryOptions range_excluding{.tag_range = TagRange{2, 11}};  // tags 2-4 (interleaved) and 10, 11
+  for (const std::size_t r : {2u, 3u, 4u, 7u, 6001u, 9000u, 11000u}) range_excluding.exclude_ids.push_back(ids[r]);  // (some outside it)
+  totals(range_excluding);
+  QueryOptions range_runs{.tag_range = TagRange{10, 12}};  // rows 6,000 on: one run
+  range_runs.exclude_ids = scattered.exclude_ids;
+  totals(range_runs);
+  // More distinct tags in an interleaved range than one sweep sums (TagTotals::kSweepTags): none.
+  std::vector<std::uint64_t> many(n);
+  for (std::size_t r = 0; r < n; ++r) many[r] = 100 + r % 100;
+  (void)impl.add(impl.prepare({}, test::normal_floats(n * d, 77), values, many));
+  const auto lock = impl.read_lock();
+  const QueryOptions wide{.tag_range = TagRange{100, 180}};  // (81 tags; 19 rows in 100 outside it)
+  CHECK(detail::masked_totals(impl, impl.eligible(wide), wide).rows == 0);
 }
 
 TEST_CASE("a masked error_target query on values near the float range answers finite and within its target", "[estimate][moments][masks]") {

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <new>
 #include <optional>
+#include <span>
+#include <utility>
 
 #include "collection_impl.hpp"
 #include "estimate.hpp"
@@ -104,25 +107,14 @@ std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, con
 
 namespace {
 
-// The totals of a mask of tags_any (and exclude_ids: at most loose_limit of them) from the per-tag sums:
-// the excluded rows that hold one of the tags are taken out of them one by one.
-EligibleTotals tag_mask_totals(const CollectionImpl& impl, const EligibleRows& mask, const QueryOptions& options, std::size_t loose_limit,
-                               std::size_t sweep_limit) {
-  std::vector<std::size_t> excluded;  // rows of the tags that exclude_ids leaves out
-  if (!options.exclude_ids.empty()) {
-    if (options.exclude_ids.size() > loose_limit) return {};
-    std::vector<std::uint64_t> wanted(options.tags_any);
-    std::sort(wanted.begin(), wanted.end());
-    for (const std::uint64_t id : options.exclude_ids)
-      if (const std::optional<std::size_t> row = impl.row_of(id); row && std::binary_search(wanted.begin(), wanted.end(), impl.tags()[*row]))
-        excluded.push_back(*row);
-    std::sort(excluded.begin(), excluded.end());
-    excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());  // (an id given twice)
-  }
-  EligibleTotals out = impl.tag_totals(options.tags_any, mask.count + excluded.size(), sweep_limit);
-  if (out.rows == 0 || excluded.empty()) return out;
-  // Each subtraction rounds by at most 2^-53 of its partial total, itself at most (rows + excluded) x value_max
-  // (the key sums: at most key_value_abs, and rows x key_norm_max for sum k; their rows' largest ||k|| holds).
+// Takes the rows `excluded` (sorted, distinct, each counted in out) out of totals out, which then hold
+// `rows` rows: their values, squares and (if out has them and the products fit the query's budget,
+// key_sums_fit) key sums are subtracted one by one, and each subtraction's rounding (at most 2^-53 of its
+// partial total, itself at most (rows + excluded) x value_max; the key sums: at most key_value_abs, and
+// rows x key_norm_max for sum k, their rows' largest ||k|| still holding) joins the bounds. Empty totals
+// if a bound leaves the double range.
+EligibleTotals without_rows(const CollectionImpl& impl, EligibleTotals out, const std::vector<std::size_t>& excluded, std::size_t rows,
+                            std::size_t loose_limit) {
   const std::size_t d = impl.dim(), dv = impl.value_dim();
   if (!key_sums_fit(excluded.size(), loose_limit, d, dv)) {  // (their products past the query's budget: no key sums)
     out.key_value.clear(), out.key_sum.clear();
@@ -147,9 +139,76 @@ EligibleTotals tag_mask_totals(const CollectionImpl& impl, const EligibleRows& m
     out.key_value_abs += 1.01 * n * 0x1p-53 * out.key_value_abs;
     out.key_sum_error += 1.01 * n * 0x1p-53 * all * out.key_norm_max;
   }
-  out.rows = mask.count;
+  out.rows = rows;
   if (!std::isfinite(out.value_error) || !std::isfinite(out.value_square_error)) return {};
   return out;
+}
+
+// The rows of exclude_ids that `holds` admits (sorted, distinct; an id given twice or absent counts once or
+// not at all).
+template <class Holds>
+std::vector<std::size_t> excluded_rows(const CollectionImpl& impl, const QueryOptions& options, Holds&& holds) {
+  std::vector<std::size_t> excluded;
+  for (const std::uint64_t id : options.exclude_ids)
+    if (const std::optional<std::size_t> row = impl.row_of(id); row && holds(*row)) excluded.push_back(*row);
+  std::sort(excluded.begin(), excluded.end());
+  excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());
+  return excluded;
+}
+
+// The totals of a mask of tags_any (and exclude_ids: at most loose_limit of them) from the per-tag sums:
+// the excluded rows that hold one of the tags are taken out of them one by one.
+EligibleTotals tag_mask_totals(const CollectionImpl& impl, const EligibleRows& mask, const QueryOptions& options, std::size_t loose_limit,
+                               std::size_t sweep_limit) {
+  if (options.exclude_ids.size() > loose_limit) return {};
+  std::vector<std::uint64_t> wanted(options.tags_any);
+  std::sort(wanted.begin(), wanted.end());
+  const std::vector<std::size_t> excluded =
+      excluded_rows(impl, options, [&](std::size_t row) { return std::binary_search(wanted.begin(), wanted.end(), impl.tags()[row]); });
+  EligibleTotals out = impl.tag_totals(options.tags_any, mask.count + excluded.size(), sweep_limit);
+  if (out.rows == 0 || excluded.empty()) return out;
+  return without_rows(impl, std::move(out), excluded, mask.count, loose_limit);
+}
+
+// The distinct tags of mask's rows (sorted), or none if there are more than most.
+std::vector<std::uint64_t> tags_in(const CollectionImpl& impl, const EligibleRows& mask, std::size_t most) {
+  std::vector<std::uint64_t> found;
+  const std::span<const std::uint64_t> tags = impl.tags();
+  std::uint64_t last = 0;
+  for (const RowRun& run : mask.runs)
+    for (std::size_t row = run.begin; row < run.begin + run.count; ++row) {
+      const std::uint64_t tag = tags[row];
+      if ((!found.empty() && tag == last) || std::find(found.begin(), found.end(), tag) != found.end()) {
+        last = tag;
+        continue;
+      }
+      if (found.size() == most) return {};
+      found.push_back(tag);
+      last = tag;
+    }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+// The totals of a mask with exclude_ids (at most loose_limit of them) and otherwise a tag_range or nothing:
+// the chunk totals of the mask without its exclusions (long runs: whole chunks), less the excluded rows it
+// holds. (The mask's own runs are cut at every excluded row: a few ids in different chunks would leave
+// those chunks' rows loose, past the limit, and the sample without totals.)
+EligibleTotals excluding_totals(const CollectionImpl& impl, const QueryOptions& options, std::size_t loose_limit, std::size_t stale_limit) {
+  if (options.exclude_ids.size() > loose_limit) return {};
+  QueryOptions base_options;
+  base_options.tag_range = options.tag_range;
+  EligibleRows base;
+  if (has_mask(base_options)) base = impl.eligible_or_none(base_options);
+  else base = EligibleRows{{RowRun{0, impl.rows()}}, impl.rows()};
+  if (base.count == 0) return {};
+  const std::vector<std::size_t> excluded = excluded_rows(impl, options, [&](std::size_t row) {
+    const auto at = std::upper_bound(base.runs.begin(), base.runs.end(), row, [](std::size_t r, const RowRun& run) { return r < run.begin; });
+    return at != base.runs.begin() && row < std::prev(at)->begin + std::prev(at)->count;
+  });
+  EligibleTotals out = impl.eligible_totals(base, loose_limit, stale_limit);
+  if (out.rows == 0 || excluded.empty()) return out;
+  return without_rows(impl, std::move(out), excluded, base.count - excluded.size(), loose_limit);
 }
 
 }  // namespace
@@ -163,7 +222,16 @@ EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mas
     const std::size_t loose_limit = std::max(2 * ValueChunks::kRows, mask.count / kBudgetDivisor);
     const std::size_t summed_limit = std::max(16 * ValueChunks::kRows, mask.count / 8);
     if (!options.tags_any.empty() && !options.tag_range) return tag_mask_totals(impl, mask, options, loose_limit, summed_limit);
-    return impl.eligible_totals(mask, loose_limit, summed_limit);
+    if (!options.exclude_ids.empty() && options.tags_any.empty())
+      if (EligibleTotals out = excluding_totals(impl, options, loose_limit, summed_limit); out.rows == mask.count) return out;
+    if (EligibleTotals out = impl.eligible_totals(mask, loose_limit, summed_limit); out.rows != 0 || !options.tag_range || !options.tags_any.empty())
+      return out;
+    // A tag_range whose rows are not runs (tags interleaved): the sums of the few tags it holds, if few.
+    QueryOptions as_tags;
+    as_tags.tags_any = tags_in(impl, mask, TagTotals::kSweepTags);
+    as_tags.exclude_ids = options.exclude_ids;
+    if (as_tags.tags_any.empty()) return {};
+    return tag_mask_totals(impl, mask, as_tags, loose_limit, summed_limit);
   } catch (const std::bad_alloc&) {  // (the sample runs without totals, as before it had them)
     return {};
   }
