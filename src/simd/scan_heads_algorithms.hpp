@@ -104,6 +104,7 @@ void soft_scan_heads(const float* q, const float* scales, std::size_t heads, con
   const std::size_t dvh = span.value_dim / heads;
   float* scores = head_scratch(2 * heads * kScanBlockRows);  // head j's block at j * kScanBlockRows
   float* weights = scores + heads * kScanBlockRows;
+  BlockSums<P> part(span.value_dim);
   for (std::size_t start = 0; start < span.rows; start += kScanBlockRows) {
     const std::size_t rows = span.rows - start < kScanBlockRows ? span.rows - start : kScanBlockRows;
     score_heads_block<P>(q, scales, heads, span, start, rows, scores);
@@ -113,7 +114,8 @@ void soft_scan_heads(const float* q, const float* scales, std::size_t heads, con
       sum[j] += P::exp_shifted(s, rows, exp_shift(max[j]), weights + j * kScanBlockRows);
       if (sinks != nullptr && sinks[j] != nullptr) sinks[j]->offer(s, start, rows);
     }
-    blend_block<P>(acc, weights, kScanBlockRows, heads, span, start, rows);
+    blend_block<P>(part.begin(), weights, kScanBlockRows, heads, span, start, rows);
+    part.end(acc);
   }
 }
 
