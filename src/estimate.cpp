@@ -565,7 +565,7 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
           const double f = s.sums[i] != 0 ? std::exp(static_cast<double>(s.maxes[i]) - best) : 0.0;
           const double w = static_cast<double>(s.sums[i]) * f;
           const float* u = s.cv ? s.aux.data() + i * 4 * dv : nullptr;  // U_b, then S_b
-          kernels.fold_leverage({dv, static_cast<double>(s.counts[i]), s.score_sums[i], s.cv_s ? 1.0 : 0.0, f, w, w * w / w2, kMaxLeverage, u,
+          kernels.fold_leverage({dv, static_cast<double>(s.counts[i]), s.score_sums[i], s.cv_s ? 1.0 : 0.0, f, w, w / zall, kMaxLeverage, u,
                                  u == nullptr ? nullptr : u + dv, s.accs.data() + i * dv, s.ubar.data(), s.sbar.data(), model.r.data(),
                                  model.beta1.data(), model.beta2.data(), model.i11.data(), model.i12.data(), model.i22.data(), levered.data()});
         }

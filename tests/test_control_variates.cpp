@@ -922,7 +922,7 @@ TEST_CASE("exclude_ids scattered over chunks and a tag_range over interleaved ta
   totals(scattered);
   totals({.tag_range = TagRange{1, 3}});  // 3 of the interleaved tags: one-row runs
   QueryOptions range_excluding{.tag_range = TagRange{2, 11}};  // tags 2-4 (interleaved) and 10, 11
-  for (const std::size_t r : {2u, 3u, 4u, 7u, 6001u, 9000u, 11000u}) range_excluding.exclude_ids.push_back(ids[r]);  // (some outside it)
+  for (const std::size_t r : {0u, 1u, 2u, 3u, 4u, 7u, 6001u, 9000u, 11000u}) range_excluding.exclude_ids.push_back(ids[r]);  // (rows 0, 1 outside it)
   totals(range_excluding);
   QueryOptions range_runs{.tag_range = TagRange{10, 12}};  // rows 6,000 on: one run
   range_runs.exclude_ids = scattered.exclude_ids;

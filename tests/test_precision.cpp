@@ -273,7 +273,7 @@ TEST_CASE("every kernel path at every precision equals the float32 kernel on the
 
 TEST_CASE("a long scan blends values with a common offset within float32's rounding of the blocks, on every kernel path", "[precision][kernels]") {
   // Values 1000 + N(0, 1) over 120,000 rows: one float accumulator chained over every row rounded ~N times
-  // (2e-5 of max|v| measured at 60,000 rows, 6.6e-4 at 1M); each block's blend summed on its own and then
+  // (1.5e-5 of max|v| here, 6.6e-4 at 1M in a probe); each block's blend summed on its own and then
   // added chains ~256 + N / 256 roundings (scan_algorithms.hpp, BlockSums). Single, multi-head and batched
   // scans, each against the float64 blend of the same rows.
   const std::size_t n = 120000, d = 8, dv = 4, heads = 2, nq = 3;

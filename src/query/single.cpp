@@ -172,66 +172,74 @@ EligibleTotals tag_mask_totals(const CollectionImpl& impl, const EligibleRows& m
 
 // The distinct tags of mask's rows (sorted), or none if there are more than most.
 std::vector<std::uint64_t> tags_in(const CollectionImpl& impl, const EligibleRows& mask, std::size_t most) {
-  std::vector<std::uint64_t> found;
+  std::vector<std::uint64_t> found;  // sorted
   const std::span<const std::uint64_t> tags = impl.tags();
-  std::uint64_t last = 0;
   for (const RowRun& run : mask.runs)
     for (std::size_t row = run.begin; row < run.begin + run.count; ++row) {
-      const std::uint64_t tag = tags[row];
-      if ((!found.empty() && tag == last) || std::find(found.begin(), found.end(), tag) != found.end()) {
-        last = tag;
-        continue;
-      }
+      const auto at = std::lower_bound(found.begin(), found.end(), tags[row]);
+      if (at != found.end() && *at == tags[row]) continue;
       if (found.size() == most) return {};
-      found.push_back(tag);
-      last = tag;
+      found.insert(at, tags[row]);
     }
-  std::sort(found.begin(), found.end());
   return found;
 }
 
-// The totals of a mask with exclude_ids (at most loose_limit of them) and otherwise a tag_range or nothing:
-// the chunk totals of the mask without its exclusions (long runs: whole chunks), less the excluded rows it
-// holds. (The mask's own runs are cut at every excluded row: a few ids in different chunks would leave
-// those chunks' rows loose, past the limit, and the sample without totals.)
-EligibleTotals excluding_totals(const CollectionImpl& impl, const QueryOptions& options, std::size_t loose_limit, std::size_t stale_limit) {
-  if (options.exclude_ids.size() > loose_limit) return {};
-  QueryOptions base_options;
-  base_options.tag_range = options.tag_range;
-  EligibleRows base;
-  if (has_mask(base_options)) base = impl.eligible_or_none(base_options);
-  else base = EligibleRows{{RowRun{0, impl.rows()}}, impl.rows()};
-  if (base.count == 0) return {};
-  const std::vector<std::size_t> excluded = excluded_rows(impl, options, [&](std::size_t row) {
-    const auto at = std::upper_bound(base.runs.begin(), base.runs.end(), row, [](std::size_t r, const RowRun& run) { return r < run.begin; });
-    return at != base.runs.begin() && row < std::prev(at)->begin + std::prev(at)->count;
-  });
-  EligibleTotals out = impl.eligible_totals(base, loose_limit, stale_limit);
-  if (out.rows == 0 || excluded.empty()) return out;
-  return without_rows(impl, std::move(out), excluded, base.count - excluded.size(), loose_limit);
+// The rows of mask outside whole chunks of ValueChunks::kRows (those a chunk total cannot hold).
+std::size_t loose_rows(const EligibleRows& mask) {
+  constexpr std::size_t c = ValueChunks::kRows;
+  std::size_t loose = 0;
+  for (const RowRun& run : mask.runs) {
+    const std::size_t first = (run.begin + c - 1) / c, last = (run.begin + run.count) / c;  // whole chunks [first, last)
+    loose += run.count - (last > first ? (last - first) * c : 0);
+  }
+  return loose;
 }
 
 }  // namespace
 
 EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mask, const QueryOptions& options) {
   try {
-    // A mask of tags_any (and exclude_ids): the sums of its tags, wherever their rows lie; any other mask:
-    // the chunks its runs cover, when they are long.
+    // tags_any without tag_range: the sums of its tags, wherever their rows lie. Otherwise the base mask
+    // (the tag_range's rows, or every row, excluded ids included): the chunks its runs cover when they
+    // are long; the sums of its tags when they are short runs (tags interleaved) of at most 64 tags.
+    // Either way exclude_ids come out one by one afterwards (cut into the mask's runs, a few ids in
+    // different chunks would leave those chunks' rows loose).
     // (Rows outside whole chunks, or excluded ids, summed at the query: at most loose_limit; stale sums
-    // brought up to date: at most summed_limit rows a query.)
+    // brought up to date: at most summed_limit rows a query, by one of the two.)
     const std::size_t loose_limit = std::max(2 * ValueChunks::kRows, mask.count / kBudgetDivisor);
     const std::size_t summed_limit = std::max(16 * ValueChunks::kRows, mask.count / 8);
     if (!options.tags_any.empty() && !options.tag_range) return tag_mask_totals(impl, mask, options, loose_limit, summed_limit);
-    if (!options.exclude_ids.empty() && options.tags_any.empty())
-      if (EligibleTotals out = excluding_totals(impl, options, loose_limit, summed_limit); out.rows == mask.count) return out;
-    if (EligibleTotals out = impl.eligible_totals(mask, loose_limit, summed_limit); out.rows != 0 || !options.tag_range || !options.tags_any.empty())
-      return out;
-    // A tag_range whose rows are not runs (tags interleaved): the sums of the few tags it holds, if few.
-    QueryOptions as_tags;
-    as_tags.tags_any = tags_in(impl, mask, TagTotals::kSweepTags);
-    as_tags.exclude_ids = options.exclude_ids;
-    if (as_tags.tags_any.empty()) return {};
-    return tag_mask_totals(impl, mask, as_tags, loose_limit, summed_limit);
+    if (!options.tags_any.empty() || options.exclude_ids.size() > loose_limit) return impl.eligible_totals(mask, loose_limit, summed_limit);
+    EligibleRows base;
+    if (options.exclude_ids.empty()) base = mask;
+    else if (options.tag_range) {
+      QueryOptions range_only;
+      range_only.tag_range = options.tag_range;
+      base = impl.eligible_or_none(range_only);
+    }
+    else base = EligibleRows{{RowRun{0, impl.rows()}}, impl.rows()};
+    if (loose_rows(base) > loose_limit) {  // short runs: a tag_range over interleaved tags
+      if (!options.tag_range) return {};
+      QueryOptions as_tags;
+      const TagRange range = *options.tag_range;
+      if (range.hi - range.lo < TagTotals::kSweepTags)  // (its tags, held by rows or not: a tag no row holds sums to nothing)
+        for (std::uint64_t t = range.lo;; ++t) {
+          as_tags.tags_any.push_back(t);
+          if (t == range.hi) break;
+        }
+      else as_tags.tags_any = tags_in(impl, base, TagTotals::kSweepTags);
+      if (as_tags.tags_any.empty()) return {};
+      as_tags.exclude_ids = options.exclude_ids;
+      return tag_mask_totals(impl, mask, as_tags, loose_limit, summed_limit);
+    }
+    EligibleTotals out = impl.eligible_totals(base, loose_limit, summed_limit);
+    if (out.rows == 0 || options.exclude_ids.empty()) return out;
+    const std::vector<std::size_t> excluded = excluded_rows(impl, options, [&](std::size_t row) {
+      const auto at = std::upper_bound(base.runs.begin(), base.runs.end(), row, [](std::size_t r, const RowRun& run) { return r < run.begin; });
+      return at != base.runs.begin() && row < std::prev(at)->begin + std::prev(at)->count;
+    });
+    if (base.count - excluded.size() != mask.count) return {};
+    return without_rows(impl, std::move(out), excluded, mask.count, loose_limit);
   } catch (const std::bad_alloc&) {  // (the sample runs without totals, as before it had them)
     return {};
   }

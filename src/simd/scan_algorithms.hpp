@@ -48,25 +48,33 @@ inline constexpr std::size_t kWidenFloats = 4096;
 // Rows of a span as float32 for the batched scans, a chunk at a time: f32 rows are read in place,
 // compact rows are widened into scratch with P's conversions (exact) and handed to the float32 tiles
 // (a batch does many flops per element, so the widening is a small share of its work). A block goes to
-// the tiles in chunks of at most kWidenFloats floats whatever the precision: a GEMM's result can depend
-// on how many rows one call gets (libxsmm's kernels add into C after their own k-loop), and compact rows
-// answer bit for bit as float32 only if both take the same chunks.
+// the tiles in chunks of at most kWidenFloats floats; float32 rows too where the tiles are not P's own: a
+// GEMM's result can depend on how many rows one call gets (libxsmm's kernels add into C after their own
+// k-loop), and compact rows answer bit for bit as float32 only if both take the same chunks. P's own
+// tiles treat rows independently or in row order, so float32 rows reach them as one block.
 template <class P>
 class Widener {
  public:
   // fn(keys as float, first row of the chunk within the block, rows in the chunk)
+  // (in_place: float32 rows go to fn as one block, for products whose result does not depend on the rows
+  // a call gets, P's own tiles; other products get them in the compact rows' chunks.)
   template <class Fn>
-  void keys(const RowSpan& s, std::size_t start, std::size_t rows, Fn&& fn) {
-    run(s.keys, s.key_precision, s.key_scales, s.dim, start, rows, fn);
+  void keys(const RowSpan& s, std::size_t start, std::size_t rows, bool in_place, Fn&& fn) {
+    run(s.keys, s.key_precision, s.key_scales, s.dim, start, rows, in_place, fn);
   }
   template <class Fn>
-  void values(const RowSpan& s, std::size_t start, std::size_t rows, Fn&& fn) {
-    run(s.values, s.value_precision, nullptr, s.value_dim, start, rows, fn);
+  void values(const RowSpan& s, std::size_t start, std::size_t rows, bool in_place, Fn&& fn) {
+    run(s.values, s.value_precision, nullptr, s.value_dim, start, rows, in_place, fn);
   }
 
  private:
   template <class Fn>
-  void run(const void* base, Precision p, const float* scales, std::size_t width, std::size_t start, std::size_t rows, Fn& fn) {
+  void run(const void* base, Precision p, const float* scales, std::size_t width, std::size_t start, std::size_t rows, bool in_place,
+           Fn& fn) {
+    if (p == Precision::f32 && in_place) {
+      fn(static_cast<const float*>(base) + start * width, std::size_t{0}, rows);
+      return;
+    }
     std::size_t chunk = kWidenFloats / width;
     chunk = chunk < 1 ? 1 : chunk > kScanBlockRows ? kScanBlockRows : chunk;
     if (chunk > rows) chunk = rows;
@@ -99,21 +107,20 @@ class Widener {
 // A block's blend summed on its own and then added to the running accumulator: a float sum of N rows
 // chained in one accumulator rounds about N times (values with a common offset, against float64: a
 // relative error of 5e-6 at 60,000 rows and 6.6e-4 at 1M, T = 0.5, before 2026-11-28); a block's own sum
-// chains at most kScanBlockRows rows and the accumulator N / kScanBlockRows blocks (5e-7 and 2e-6). Every
-// block goes through its own sum, so a span cut into pieces at block boundaries (threads, L2 pieces, the
-// estimate's blocks) sums as the whole span does. The partial sums live in per-thread scratch. (A template
-// on P, as every kernel helper here: one symbol per path, never another path's code.)
+// chains at most kScanBlockRows rows and the accumulator N / kScanBlockRows blocks (5e-7 and 2e-6): B + N / B
+// additions for blocks of B rows handed to the kernel (shorter where a caller hands it shorter spans:
+// multi-head batch pieces, a mask's short runs, the estimate's 32-row blocks). The partial sums live in
+// per-thread scratch, zeroed by a plain loop. (A template on P, as every kernel helper here: one symbol
+// per path.)
 template <class P>
 class BlockSums {
  public:
-  explicit BlockSums(std::size_t floats) : floats_(floats) {
-    thread_local std::vector<float> scratch;
-    if (scratch.size() < floats) scratch.resize(floats);
-    part_ = scratch.data();
-  }
-  // Where the next block blends: the zeroed partial sum.
+  explicit BlockSums(std::size_t floats) : floats_(floats) {}
+  // Where the next block blends: the zeroed partial sum (the scratch fetched again at each block, so a
+  // scan started between blocks on the same thread, e.g. from a sink, cannot leave it dangling).
   float* begin() {
-    std::fill_n(part_, floats_, 0.0f);
+    part_ = scratch(floats_);
+    for (std::size_t c = 0; c < floats_; ++c) part_[c] = 0.0f;
     return part_;
   }
   // The block's partial sum joins acc.
@@ -123,6 +130,12 @@ class BlockSums {
   }
 
  private:
+  static float* scratch(std::size_t floats) {
+    thread_local std::vector<float> buffer;
+    if (buffer.size() < floats) buffer.resize(floats);
+    return buffer.data();
+  }
+
   std::size_t floats_;
   float* part_ = nullptr;
 };
@@ -529,7 +542,7 @@ void batch_scores(Widener<P>& widen, const TileProducts& tiles, const float* qt,
                   const float* factor, const RowSpan& span, std::size_t start, std::size_t rows, std::size_t lanes,
                   float* scores) {
   const std::size_t d = span.dim;
-  widen.keys(span, start, rows, [&](const float* k, std::size_t off, std::size_t n) {
+  widen.keys(span, start, rows, tiles.scores == &P::scores_block, [&](const float* k, std::size_t off, std::size_t n) {
     tiles.scores(qt, lanes, k, n, d, scores + off * lanes);
   });
   P::scale_columns(scores, rows, lanes, factor);
@@ -573,7 +586,7 @@ void soft_scan_batch(const float* queries, std::size_t nq, const float* scales, 
     P::exp_columns(scores, rows, lanes, shift, block);
     for (std::size_t b = 0; b < nq; ++b) sum[b] += block[b];
     float* block_acc = part.begin();
-    widen.values(span, start, rows, [&](const float* v, std::size_t off, std::size_t n) {
+    widen.values(span, start, rows, tiles.blend == &P::blend_block, [&](const float* v, std::size_t off, std::size_t n) {
       tiles.blend(scores + off * lanes, lanes, nq, v, n, dv, block_acc);
     });
     part.end(acc);
