@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 ./scripts/install-deps.sh clang libclang-rt-14-dev libomp-14-dev
 dir=build-fuzz
-CC=clang CXX=clang++ cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+CC=clang CXX=clang++ cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
   -DSOFTKV_BUILD_TESTS=OFF -DSOFTKV_BUILD_EXAMPLES=OFF -DSOFTKV_BUILD_BENCH=OFF -DSOFTKV_BUILD_SERVER=OFF -DSOFTKV_BUILD_FUZZ=ON \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=all"
 cmake --build "$dir" -j "$(nproc)"

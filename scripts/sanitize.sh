@@ -6,7 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: scripts/sanitize.sh asan|tsan}
 jobs=$(nproc)
-common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSOFTKV_BUILD_BENCH=OFF -DSOFTKV_BUILD_EXAMPLES=OFF)
+# -g1 (line tables: reports keep file:line, no variable info) and -O1 for the test programs: an
+# instrumented build in about half the time of -O2 -g everywhere (measured: the AVX-512 kernels' TU
+# 122 s -> 78 s, a test TU 53 s -> 24 s on one core).
+common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+        -DSOFTKV_TEST_CXX_FLAGS=-O1 -DSOFTKV_BUILD_BENCH=OFF -DSOFTKV_BUILD_EXAMPLES=OFF)
 # FAISS and OpenBLAS are not instrumented. FAISS's OpenMP threads synchronise through libgomp,
 # which ThreadSanitizer cannot see, so its parallel index builds would be reported as races:
 # one OpenMP thread keeps the report about softkv's own code (softkv reads OMP_NUM_THREADS once).
@@ -38,7 +42,7 @@ case "$mode" in
     # Timing tests measure wall time, which TSan stretches 5-15x (a 40-GFLOP scan outlived the client's timeout).
     # [estimate]: a sample scans its blocks on the shared pool's threads. (Catch2 ties the ~exclusions to the
     # last comma-separated term only: [server] must stay last.)
-    "$dir/tests/softkv_tests" "[concurrency],[stress],[coalescing],[estimate],[server]~[crash]~[abuse]~[timing]"
+    "$dir/tests/softkv_tests" --durations yes "[concurrency],[stress],[coalescing],[estimate],[server]~[crash]~[abuse]~[timing]"
     ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

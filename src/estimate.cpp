@@ -553,31 +553,6 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         terms[k].error = best_error;
         worst = std::max(worst, best_error);
       }
-      // The leverage check, where the sample would answer: each block's residual under the chosen model,
-      // divided by 1 - h_b (h_b its leverage), squared and summed (HC3: about the jackknife's variance);
-      // the error is the larger of the two. Blocks of far out weights or values are fitted by the model
-      // (the ratio's own weight, a regression's coefficient) and leave small residuals, so the plain sum
-      // of squares understates the variance exactly when a few such blocks were drawn (heavy tails); the
-      // division restores what each would leave if it had not been drawn.
-      if (target.value_max > 0 && worst <= target.error_target * target.value_max && pi < 1 && w2 > 0) {
-        std::fill(levered.begin(), levered.end(), 0.0);
-        for (std::size_t i = 0; i < s.maxes.size(); ++i) {
-          const double f = s.sums[i] != 0 ? std::exp(static_cast<double>(s.maxes[i]) - best) : 0.0;
-          const double w = static_cast<double>(s.sums[i]) * f;
-          const float* u = s.cv ? s.aux.data() + i * 4 * dv : nullptr;  // U_b, then S_b
-          kernels.fold_leverage({dv, static_cast<double>(s.counts[i]), s.score_sums[i], s.cv_s ? 1.0 : 0.0, f, w, w / zall, kMaxLeverage, u,
-                                 u == nullptr ? nullptr : u + dv, s.accs.data() + i * dv, s.ubar.data(), s.sbar.data(), model.r.data(),
-                                 model.beta1.data(), model.beta2.data(), model.i11.data(), model.i12.data(), model.i22.data(), levered.data()});
-        }
-        worst = 0;
-        for (std::size_t k = 0; k < dv; ++k) {
-          const ErrorTerms& m = terms[k];
-          const double tk = levered[k] + m.unseen + rounding * m.spread * m.spread;
-          const double e = z * std::sqrt((1 - pi) * tk) / zall + m.offset;
-          worst = std::max(worst, std::isfinite(e) ? std::max(m.error, e) : m.error);
-        }
-      }
-      const double error = target.value_max > 0 ? worst / target.value_max : 0.0;
       // The effective number of blocks, (sum W)^2 / sum W^2: when a few blocks hold most of the sampled
       // weight (peaked attention: a handful of rows outweigh the rest), the sample's variance says nothing
       // of the rows it missed, and a larger sample (or the scan) must answer.
@@ -597,6 +572,31 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
           continue;
         }
       }
+      // The leverage check, where the sample would answer (its weight spread, the storage order not against
+      // it): each block's residual under the chosen model, divided by 1 - h_b (h_b its leverage), squared
+      // and summed (HC3: about the jackknife's variance); the error is the larger of the two. Blocks of far out weights or values are fitted by the model
+      // (the ratio's own weight, a regression's coefficient) and leave small residuals, so the plain sum
+      // of squares understates the variance exactly when a few such blocks were drawn (heavy tails); the
+      // division restores what each would leave if it had not been drawn.
+      if (spread && target.value_max > 0 && worst <= target.error_target * target.value_max && pi < 1 && w2 > 0) {
+        std::fill(levered.begin(), levered.end(), 0.0);
+        for (std::size_t i = 0; i < s.maxes.size(); ++i) {
+          const double f = s.sums[i] != 0 ? std::exp(static_cast<double>(s.maxes[i]) - best) : 0.0;
+          const double w = static_cast<double>(s.sums[i]) * f;
+          const float* u = s.cv ? s.aux.data() + i * 4 * dv : nullptr;  // U_b, then S_b
+          kernels.fold_leverage({dv, static_cast<double>(s.counts[i]), s.score_sums[i], s.cv_s ? 1.0 : 0.0, f, w, w / zall, kMaxLeverage, u,
+                                 u == nullptr ? nullptr : u + dv, s.accs.data() + i * dv, s.ubar.data(), s.sbar.data(), model.r.data(),
+                                 model.beta1.data(), model.beta2.data(), model.i11.data(), model.i12.data(), model.i22.data(), levered.data()});
+        }
+        worst = 0;
+        for (std::size_t k = 0; k < dv; ++k) {
+          const ErrorTerms& m = terms[k];
+          const double tk = levered[k] + m.unseen + rounding * m.spread * m.spread;
+          const double e = z * std::sqrt((1 - pi) * tk) / zall + m.offset;
+          worst = std::max(worst, std::isfinite(e) ? std::max(m.error, e) : m.error);
+        }
+      }
+      const double error = target.value_max > 0 ? worst / target.value_max : 0.0;
       if ((error <= target.error_target && spread) || pi >= 1) {
         PrunedSoft result{SoftScan{SoftmaxState(dv), {}}, {}, 0, 0.0};
         result.scan.state.max = static_cast<float>(best);
@@ -605,10 +605,8 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
         for (std::size_t k = 0; k < dv; ++k) result.value[k] = static_cast<float>(value[k]);
         std::size_t scored = s.stratum.size() + read;  // this query's rows: its stratum, and every block drawn while it estimated
         for (const std::size_t row : s.stratum) {  // (less the stratum's rows inside drawn blocks: left out of their scans)
-          const auto at = std::upper_bound(rows_in.runs.begin(), rows_in.runs.end(), row, [](std::size_t r, const RowRun& run) { return r < run.begin; });
-          if (at == rows_in.runs.begin()) continue;
-          const std::size_t run = static_cast<std::size_t>(at - rows_in.runs.begin()) - 1;
-          if (row >= rows_in.runs[run].begin + rows_in.runs[run].count) continue;
+          const std::size_t run = run_holding(rows_in, row);
+          if (run == rows_in.runs.size()) continue;
           if (taken[(run_start[run] + row - rows_in.runs[run].begin) / kEstimateBlockRows] != 0) --scored;
         }
         result.k = scored;

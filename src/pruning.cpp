@@ -249,11 +249,32 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
     }
     return later.log() >= all.log() + std::log(0.25);
   };
+  std::size_t scored = 0;  // rows scored: the visited rows, and with a mask the ineligible ones among them
+  // The mass the visited rows suggest for every row (log): theirs, and the rows not visited at the mean of
+  // the visited ones less the largest (one row far above the rest says nothing of the others).
+  const auto log_all_mass = [&] {
+    const double seen = static_cast<double>(ids.size()), left = static_cast<double>(walk.rows_left());
+    const double others = seen > 1 ? std::max(0.0, visited.sum - 1) / (seen - 1) : 0.0;  // (relative to e^max)
+    return visited.max + std::log(visited.sum + others * left);
+  };
+  // Whether one row of the lists not visited could hold more than epsilon of the mass. A block sample
+  // would not see such a row (a query close to one stored key, over keys without clusters: its list
+  // comes late in bound order), so the walk goes on to its budget before it hands its rows on; of the
+  // rows past that point, only those that could matter (above epsilon / 16 of the mass) join the stratum.
+  const auto spike_possible = [&] { return !ids.empty() && walk.next_bound() > log_all_mass() + std::log(target.epsilon); };
+  std::size_t spike_walk = std::numeric_limits<std::size_t>::max();  // ids.size() when the walk went on for a spike
   // A head walk that ends short of epsilon: its rows, and the lists not visited unless the mass looked
   // spread (then the rows alone, for a block sample to leave out and add exactly).
   const auto leave_head = [&](bool spread_seen) -> std::optional<PrunedSoft> {
-    head->rows.resize(ids.size());
-    std::transform(ids.begin(), ids.end(), head->rows.begin(), row_of);
+    head->rows.clear();
+    head->apart = 0;
+    // (Only a stratum may leave rows out: a head's lists must be whole.)
+    const double keep_above = spread_seen && spike_walk < ids.size() ? log_all_mass() + std::log(target.epsilon / 16)
+                                                                     : -std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (i < spike_walk || static_cast<double>(scores[i]) + error[i] >= keep_above) head->rows.push_back(row_of(ids[i]));
+      else ++head->apart;
+    }
     head->spread = spread_seen;
     if (!spread_seen) {
       std::vector<std::pair<double, std::uint32_t>> rest;
@@ -262,10 +283,12 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
     }
     return std::nullopt;
   };
-  std::size_t scored = 0;  // rows scored: the visited rows, and with a mask the ineligible ones among them
   while (!walk.done() && !finished()) {
     if (scored > target.budget_rows) return head != nullptr ? leave_head(spread()) : std::nullopt;  // the exact scan is cheaper from here
-    if (head != nullptr && list_mass.size() >= 8 && (list_mass.size() & (list_mass.size() - 1)) == 0 && spread()) return leave_head(true);
+    if (head != nullptr && list_mass.size() >= 8 && (list_mass.size() & (list_mass.size() - 1)) == 0 && spread()) {
+      if (!spike_possible()) return leave_head(true);
+      spike_walk = std::min(spike_walk, ids.size());
+    }
     if (head == nullptr && !judged && scored > target.budget_rows / 8) {
       judged = true;
       if (!walk.can_meet(target.top_k, target.epsilon, target.budget_rows - scored, known_max, low_log(visited, ids.size())))

@@ -251,7 +251,10 @@ struct ListHead {
     std::uint32_t list;
     std::uint32_t live;
   };
-  std::vector<std::size_t> rows;  ///< the visited rows of span
+  std::vector<std::size_t> rows;  ///< the visited rows of span (spread: those a stratum keeps)
+  /// Spread: rows the walk scored and left out of rows (past its first 8, 16, ... lists, where it went on
+  /// for a row that could hold much of the mass, the rows that cannot; the block sample may draw them).
+  std::size_t apart = 0;
   std::vector<Rest> rest;         ///< every list not visited that has a live member (empty when spread)
   /// The mass looked spread over the lists: rows are no head to estimate the other lists around, only the
   /// rows of the lists of largest bound, which a block sample leaves out and adds exactly (estimated_soft).

@@ -350,4 +350,12 @@ std::vector<TopScores::Item> top_k_scan(const KernelTable& k, const float* query
   return tops[0]->sorted();
 }
 
+std::size_t run_holding(const EligibleRows& rows, std::size_t row) {
+  const auto at = std::upper_bound(rows.runs.begin(), rows.runs.end(), row,
+                                   [](std::size_t r, const RowRun& run) { return r < run.begin; });
+  if (at == rows.runs.begin()) return rows.runs.size();
+  const RowRun& run = *std::prev(at);
+  return row - run.begin < run.count ? static_cast<std::size_t>(at - rows.runs.begin()) - 1 : rows.runs.size();
+}
+
 }  // namespace softkv::detail

@@ -71,6 +71,9 @@ struct EligibleRows {
   std::size_t count = 0;     ///< rows in all runs: the N of the tail bound
 };
 
+/// The index in rows.runs of the run holding row, or rows.runs.size() when no run holds it (binary search).
+std::size_t run_holding(const EligibleRows& rows, std::size_t row);
+
 /// The merged softmax over span, its blended value and, if top_m > 0, its top_m rows (best first).
 struct SoftScan {
   SoftmaxState state;                    ///< merged (m, l, acc)

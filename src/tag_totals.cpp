@@ -74,7 +74,13 @@ void TagTotals::advance(const RowSpan& span, std::span<const std::uint64_t> row_
   }
   sweep_at_ = r;
   if (r < n) return;
-  for (auto& [tag, entry] : summing) entry->fresh = true, entry->sweeping = false;
+  for (auto& [tag, entry] : summing) {
+    entry->fresh = true, entry->sweeping = false;
+    if (entry->rows == 0) {  // a tag no row holds (a narrow tag_range names every tag in it): no sums to keep
+      std::vector<double>().swap(entry->sum), std::vector<double>().swap(entry->square);
+      entry->keys = KeySums{};
+    }
+  }
   sweep_.clear();
   sweep_at_ = 0;
 }
@@ -88,9 +94,16 @@ EligibleTotals TagTotals::totals(const RowSpan& span, std::span<const std::uint6
   wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
   if (wanted.size() > kMaxTags) return {};
   const std::lock_guard lock(mutex_);
-  std::size_t absent = 0;
-  for (const std::uint64_t tag : wanted) absent += entries_.count(tag) == 0 ? 1 : 0;
-  if (entries_.size() + absent > kMaxTags) {  // (room for this mask's tags: every kept sum is forgotten)
+  const auto absent = [&] {
+    std::size_t n = 0;
+    for (const std::uint64_t tag : wanted) n += entries_.count(tag) == 0 ? 1 : 0;
+    return n;
+  };
+  if (entries_.size() + absent() > kMaxTags)  // room for this mask's tags: first from tags known to hold no row
+    std::erase_if(entries_, [&](const auto& kv) {
+      return kv.second.fresh && kv.second.rows == 0 && !std::binary_search(wanted.begin(), wanted.end(), kv.first);
+    });
+  if (entries_.size() + absent() > kMaxTags) {  // (still none: every kept sum is forgotten)
     entries_.clear();
     sweep_.clear();
     sweep_at_ = 0;

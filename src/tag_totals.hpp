@@ -25,7 +25,7 @@ namespace softkv::detail {
 /// sweep let it finish.
 class TagTotals {
  public:
-  /// Most tags kept; asking for more forgets every kept sum first.
+  /// Most tags kept; asking for more forgets the tags known to hold no row first, then every kept sum.
   static constexpr std::size_t kMaxTags = 4096;
   /// Most tags one sweep sums at once (a mask of more tags takes several sweeps).
   static constexpr std::size_t kSweepTags = 64;

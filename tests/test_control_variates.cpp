@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <random>
 #include <utility>
@@ -934,6 +935,53 @@ TEST_CASE("exclude_ids scattered over chunks and a tag_range over interleaved ta
   const auto lock = impl.read_lock();
   const QueryOptions wide{.tag_range = TagRange{100, 180}};  // (81 tags; 19 rows in 100 outside it)
   CHECK(detail::masked_totals(impl, impl.eligible(wide), wide).rows == 0);
+}
+
+TEST_CASE("tag_ranges at the top of the tag space over interleaved tags keep their masks' totals", "[estimate][moments][masks]") {
+  // Tags 2^64 - 1 - (r % 5), interleaved: a range ending at 2^64 - 1 names its tags one by one (narrow) or
+  // finds them among its rows (wide); either way the walk over tags must stop at 2^64 - 1, not wrap to 0.
+  // (Every other row holds a low tag, which a wrap would reach; each top tag holds 2,400 rows, past the
+  // 2,048 loose rows a mask's chunk totals take.)
+  const std::size_t n = 24000, d = 4, dv = 3;
+  constexpr std::uint64_t top = std::numeric_limits<std::uint64_t>::max();
+  std::vector<std::uint64_t> tags(n);
+  for (std::size_t r = 0; r < n; ++r) tags[r] = r % 2 == 0 ? top - (r / 2) % 5 : r % 7;
+  detail::CollectionImpl impl({d, dv});
+  (void)impl.add(impl.prepare({}, test::normal_floats(n * d, 83), test::normal_floats(n * dv, 84), tags));
+  const auto lock = impl.read_lock();
+  for (const TagRange range : {TagRange{top - 2, top}, TagRange{top, top}, TagRange{top - 1000, top}}) {
+    const QueryOptions options{.tag_range = range};
+    const detail::EligibleRows rows = impl.eligible(options);
+    detail::EligibleTotals t;
+    for (int call = 0; call < 20 && t.rows == 0; ++call) t = detail::masked_totals(impl, rows, options);
+    INFO("tag_range from 2^64 - 1 - " << top - range.lo << ": " << rows.count << " rows");
+    REQUIRE(rows.count > 0);
+    check_mask_totals(impl, rows, t);
+  }
+}
+
+TEST_CASE("narrow tag_ranges over mostly unheld tags do not push the held tags' sums out", "[estimate][moments][masks]") {
+  // A tag_range spanning at most 64 values asks for the sums of every tag in it, held by rows or not. Ranges
+  // of one held tag and 63 unheld, 79 of them (4,977 unheld tags, past TagTotals::kMaxTags): the held tags'
+  // sums stay (a query then answers from them without summing a row), and every range its rows' totals.
+  const std::size_t n = 8000, d = 4, dv = 3, tags_held = 80;
+  std::vector<std::uint64_t> tags(n);
+  for (std::size_t r = 0; r < n; ++r) tags[r] = 100 * (r % tags_held);  // interleaved: 0, 100, ..., 7,900
+  detail::CollectionImpl impl({d, dv});
+  (void)impl.add(impl.prepare({}, test::normal_floats(n * d, 81), test::normal_floats(n * dv, 82), tags));
+  const auto lock = impl.read_lock();
+  const std::size_t per_tag = n / tags_held, everything = n;
+  const std::vector<std::uint64_t> first{0};
+  REQUIRE(impl.tag_totals(first, per_tag, everything).rows == per_tag);
+  for (std::uint64_t held = 100; held < 100 * tags_held; held += 100) {
+    std::vector<std::uint64_t> range;
+    for (std::uint64_t t = held; t < held + detail::TagTotals::kSweepTags; ++t) range.push_back(t);
+    INFO("range from " << held);
+    CHECK(impl.tag_totals(range, per_tag, everything).rows == per_tag);
+  }
+  CHECK(impl.tag_totals(first, per_tag, 0).rows == per_tag);  // (sweep_limit 0: only kept sums can answer)
+  const detail::EligibleTotals both = impl.tag_totals(std::vector<std::uint64_t>{0, 7900}, 2 * per_tag, 0);
+  CHECK(both.rows == 2 * per_tag);
 }
 
 TEST_CASE("a masked error_target query on values near the float range answers finite and within its target", "[estimate][moments][masks]") {

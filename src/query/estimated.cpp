@@ -45,6 +45,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
   // 1. Certified lists: each query's walk, and the estimate over its head where it left one, as a query
   // alone takes them (soft_one); a walk that does not answer leaves its rows to the sample (2.).
   std::vector<std::vector<std::size_t>> strata(n);  // each query's walk rows: the sample's exact stratum
+  std::vector<std::size_t> apart(n, 0);             // and the rows each walk scored that are not in it
   // The planner's memory of attempts that handed their queries on (PlannerCalibration::skip), as for a
   // query alone: a group of walks or the batch's sample is skipped when such attempts keep missing.
   using Attempt = PlannerCalibration::Attempt;
@@ -83,7 +84,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
         const auto t0 = std::chrono::steady_clock::now();
         answers[b] = estimate_through_lists(impl, q + b * d, factors[b], target, options.top_m, strata[b],
                                             bounds.data() + (b % kBoundsQueries) * count, lists.live_counts(),
-                                            &shared->for_query(b % kBoundsQueries), &summaries[b % kBoundsQueries]);
+                                            &shared->for_query(b % kBoundsQueries), &summaries[b % kBoundsQueries], &apart[b]);
         walked[b] = answers[b] ? 1 : 0;
         walk_ns[b] = group_share + elapsed_ns(t0);
         // (a walk that leaves its rows to the sample is judged by the sample's answer, and charged its share)
@@ -124,6 +125,7 @@ std::vector<SoftResult> soft_estimated(const CollectionImpl& impl, const float* 
     sample_share = elapsed_ns(t0) / static_cast<double>(rest.size());
     for (std::size_t i = 0; i < rest.size(); ++i) {
       if (remembered) memory.note(Attempt::sample, sampled[i].has_value(), sample_share, span.rows);
+      if (sampled[i]) sampled[i]->rows_scored += apart[rest[i]];  // (a row the walk scored and the sample drew again counts twice)
       answers[rest[i]] = std::move(sampled[i]);
     }
   }

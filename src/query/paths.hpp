@@ -61,11 +61,13 @@ void check_best(const ArgMax& best);
 /// the rows the walk visited — the lists of largest bound — in stratum: the block sample scores them
 /// exactly and leaves them out of its blocks (estimated_soft). bounds and live: the lists' bounds for this
 /// query computed beforehand (a batch's, CertifiedLists::bounds_batch, with what their pass gathered in
-/// summary), or null; scorer: where lists are scored (a batch's shared reads), or null.
+/// summary), or null; scorer: where lists are scored (a batch's shared reads), or null. apart (if given):
+/// the rows the walk scored that are not in stratum (ListHead::apart), for the answer's rows_scored.
 [[nodiscard]] std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, const float* q, float f, double target,
                                                                std::size_t top_m, std::vector<std::size_t>& stratum,
                                                                const double* bounds = nullptr, const std::uint32_t* live = nullptr,
-                                                               ListScorer* scorer = nullptr, const BoundsSummary* summary = nullptr);
+                                                               ListScorer* scorer = nullptr, const BoundsSummary* summary = nullptr,
+                                                               std::size_t* apart = nullptr);
 
 /// A masked block sample's known totals (soft_one and soft_estimated, under the read lock): the eligible
 /// rows' value sums and squares. A mask of tags_any (options; with exclude_ids, at most max(2 chunks,

@@ -82,7 +82,8 @@ std::vector<float> head_queries(const CollectionImpl& impl, std::span<const floa
 
 std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, const float* q, float f, double target, std::size_t top_m,
                                                  std::vector<std::size_t>& stratum, const double* bounds,
-                                                 const std::uint32_t* live, ListScorer* scorer, const BoundsSummary* summary) {
+                                                 const std::uint32_t* live, ListScorer* scorer, const BoundsSummary* summary,
+                                                 std::size_t* apart) {
   const RowSpan span = impl.span();
   const KernelTable& kernels = detail::kernels();
   const CertifiedLists& lists = *impl.index()->lists();
@@ -102,6 +103,7 @@ std::optional<PrunedSoft> estimate_through_lists(const CollectionImpl& impl, con
     answer = estimate_over_lists(kernels, lists, q, f, span, row_of, head,
                                  {target, impl.value_max(), budget, seed_of(q, impl.dim(), span.rows), std::min(top_m, span.rows), scorer});
   if (!answer) stratum = std::move(head.rows);  // (the lists of largest bound: the block sample's exact stratum)
+  if (apart != nullptr) *apart = answer ? 0 : head.apart;
   return answer;
 }
 
@@ -234,10 +236,8 @@ EligibleTotals masked_totals(const CollectionImpl& impl, const EligibleRows& mas
     }
     EligibleTotals out = impl.eligible_totals(base, loose_limit, summed_limit);
     if (out.rows == 0 || options.exclude_ids.empty()) return out;
-    const std::vector<std::size_t> excluded = excluded_rows(impl, options, [&](std::size_t row) {
-      const auto at = std::upper_bound(base.runs.begin(), base.runs.end(), row, [](std::size_t r, const RowRun& run) { return r < run.begin; });
-      return at != base.runs.begin() && row < std::prev(at)->begin + std::prev(at)->count;
-    });
+    const std::vector<std::size_t> excluded =
+        excluded_rows(impl, options, [&](std::size_t row) { return run_holding(base, row) < base.runs.size(); });
     if (base.count - excluded.size() != mask.count) return {};
     return without_rows(impl, std::move(out), excluded, mask.count, loose_limit);
   } catch (const std::bad_alloc&) {  // (the sample runs without totals, as before it had them)
@@ -355,6 +355,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
         return all;
       };
       std::vector<std::size_t> stratum;  // a walk's rows that did not answer: the sample's exact stratum
+      std::size_t apart = 0;             // and the rows it scored that are not in the stratum
       double handed_ns = -1;            // a walk that handed its rows to the sample: its time, judged by the sample's answer
       if (!mask && impl.use_index(options) && index->lists() != nullptr) {  // (step 1b draws whole lists: no mask)
         // A walk that leaves its rows to the sample counts as useful when the sample then answers: without
@@ -364,7 +365,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
         std::optional<PrunedSoft> walked;
         if (!remembered || !impl.calibration().skip(PlannerCalibration::Attempt::estimate_walk)) {
           const auto t0 = std::chrono::steady_clock::now();
-          walked = estimate_through_lists(impl, q, f, target, options.top_m, stratum);
+          walked = estimate_through_lists(impl, q, f, target, options.top_m, stratum, nullptr, nullptr, nullptr, nullptr, &apart);
           if (remembered) {
             if (walked.has_value() || stratum.empty())
               impl.calibration().note(PlannerCalibration::Attempt::estimate_walk, walked.has_value(), elapsed_ns(t0), span.rows);
@@ -405,6 +406,7 @@ SoftResult soft_one(const CollectionImpl& impl, const float* q, float f, const Q
         impl.calibration().note(PlannerCalibration::Attempt::estimate_walk, estimated.has_value(), handed_ns + elapsed_ns(sample_t0),
                                 span.rows);
       if (!estimated) return scanned();
+      estimated->rows_scored += apart;  // (a row the walk scored and the sample drew again counts twice)
       return std::move(*estimated);
     }
     if (!prune) return mask ? scope.exact() : exact();
