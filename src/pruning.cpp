@@ -251,11 +251,12 @@ std::optional<PrunedSoft> certified_soft(const KernelTable& kernels, const Certi
   };
   std::size_t scored = 0;  // rows scored: the visited rows, and with a mask the ineligible ones among them
   // The mass the visited rows suggest for every row (log): theirs, and the rows not visited at the mean of
-  // the visited ones less the largest (one row far above the rest says nothing of the others).
+  // the visited ones less the largest (one row far above the rest says nothing of the others); never
+  // above what the bounds allow (the visited lists, of largest bound, may outweigh the others row by row).
   const auto log_all_mass = [&] {
     const double seen = static_cast<double>(ids.size()), left = static_cast<double>(walk.rows_left());
     const double others = seen > 1 ? std::max(0.0, visited.sum - 1) / (seen - 1) : 0.0;  // (relative to e^max)
-    return visited.max + std::log(visited.sum + others * left);
+    return std::min(visited.max + std::log(visited.sum + others * left), log_add(visited.log(), walk.log_rest()));
   };
   // Whether one row of the lists not visited could hold more than epsilon of the mass. A block sample
   // would not see such a row (a query close to one stored key, over keys without clusters: its list
