@@ -574,10 +574,11 @@ std::vector<std::optional<PrunedSoft>> estimated_soft_batch(const KernelTable& k
       }
       // The leverage check, where the sample would answer (its weight spread, the storage order not against
       // it): each block's residual under the chosen model, divided by 1 - h_b (h_b its leverage), squared
-      // and summed (HC3: about the jackknife's variance); the error is the larger of the two. Blocks of far out weights or values are fitted by the model
-      // (the ratio's own weight, a regression's coefficient) and leave small residuals, so the plain sum
-      // of squares understates the variance exactly when a few such blocks were drawn (heavy tails); the
-      // division restores what each would leave if it had not been drawn.
+      // and summed (HC3: about the jackknife's variance); the error is the larger of the two. Blocks of far
+      // out weights or values are fitted by the model (the ratio's own weight, a regression's coefficient)
+      // and leave small residuals, so the plain sum of squares understates the variance exactly when a few
+      // such blocks were drawn (heavy tails); the division restores what each would leave if it had not
+      // been drawn.
       if (spread && target.value_max > 0 && worst <= target.error_target * target.value_max && pi < 1 && w2 > 0) {
         std::fill(levered.begin(), levered.end(), 0.0);
         for (std::size_t i = 0; i < s.maxes.size(); ++i) {
